@@ -1,0 +1,317 @@
+"""Executors, the resolver seam and the controller base with loud defaults."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._errors import (
+    EffectGroupUnsupported,
+    EffectHostError,
+    ExecutorConsumed,
+    MembershipUnsupported,
+    NoExecutor,
+)
+from ._types import (
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    GroupHandle,
+    LoserPolicy,
+    Outcome,
+    Settlement,
+)
+
+
+class ToolError(Exception):
+    """Raise from a tool to record a structured failure (type, message, data, code)."""
+
+    def __init__(self, type: str, message: str, data: Any = None, code: int | None = None) -> None:
+        super().__init__(message)
+        self.type = type
+        self.message = message
+        self.data = data
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ExecutionInput:
+    """What a host hands an executor: the envelope and which attempt this is."""
+
+    envelope: EffectEnvelope
+    attempt: int = 1
+
+
+class EffectExecutor(ABC):
+    """Runs one child once. ``execute`` consumes it: a retry resolves a fresh one (G-09).
+
+    Subclasses implement :meth:`run`; a returned value is a success, a raised
+    :class:`ToolError` (or any exception) is an error outcome. Cancellation propagates.
+    """
+
+    def __init__(self) -> None:
+        self._used = False
+
+    async def execute(self, call: ExecutionInput) -> Outcome:
+        """Run the child and turn its result into an :class:`Outcome`.
+
+        Raises:
+            ExecutorConsumed: this executor already ran (G-09).
+            asyncio.CancelledError: the host cancelled the child.
+        """
+        if self._used:
+            raise ExecutorConsumed(
+                f"executor for {call.envelope.replay_key!r} already ran",
+                replay_key=call.envelope.replay_key,
+            )
+        self._used = True
+        try:
+            value = await self.run(call)
+        except ToolError as exc:
+            return Outcome.failure(exc.type, exc.message, exc.data, exc.code)
+        except EffectHostError as exc:
+            return Outcome.failure(type(exc).__name__, str(exc), code=None)
+        except Exception as exc:  # a tool's own bug is still the child's outcome
+            return Outcome.failure(type(exc).__name__, str(exc))
+        return Outcome.success(value)
+
+    @abstractmethod
+    async def run(self, call: ExecutionInput) -> Any:
+        """The child's work; return a JSON value or raise."""
+
+
+ToolFunction = Callable[[Any], Awaitable[Any]]
+
+
+class FunctionExecutor(EffectExecutor):
+    """An executor around an ``async def tool(input)``."""
+
+    def __init__(self, fn: ToolFunction) -> None:
+        super().__init__()
+        self._fn = fn
+
+    async def run(self, call: ExecutionInput) -> Any:
+        return await self._fn(call.envelope.input)
+
+
+class GroupExecutors(ABC):
+    """The resolver: the only way a host finds a child's runner (G-09).
+
+    ``resolve`` returns a *fresh* executor each call, or ``None`` when this deployment
+    cannot run the envelope (a routing fact, never an outcome: G-10, G-11).
+    """
+
+    @abstractmethod
+    def resolve(self, envelope: EffectEnvelope) -> EffectExecutor | None: ...
+
+
+class ToolRegistry(GroupExecutors):
+    """A resolver over named ``async def`` tools for ``tool_call`` children.
+
+    ``sleep`` and ``await_event`` children are run by the host itself (G-51), so a registry
+    only answers tool calls.
+    """
+
+    def __init__(self, tools: Mapping[str, ToolFunction] | None = None) -> None:
+        self._tools: dict[str, ToolFunction] = dict(tools or {})
+
+    def tool(self, name: str) -> Callable[[ToolFunction], ToolFunction]:
+        """Decorator registering ``fn`` under ``name``."""
+
+        def register(fn: ToolFunction) -> ToolFunction:
+            self._tools[name] = fn
+            return fn
+
+        return register
+
+    def add(self, name: str, fn: ToolFunction) -> None:
+        self._tools[name] = fn
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self._tools)
+
+    def resolve(self, envelope: EffectEnvelope) -> EffectExecutor | None:
+        if envelope.kind != EffectKind.TOOL_CALL:
+            return None
+        fn = self._tools.get(envelope.name)
+        return FunctionExecutor(fn) if fn is not None else None
+
+
+@dataclass(frozen=True)
+class DrainReport:
+    """What one drain pass did (G-11, G-12, G-29, G-34).
+
+    ``no_executor`` lists children this host cannot run; they stay unfinished and their
+    groups stay visible, so a pass that reports them is never "empty".
+    """
+
+    resumed: tuple[tuple[str, str], ...] = ()
+    cancelled: tuple[tuple[str, str], ...] = ()
+    no_executor: tuple[NoExecutor, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.resumed or self.cancelled or self.no_executor)
+
+
+class GroupDrain(ABC):
+    """Finishes children whose caller is gone, applying the group's recorded disposition."""
+
+    @abstractmethod
+    async def run_pass(self) -> DrainReport:
+        """One pass over unfinished children of open (or abandoned) groups."""
+
+
+class EffectController(ABC):  # noqa: B024 - loud defaults, nothing abstract (G-07)
+    """The seam a caller talks to. Group methods refuse loudly until wired (G-07).
+
+    A subclass implementing groups overrides every group method and answers
+    :meth:`supports_effect_groups` from whether a resolver is registered — not a constant.
+    """
+
+    def supports_concurrent_effects(self) -> bool:
+        """Whether ungrouped effects may run concurrently on this controller."""
+        return False
+
+    async def execute_effect(self, envelope: EffectEnvelope, executor: EffectExecutor) -> Outcome:
+        """Run one ungrouped effect with a caller-supplied executor.
+
+        Raises:
+            MembershipUnsupported: the envelope carries group membership; this path has no
+                slot for it and never strips it (G-06, G-53).
+        """
+        refuse_membership(envelope)
+        return await executor.execute(ExecutionInput(envelope=envelope))
+
+    def supports_effect_groups(self) -> bool:
+        """True if and only if a ``GroupExecutors`` resolver is registered (G-07)."""
+        return False
+
+    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        """Record ``group`` durably and start its children; return a handle with
+        ``consumed = 0`` once recorded, not once a child settles (G-08).
+
+        Raises:
+            EffectGroupUnsupported: no resolver registered (G-07); nothing recorded.
+            GroupShapeError: first open and the resolver returned ``None`` for a child;
+                names its position and replay key; nothing recorded (G-10).
+            GroupShapeMismatch: the key is recorded with another child count, wake or
+                disposition (G-13).
+            ReplayMismatch: a recorded child's envelope hash differs (G-02).
+            GroupClosed: the key names a group this host has closed.
+        """
+        raise EffectGroupUnsupported(
+            f"{type(self).__name__} has no GroupExecutors resolver registered",
+            group_key=group.key,
+        )
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        """Return rank ``handle.consumed + 1`` and advance ``handle`` by exactly one
+        (G-18). Wakes on that rank, not on group completion (G-21). Cancelling the await
+        leaves the handle and every rank untouched (G-19).
+
+        Raises:
+            EffectGroupUnsupported: no resolver registered (G-07).
+            CursorExhausted: ``handle.consumed == child_count``; never clamped (G-20).
+            HandleMismatch: the handle's child count, wake or disposition disagrees with
+                the recorded group (G-20).
+            UnknownGroup: no group is recorded under ``handle.group_key``.
+            GroupClosed: the group was closed.
+        """
+        raise EffectGroupUnsupported(
+            f"{type(self).__name__} has no GroupExecutors resolver registered",
+            group_key=handle.group_key,
+        )
+
+    async def close_effect_group(
+        self, handle: GroupHandle, disposition: LoserPolicy | None = None
+    ) -> None:
+        """Release the caller's interest. Idempotent; may only narrow the declared
+        disposition (G-26). Under ``CANCEL`` returns once one cancel per unsettled child is
+        durably issued, without waiting for the losers (G-27).
+
+        Raises:
+            EffectGroupUnsupported: no resolver registered (G-07).
+            DispositionWidened: ``CANCEL`` declared (or closed with) and
+                ``RUN_TO_COMPLETION`` asked (G-26); nothing changes.
+            HandleMismatch: the handle disagrees with the recorded group.
+            UnknownGroup: no group is (or was) recorded under the key.
+        """
+        raise EffectGroupUnsupported(
+            f"{type(self).__name__} has no GroupExecutors resolver registered",
+            group_key=handle.group_key,
+        )
+
+    async def open_group_keys(self) -> list[str]:
+        """Keys of groups not yet closed, so orphans can be counted (G-30)."""
+        return []
+
+    async def settlement_order(self, group_key: str) -> list[int]:
+        """Positions in rank order so far: observability only (G-22).
+
+        Raises:
+            EffectGroupUnsupported: no resolver registered.
+            UnknownGroup: no such group.
+        """
+        raise EffectGroupUnsupported(
+            f"{type(self).__name__} has no GroupExecutors resolver registered",
+            group_key=group_key,
+        )
+
+    async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
+        """Deliver event ``name`` to the unsettled ``await_event`` children of a group
+        (G-51); returns how many children it reached.
+
+        Raises:
+            EffectGroupUnsupported: no resolver registered.
+            UnknownGroup: no such group.
+            InvalidEnvelope: ``payload`` is not strict JSON.
+        """
+        raise EffectGroupUnsupported(
+            f"{type(self).__name__} has no GroupExecutors resolver registered",
+            group_key=group_key,
+        )
+
+    def drain(self) -> GroupDrain:
+        """A drain over this host's unfinished children; handed out even without a
+        resolver, whose passes then report every unfinished child as ``NoExecutor`` (G-12).
+        """
+        return _EmptyDrain()
+
+
+class _EmptyDrain(GroupDrain):
+    async def run_pass(self) -> DrainReport:
+        return DrainReport()
+
+
+def refuse_membership(envelope: EffectEnvelope) -> None:
+    """Refuse a grouped envelope on a path with no slot for membership (G-06).
+
+    Raises:
+        MembershipUnsupported: ``envelope.membership`` is set.
+    """
+    if envelope.membership is not None:
+        raise MembershipUnsupported(
+            f"envelope {envelope.replay_key!r} belongs to group "
+            f"{envelope.membership.group_key!r}; this path cannot carry membership",
+            group_key=envelope.membership.group_key,
+            replay_key=envelope.replay_key,
+            position=envelope.membership.position,
+        )
+
+
+def validate_deployment(controller: EffectController) -> None:
+    """Fail at start-up, not at the first group: call after wiring (G-07).
+
+    Raises:
+        EffectGroupUnsupported: the controller has no resolver registered.
+    """
+    if not controller.supports_effect_groups():
+        raise EffectGroupUnsupported(
+            f"deployment check failed: {type(controller).__name__} has no GroupExecutors "
+            "resolver registered, so it cannot open groups"
+        )

@@ -1,0 +1,495 @@
+"""The in-memory reference host: the observable semantics of SPEC §2, durable only for
+the life of the process. Children run as asyncio tasks.
+
+Subclasses (the adversarial host, and the deliberately broken hosts the suite is tested
+against) override the small hooks marked *hook* below; everything else is the rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+from effecthost.contract import (
+    CursorExhausted,
+    DispositionWidened,
+    DrainReport,
+    EffectController,
+    EffectEnvelope,
+    EffectExecutor,
+    EffectGroup,
+    EffectGroupUnsupported,
+    EffectHostError,
+    EffectKind,
+    ExecutionInput,
+    GroupClosed,
+    GroupDrain,
+    GroupExecutors,
+    GroupHandle,
+    GroupShapeError,
+    GroupShapeMismatch,
+    HandleMismatch,
+    LoserPolicy,
+    NoExecutor,
+    Outcome,
+    PayloadTooLarge,
+    ReplayMismatch,
+    Settlement,
+    UnknownGroup,
+    WakePolicy,
+    normalize_json,
+    sleep_seconds,
+)
+
+DEFAULT_MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
+
+
+@dataclass(eq=False)
+class _Child:
+    envelope: EffectEnvelope
+    position: int
+    hash: str
+    state: str = "pending"  # pending | running | settled
+    fence: int = 0
+    seq: int | None = None
+    outcome: Outcome | None = None
+    cancel_requested: bool = False
+    due_at: float | None = None
+    event: tuple[Any] | None = None
+    event_arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def replay_key(self) -> str:
+        return self.envelope.replay_key
+
+
+@dataclass(eq=False)
+class _Group:
+    key: str
+    wake: WakePolicy
+    declared: LoserPolicy
+    children: list[_Child]
+    effective: LoserPolicy
+    counter: int = 0
+    settled: list[_Child] = field(default_factory=list)  # ordered by seq
+    closed: bool = False
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def child_count(self) -> int:
+        return len(self.children)
+
+
+class MemoryEffectHost(EffectController):
+    """Reference host. ``supports_effect_groups()`` is true iff a resolver is registered.
+
+    Ranks are served as the ``rank``-th smallest settlement sequence (G-16); this host's
+    sequences happen to be dense, but nothing relies on that.
+    """
+
+    def __init__(
+        self,
+        resolver: GroupExecutors | None = None,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        self._resolver = resolver
+        self._max_payload_bytes = max_payload_bytes
+        self._groups: dict[str, _Group] = {}
+        self._retired: dict[str, LoserPolicy] = {}
+        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+    # -- wiring -------------------------------------------------------------------------
+
+    def register_executors(self, resolver: GroupExecutors | None) -> None:
+        """Register (or, with ``None``, unregister) the resolver (G-07, G-09)."""
+        self._resolver = resolver
+
+    def supports_concurrent_effects(self) -> bool:
+        return True
+
+    def supports_effect_groups(self) -> bool:
+        return self._resolver is not None
+
+    def _require_wired(self, group_key: str) -> None:
+        if self._resolver is None:
+            raise EffectGroupUnsupported(
+                "MemoryEffectHost has no GroupExecutors resolver registered",
+                group_key=group_key,
+            )
+
+    # -- open ---------------------------------------------------------------------------
+
+    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        self._require_wired(group.key)
+        if group.key in self._retired:
+            raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key)
+        record = self._groups.get(group.key)
+        if record is None:
+            self._check_sizes(group)
+            executors = self._resolve_all(group)
+            record = self._record_group(group)
+            for child, executor in zip(record.children, executors, strict=True):
+                self._dispatch(record, child, executor)
+        else:
+            self._fence_reopen(record, group)
+            for child in record.children:
+                if child.state != "settled" and (record.key, child.replay_key) not in self._tasks:
+                    runner = self._resolve(child.envelope)
+                    if runner is not None:
+                        self._dispatch(record, child, runner)
+        return group.handle()
+
+    def _check_sizes(self, group: EffectGroup) -> None:
+        for position, child in enumerate(group.children):
+            size = len(child.canonical_bytes())
+            if size > self._max_payload_bytes:
+                raise PayloadTooLarge(
+                    f"child {child.replay_key!r} of group {group.key!r} encodes to {size} "
+                    f"bytes, over the limit of {self._max_payload_bytes}",
+                    group_key=group.key,
+                    replay_key=child.replay_key,
+                    position=position,
+                )
+
+    def _resolve_all(self, group: EffectGroup) -> list[EffectExecutor]:
+        """First open: resolve every child before recording anything (G-10)."""
+        executors: list[EffectExecutor] = []
+        for position, child in enumerate(group.children):
+            executor = self._resolve(child)
+            if executor is None:
+                raise GroupShapeError(
+                    f"no executor for child {child.replay_key!r} at position {position} of "
+                    f"group {group.key!r} ({child.kind} {child.name!r}); nothing recorded",
+                    group_key=group.key,
+                    replay_key=child.replay_key,
+                    position=position,
+                )
+            executors.append(executor)
+        return executors
+
+    def _record_group(self, group: EffectGroup) -> _Group:
+        record = _Group(
+            key=group.key,
+            wake=group.wake,
+            declared=group.disposition,
+            effective=group.disposition,
+            children=[
+                _Child(envelope=child, position=position, hash=child.envelope_hash())
+                for position, child in enumerate(group.children)
+            ],
+        )
+        self._groups[group.key] = record
+        return record
+
+    def _fence_reopen(self, record: _Group, group: EffectGroup) -> None:
+        """Reopen is fenced on shape (G-13) and on each child's hash (G-02)."""
+        if (record.child_count, record.wake, record.declared) != (
+            group.child_count,
+            group.wake,
+            group.disposition,
+        ):
+            raise GroupShapeMismatch(
+                f"group {group.key!r} is recorded with {record.child_count} children, wake "
+                f"{record.wake.value}, disposition {record.declared.value}; reopened with "
+                f"{group.child_count}, {group.wake.value}, {group.disposition.value}",
+                group_key=group.key,
+            )
+        for child, envelope in zip(record.children, group.children, strict=True):
+            if child.hash != envelope.envelope_hash() or child.replay_key != envelope.replay_key:
+                raise ReplayMismatch(
+                    f"child at position {child.position} of group {group.key!r} is recorded "
+                    f"as {child.replay_key!r} with another envelope hash",
+                    group_key=group.key,
+                    replay_key=envelope.replay_key,
+                    position=child.position,
+                )
+
+    # -- children -----------------------------------------------------------------------
+
+    def _resolve(self, envelope: EffectEnvelope) -> EffectExecutor | None:
+        """The registered resolver is the only seam for tool calls (G-09); the host runs
+        ``sleep`` and ``await_event`` itself (G-51)."""
+        if envelope.kind == EffectKind.SLEEP:
+            return _SleepExecutor(self, envelope)
+        if envelope.kind == EffectKind.AWAIT_EVENT:
+            return _EventExecutor(self, envelope)
+        if self._resolver is None:
+            return None
+        return self._resolver.resolve(envelope)
+
+    def _dispatch(self, record: _Group, child: _Child, executor: EffectExecutor) -> None:
+        child.fence += 1
+        child.state = "running"
+        if child.envelope.kind == EffectKind.SLEEP and child.due_at is None:
+            loop = asyncio.get_running_loop()
+            child.due_at = loop.time() + sleep_seconds(child.envelope)
+        task_key = (record.key, child.replay_key)
+        task = asyncio.get_running_loop().create_task(
+            self._run_child(record, child, executor, child.fence),
+            name=f"effecthost-child:{child.replay_key}",
+        )
+        self._tasks[task_key] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(task_key, None))
+
+    async def _run_child(
+        self, record: _Group, child: _Child, executor: EffectExecutor, fence: int
+    ) -> None:
+        try:
+            outcome = await executor.execute(ExecutionInput(child.envelope, attempt=fence))
+        except asyncio.CancelledError:
+            if not child.cancel_requested:
+                raise  # the host is going away: like a dead process, record nothing
+            outcome = Outcome.cancelled()
+        except EffectHostError as exc:
+            outcome = Outcome.failure(type(exc).__name__, str(exc))
+        await self._deliver(record, child, fence, outcome)
+
+    async def _deliver(self, record: _Group, child: _Child, fence: int, outcome: Outcome) -> None:
+        """*hook*: how a child's outcome reaches the rank authority."""
+        self._finalize(record, child, fence, outcome)
+
+    def _finalize(self, record: _Group, child: _Child, fence: int, outcome: Outcome) -> bool:
+        """The rank authority: fence first, bump only on a match (G-31's order, G-17)."""
+        if child.state == "settled" or child.fence != fence:
+            return False
+        record.counter = self._next_sequence(record)
+        child.seq = record.counter
+        child.outcome = outcome
+        child.state = "settled"
+        bisect.insort(record.settled, child, key=lambda c: c.seq or 0)
+        self._notify(record)
+        self._maybe_retire(record)
+        return True
+
+    def _next_sequence(self, record: _Group) -> int:
+        """*hook*: the next settlement sequence; strictly increasing (G-17)."""
+        return record.counter + 1
+
+    def _settled_at_rank(self, record: _Group, rank: int) -> _Child | None:
+        """*hook*: the child holding the ``rank``-th smallest sequence (G-16)."""
+        return record.settled[rank - 1] if len(record.settled) >= rank else None
+
+    def _notify(self, record: _Group) -> None:
+        changed, record.changed = record.changed, asyncio.Event()
+        changed.set()
+
+    def _maybe_retire(self, record: _Group) -> None:
+        """A group retires whole, once closed and no child can still rank (G-17, G-36)."""
+        if record.closed and len(record.settled) == record.child_count:
+            self._groups.pop(record.key, None)
+            self._retired[record.key] = record.effective
+
+    # -- consume ------------------------------------------------------------------------
+
+    def _lookup(self, handle: GroupHandle) -> _Group:
+        record = self._groups.get(handle.group_key)
+        if record is None:
+            if handle.group_key in self._retired:
+                raise GroupClosed(
+                    f"group {handle.group_key!r} was closed", group_key=handle.group_key
+                )
+            raise UnknownGroup(
+                f"no group is recorded under {handle.group_key!r}", group_key=handle.group_key
+            )
+        if (handle.child_count, handle.wake, handle.disposition) != (
+            record.child_count,
+            record.wake,
+            record.declared,
+        ):
+            raise HandleMismatch(
+                f"handle for {handle.group_key!r} claims {handle.child_count} children, wake "
+                f"{handle.wake.value}, disposition {handle.disposition.value}; the group has "
+                f"{record.child_count}, {record.wake.value}, {record.declared.value}",
+                group_key=handle.group_key,
+            )
+        return record
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        self._require_wired(handle.group_key)
+        record = self._lookup(handle)
+        if record.closed:
+            raise GroupClosed(f"group {record.key!r} was closed", group_key=record.key)
+        rank = handle.consumed + 1
+        if rank > record.child_count:
+            raise CursorExhausted(
+                f"group {record.key!r} has {record.child_count} children and the handle has "
+                f"consumed them all; rank {rank} does not exist",
+                group_key=record.key,
+                rank=rank,
+            )
+        while (child := self._settled_at_rank(record, rank)) is None:
+            changed = record.changed
+            await changed.wait()
+            if record.closed:
+                raise GroupClosed(f"group {record.key!r} was closed", group_key=record.key)
+        assert child.outcome is not None
+        settlement = Settlement(
+            rank=rank, position=child.position, replay_key=child.replay_key, outcome=child.outcome
+        )
+        handle.consumed = rank
+        return settlement
+
+    async def settlement_order(self, group_key: str) -> list[int]:
+        self._require_wired(group_key)
+        record = self._groups.get(group_key)
+        if record is None:
+            raise UnknownGroup(
+                f"no open group is recorded under {group_key!r}", group_key=group_key
+            )
+        return [child.position for child in record.settled]
+
+    async def open_group_keys(self) -> list[str]:
+        return sorted(key for key, record in self._groups.items() if not record.closed)
+
+    # -- close --------------------------------------------------------------------------
+
+    async def close_effect_group(
+        self, handle: GroupHandle, disposition: LoserPolicy | None = None
+    ) -> None:
+        self._require_wired(handle.group_key)
+        if handle.group_key in self._retired:
+            self._check_narrowing(handle.group_key, self._retired[handle.group_key], disposition)
+            return
+        record = self._lookup(handle)
+        target = self._check_narrowing(record.key, record.effective, disposition)
+        record.effective = target
+        record.closed = True
+        if target is LoserPolicy.CANCEL:
+            for child in record.children:
+                if child.state != "settled":
+                    self._request_cancel(record, child)
+        self._notify(record)
+        self._maybe_retire(record)
+
+    def _check_narrowing(
+        self, group_key: str, current: LoserPolicy, requested: LoserPolicy | None
+    ) -> LoserPolicy:
+        """*hook*: a close may narrow ``RUN_TO_COMPLETION`` to ``CANCEL``, never widen."""
+        target = requested or current
+        if current is LoserPolicy.CANCEL and target is LoserPolicy.RUN_TO_COMPLETION:
+            raise DispositionWidened(
+                f"group {group_key!r} declares CANCEL; a close cannot widen it to "
+                "RUN_TO_COMPLETION",
+                group_key=group_key,
+            )
+        return target
+
+    def _request_cancel(self, record: _Group, child: _Child) -> None:
+        """One cancel per unsettled child; does not wait for it to stop (G-27)."""
+        child.cancel_requested = True
+        task = self._tasks.get((record.key, child.replay_key))
+        if task is not None:
+            task.cancel()
+        else:
+            self._finalize(record, child, child.fence, Outcome.cancelled())
+
+    # -- events -------------------------------------------------------------------------
+
+    async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
+        self._require_wired(group_key)
+        value = normalize_json(payload)
+        record = self._groups.get(group_key)
+        if record is None:
+            if group_key in self._retired:
+                return 0
+            raise UnknownGroup(f"no group is recorded under {group_key!r}", group_key=group_key)
+        reached = 0
+        for child in record.children:
+            if (
+                child.envelope.kind == EffectKind.AWAIT_EVENT
+                and child.envelope.name == name
+                and child.state != "settled"
+                and child.event is None
+            ):
+                child.event = (value,)
+                child.event_arrived.set()
+                reached += 1
+        return reached
+
+    def _child(self, envelope: EffectEnvelope) -> _Child:
+        assert envelope.membership is not None
+        record = self._groups[envelope.membership.group_key]
+        return record.children[envelope.membership.position]
+
+    # -- drain --------------------------------------------------------------------------
+
+    def drain(self) -> GroupDrain:
+        return _MemoryDrain(self)
+
+    async def aclose(self) -> None:
+        """Stop every child task without recording anything (like the process ending)."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _SleepExecutor(EffectExecutor):
+    def __init__(self, host: MemoryEffectHost, envelope: EffectEnvelope) -> None:
+        super().__init__()
+        self._host = host
+        self._envelope = envelope
+
+    async def run(self, call: ExecutionInput) -> Any:
+        child = self._host._child(call.envelope)
+        due = child.due_at if child.due_at is not None else 0.0
+        await asyncio.sleep(max(0.0, due - asyncio.get_running_loop().time()))
+        return None
+
+
+class _EventExecutor(EffectExecutor):
+    def __init__(self, host: MemoryEffectHost, envelope: EffectEnvelope) -> None:
+        super().__init__()
+        self._host = host
+        self._envelope = envelope
+
+    async def run(self, call: ExecutionInput) -> Any:
+        child = self._host._child(call.envelope)
+        await child.event_arrived.wait()
+        assert child.event is not None
+        return child.event[0]
+
+
+class _MemoryDrain(GroupDrain):
+    """Finishes unfinished children that no live task owns, by the recorded disposition."""
+
+    def __init__(self, host: MemoryEffectHost) -> None:
+        self._host = host
+
+    async def run_pass(self) -> DrainReport:
+        host = self._host
+        resumed: list[tuple[str, str]] = []
+        cancelled: list[tuple[str, str]] = []
+        missing: list[NoExecutor] = []
+        for record in list(host._groups.values()):
+            for child in record.children:
+                if child.state == "settled" or (record.key, child.replay_key) in host._tasks:
+                    continue
+                ids = (record.key, child.replay_key)
+                if host._resolver is None:
+                    missing.append(_no_executor(record, child, "no resolver is registered"))
+                elif record.effective is LoserPolicy.CANCEL:
+                    child.cancel_requested = True
+                    host._finalize(record, child, child.fence, Outcome.cancelled())
+                    cancelled.append(ids)
+                elif (executor := host._resolve(child.envelope)) is None:
+                    missing.append(_no_executor(record, child, "the resolver returned None"))
+                else:
+                    host._dispatch(record, child, executor)
+                    resumed.append(ids)
+        return DrainReport(
+            resumed=tuple(resumed), cancelled=tuple(cancelled), no_executor=tuple(missing)
+        )
+
+
+def _no_executor(record: _Group, child: _Child, why: str) -> NoExecutor:
+    return NoExecutor(
+        f"child {child.replay_key!r} at position {child.position} of group {record.key!r} "
+        f"cannot run here: {why}",
+        group_key=record.key,
+        replay_key=child.replay_key,
+        position=child.position,
+    )
