@@ -178,8 +178,13 @@ class EffectGroup(BaseModel):
         key = data.get("key")
         if not isinstance(key, str) or not key:
             raise InvalidEnvelope("group key must be a non-empty string")
-        wake = WakePolicy(data.get("wake"))
-        disposition = LoserPolicy(data.get("disposition"))
+        try:
+            wake = WakePolicy(data.get("wake"))  # type: ignore[arg-type]
+            disposition = LoserPolicy(data.get("disposition"))  # type: ignore[arg-type]
+        except ValueError:
+            raise InvalidEnvelope(
+                f"group {key!r} needs a wake policy and a loser policy", group_key=key
+            ) from None
         raw = data.get("children") or ()
         if len(raw) == 0:
             raise EmptyGroup(f"group {key!r} has no children", group_key=key)

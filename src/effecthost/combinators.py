@@ -1,0 +1,316 @@
+"""``race``, ``any_``, ``all_`` and ``all_settled`` over any :class:`EffectController`.
+
+Each combinator turns a list of :class:`Call` into one group (batch id = content hash of
+the calls, occurrence from the caller's :class:`Scope`), consumes settlements in rank
+order and closes the group. The decision rules (G-23, G-24) are caller-side loops over
+ranks, so they are the same on every tier; the loser policy is declared at open (G-25).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from effecthost.contract import (
+    EffectController,
+    EffectEnvelope,
+    EffectGroup,
+    EffectHostError,
+    EffectKind,
+    EmptyGroup,
+    ErrorInfo,
+    GroupHandle,
+    JsonValue,
+    LoserPolicy,
+    OccurrenceCounter,
+    Outcome,
+    RuntimeErrorCode,
+    Settlement,
+    WakePolicy,
+    batch_id,
+    group_key,
+    normalize_json,
+    sleep_input,
+)
+
+__all__ = [
+    "AllEffectsFailed",
+    "Call",
+    "DeadlineExceeded",
+    "EffectFailed",
+    "Scope",
+    "all_",
+    "all_settled",
+    "any_",
+    "build_group",
+    "first_success",
+    "next_group_key",
+    "race",
+    "settlements",
+    "sleep",
+    "tool",
+    "wait_event",
+    "wait_event_or_deadline",
+    "with_deadline",
+]
+
+
+class EffectFailed(EffectHostError):
+    """A child's error (or cancellation) surfaced by a combinator; ids as attributes."""
+
+    code = RuntimeErrorCode.EFFECT_FAILED
+
+    def __init__(self, settlement: Settlement, group_key: str) -> None:
+        outcome = settlement.outcome
+        self.error = outcome.error or ErrorInfo(type="Cancelled", message="child was cancelled")
+        super().__init__(
+            f"child {settlement.replay_key!r} (position {settlement.position}, rank "
+            f"{settlement.rank}) of group {group_key!r} failed: {self.error.type}",
+            group_key=group_key,
+            replay_key=settlement.replay_key,
+            position=settlement.position,
+            rank=settlement.rank,
+        )
+        self.settlement = settlement
+
+
+class AllEffectsFailed(EffectHostError):
+    """``any_`` saw every child fail; ``failures`` holds each, in position order (G-24)."""
+
+    code = RuntimeErrorCode.ALL_EFFECTS_FAILED
+
+    def __init__(self, failures: Sequence[EffectFailed], group_key: str) -> None:
+        super().__init__(
+            f"all {len(failures)} children of group {group_key!r} failed", group_key=group_key
+        )
+        self.failures = sorted(failures, key=lambda f: f.position or 0)
+
+
+class DeadlineExceeded(EffectHostError):
+    """The deadline arm of a select settled first (G-52)."""
+
+    code = RuntimeErrorCode.DEADLINE_EXCEEDED
+
+
+class Call(BaseModel):
+    """One child to run: a tool call, a sleep or an event wait."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str
+    name: str
+    input: JsonValue = None
+
+    def document(self) -> dict[str, JsonValue]:
+        return {"input": normalize_json(self.input), "kind": self.kind, "name": self.name}
+
+
+def tool(name: str, input: JsonValue = None) -> Call:
+    """A ``tool_call`` child run by the registered resolver."""
+    return Call(kind=EffectKind.TOOL_CALL, name=name, input=normalize_json(input))
+
+
+def sleep(seconds: float) -> Call:
+    """A ``sleep`` child: a durable timer of the tier (G-51)."""
+    return Call(kind=EffectKind.SLEEP, name="sleep", input=sleep_input(seconds))
+
+
+def wait_event(name: str) -> Call:
+    """An ``await_event`` child, settled by ``deliver_event(group_key, name, payload)``."""
+    return Call(kind=EffectKind.AWAIT_EVENT, name=name, input=None)
+
+
+class Scope(BaseModel):
+    """Where group keys come from: a scope id and its occurrence counter (G-05).
+
+    Part of the caller's continuation: save it (``to_json``) with the handle cursors, so
+    identical batches before and after a restart get distinct keys.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    scope_id: str = Field(min_length=1)
+    counter: OccurrenceCounter = Field(default_factory=OccurrenceCounter)
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Scope:
+        return cls.model_validate_json(text)
+
+
+def build_group(
+    scope: Scope, calls: Sequence[Call], wake: WakePolicy, disposition: LoserPolicy
+) -> EffectGroup:
+    """The group for ``calls``: key ``{scope}:group:{content hash}:{occurrence}``.
+
+    Raises:
+        EmptyGroup: ``calls`` is empty (G-04).
+    """
+    if not calls:
+        raise EmptyGroup("a group needs at least one call")
+    batch = batch_id([call.document() for call in calls])
+    key = group_key(scope.scope_id, batch, scope.counter.next(batch))
+    children = [
+        EffectEnvelope(
+            replay_key=f"{key}:{index}", kind=call.kind, name=call.name, input=call.input
+        )
+        for index, call in enumerate(calls)
+    ]
+    return EffectGroup(key=key, wake=wake, disposition=disposition, children=children)
+
+
+def next_group_key(scope: Scope, calls: Sequence[Call]) -> str:
+    """The key :func:`build_group` will give ``calls`` next, without counting it; lets a
+    caller tell an event sender where to deliver before the group is opened."""
+    batch = batch_id([call.document() for call in calls])
+    return group_key(scope.scope_id, batch, scope.counter.counts.get(batch, 0))
+
+
+async def settlements(
+    controller: EffectController, handle: GroupHandle
+) -> AsyncIterator[Settlement]:
+    """Settlements of ``handle`` in rank order until its cursor is exhausted."""
+    while not handle.exhausted:
+        yield await controller.await_next_settlement(handle)
+
+
+def _value(settlement: Settlement, key: str) -> Any:
+    if not settlement.outcome.ok:
+        raise EffectFailed(settlement, key)
+    return settlement.outcome.value
+
+
+async def race(
+    controller: EffectController,
+    scope: Scope,
+    calls: Sequence[Call],
+    *,
+    disposition: LoserPolicy = LoserPolicy.RUN_TO_COMPLETION,
+) -> Any:
+    """The first settlement in rank order, success or failure (G-24). Losers run on
+    unless ``disposition`` is ``CANCEL`` (G-25).
+
+    Raises:
+        EmptyGroup: no calls: ``race([])`` could never settle (G-04); no host is touched.
+        EffectFailed: the first settlement is an error or a cancellation.
+    """
+    if not calls:
+        raise EmptyGroup("race([]) never settles; refused without touching a host")
+    group = build_group(scope, calls, WakePolicy.FIRST, disposition)
+    handle = await controller.open_effect_group(group)
+    first = await controller.await_next_settlement(handle)
+    await controller.close_effect_group(handle)
+    return _value(first, group.key)
+
+
+async def any_(
+    controller: EffectController,
+    scope: Scope,
+    calls: Sequence[Call],
+    *,
+    disposition: LoserPolicy = LoserPolicy.RUN_TO_COMPLETION,
+) -> Any:
+    """The first success in rank order; every failure aggregated if all fail (G-24).
+
+    Raises:
+        EmptyGroup: no calls (``any([])`` has no success to return).
+        AllEffectsFailed: every child failed; carries each failure.
+    """
+    if not calls:
+        raise EmptyGroup("any([]) has no child that could succeed")
+    group = build_group(scope, calls, WakePolicy.FIRST_SUCCESS, disposition)
+    handle = await controller.open_effect_group(group)
+    failures: list[EffectFailed] = []
+    async for settlement in settlements(controller, handle):
+        if settlement.outcome.ok:
+            await controller.close_effect_group(handle)
+            return settlement.outcome.value
+        failures.append(EffectFailed(settlement, group.key))
+    await controller.close_effect_group(handle)
+    raise AllEffectsFailed(failures, group.key)
+
+
+first_success = any_
+
+
+async def all_(controller: EffectController, scope: Scope, calls: Sequence[Call]) -> list[Any]:
+    """Values in position order, or the first rejection in *rank* order; losers run on
+    (``RUN_TO_COMPLETION``) after an early rejection (G-23, G-24, G-25).
+
+    Raises:
+        EffectFailed: the rejection with the smallest rank.
+    """
+    if not calls:
+        return []
+    group = build_group(scope, calls, WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION)
+    handle = await controller.open_effect_group(group)
+    values: dict[int, Any] = {}
+    async for settlement in settlements(controller, handle):
+        if not settlement.outcome.ok:
+            await controller.close_effect_group(handle)
+            raise EffectFailed(settlement, group.key)
+        values[settlement.position] = settlement.outcome.value
+    await controller.close_effect_group(handle)
+    return [values[position] for position in range(len(calls))]
+
+
+async def all_settled(
+    controller: EffectController, scope: Scope, calls: Sequence[Call]
+) -> list[Outcome]:
+    """Every outcome, in position order (G-24)."""
+    if not calls:
+        return []
+    group = build_group(scope, calls, WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION)
+    handle = await controller.open_effect_group(group)
+    outcomes: dict[int, Outcome] = {}
+    async for settlement in settlements(controller, handle):
+        outcomes[settlement.position] = settlement.outcome
+    await controller.close_effect_group(handle)
+    return [outcomes[position] for position in range(len(calls))]
+
+
+async def with_deadline(
+    controller: EffectController, scope: Scope, call: Call, seconds: float
+) -> Any:
+    """Run ``call`` against a deadline: a two-child ``FIRST`` group declaring ``CANCEL``
+    (G-25, G-52). The loser is cancelled either way.
+
+    Raises:
+        DeadlineExceeded: the timer settled first.
+        EffectFailed: ``call`` failed first.
+    """
+    group = build_group(scope, [call, sleep(seconds)], WakePolicy.FIRST, LoserPolicy.CANCEL)
+    handle = await controller.open_effect_group(group)
+    first = await controller.await_next_settlement(handle)
+    await controller.close_effect_group(handle)
+    if first.position == 1:
+        raise DeadlineExceeded(
+            f"deadline of {seconds}s passed before {call.kind} {call.name!r} settled",
+            group_key=group.key,
+            replay_key=first.replay_key,
+            position=first.position,
+            rank=first.rank,
+        )
+    return _value(first, group.key)
+
+
+async def wait_event_or_deadline(
+    controller: EffectController, scope: Scope, name: str, seconds: float
+) -> tuple[str, Any]:
+    """The signal/deadline select (G-52): ``("event", payload)`` when the event came
+    first, ``("deadline", None)`` when the timer did. The group key to deliver the event
+    to is ``next_group_key(scope, [wait_event(name), sleep(seconds)])`` taken before.
+    """
+    group = build_group(
+        scope, [wait_event(name), sleep(seconds)], WakePolicy.FIRST, LoserPolicy.CANCEL
+    )
+    handle = await controller.open_effect_group(group)
+    first = await controller.await_next_settlement(handle)
+    await controller.close_effect_group(handle)
+    if first.position == 1:
+        return ("deadline", None)
+    return ("event", _value(first, group.key))

@@ -1,0 +1,52 @@
+"""The conformance suite: one set of checks for every tier and any third-party host.
+
+A factory ``(FactoryEnv) -> HostUnderTest`` declares :class:`HostCapabilities`; checks
+needing an undeclared capability are printed skips. Run it with
+``effecthost conformance MODULE:FACTORY`` or ``pytest --effecthost-factory MODULE:FACTORY``.
+"""
+
+from ._context import CheckContext, CheckFailed
+from ._host import FactoryEnv, HostCapabilities, HostUnderTest
+from ._lab import Lab, LabClient, LabEvent
+from ._registry import OBLIGATIONS, Check, all_checks, check
+from ._runner import (
+    CheckResult,
+    Factory,
+    SuiteReport,
+    SuiteSession,
+    load_factory,
+    matches,
+    obligation_table,
+    run_suite,
+    skip_reason,
+)
+from ._tools import STEP, UNROUTABLE, ConformanceResolver, conformance_resolver, step_input
+
+__all__ = [
+    "OBLIGATIONS",
+    "STEP",
+    "UNROUTABLE",
+    "Check",
+    "CheckContext",
+    "CheckFailed",
+    "CheckResult",
+    "ConformanceResolver",
+    "Factory",
+    "FactoryEnv",
+    "HostCapabilities",
+    "HostUnderTest",
+    "Lab",
+    "LabClient",
+    "LabEvent",
+    "SuiteReport",
+    "SuiteSession",
+    "all_checks",
+    "check",
+    "conformance_resolver",
+    "load_factory",
+    "matches",
+    "obligation_table",
+    "run_suite",
+    "skip_reason",
+    "step_input",
+]

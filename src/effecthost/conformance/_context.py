@@ -1,0 +1,235 @@
+"""What a check works with: the host, the lab, fresh keys and small helpers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from effecthost.contract import (
+    EffectController,
+    EffectEnvelope,
+    EffectGroup,
+    EffectHostError,
+    EffectKind,
+    GroupHandle,
+    LoserPolicy,
+    Settlement,
+    WakePolicy,
+    group_key,
+    sleep_input,
+)
+
+from ._host import HostUnderTest
+from ._lab import Lab
+from ._tools import STEP, UNROUTABLE, step_input
+
+E = TypeVar("E", bound=BaseException)
+T = TypeVar("T")
+
+
+class CheckFailed(AssertionError):
+    """A check observed behaviour the contract forbids."""
+
+
+class CheckContext:
+    """Per-check state. Keys and tags are prefixed with ``scope`` so checks sharing one
+    host never see each other's groups."""
+
+    def __init__(self, host: HostUnderTest, lab: Lab, scope: str) -> None:
+        self.host = host
+        self.lab = lab
+        self.scope = scope
+        self.timeout = host.timeout
+        self._controllers: dict[bool, EffectController] = {}
+        self._opened: list[GroupHandle] = []
+
+    # -- host access --------------------------------------------------------------------
+
+    async def ctl(self, *, wired: bool = True) -> EffectController:
+        """The host's controller (cached until :meth:`restart`)."""
+        if wired not in self._controllers:
+            self._controllers[wired] = await self.host.controller(wired=wired)
+        return self._controllers[wired]
+
+    async def restart(self) -> None:
+        """Restart the host; controllers obtained before are dropped."""
+        self._controllers.clear()
+        await self.host.restart()
+
+    async def open(self, controller: EffectController, group: EffectGroup) -> GroupHandle:
+        """Open ``group`` and remember it for :meth:`cleanup`."""
+        handle = await asyncio.wait_for(controller.open_effect_group(group), self.timeout)
+        self._opened.append(handle.copy_cursor())
+        return handle
+
+    async def cleanup(self) -> None:
+        """Release every gate of this check and cancel what it left open."""
+        self.lab.open_all(f"{self.scope}.")
+        for tag in list(self.lab.denied_tags(self.scope)):
+            self.lab.allow(tag)
+        if not self._opened:
+            return
+        try:
+            controller = await self.ctl()
+            for handle in self._opened:
+                try:
+                    await asyncio.wait_for(
+                        controller.close_effect_group(handle, LoserPolicy.CANCEL), self.timeout
+                    )
+                except (EffectHostError, TimeoutError):
+                    pass
+        except EffectHostError:
+            pass
+
+    # -- building children --------------------------------------------------------------
+
+    def tag(self, label: str) -> str:
+        return f"{self.scope}.{label}"
+
+    def key(self, label: str) -> str:
+        return group_key(self.scope, label, 0)
+
+    def step(
+        self,
+        label: str,
+        *,
+        gate: bool = True,
+        result: Any = None,
+        error: str | None = None,
+        hold_cancel: bool = False,
+    ) -> EffectEnvelope:
+        """A gated tool child: reports ``started``, waits for gate ``tag(label)``."""
+        tag = self.tag(label)
+        return EffectEnvelope(
+            replay_key=tag,
+            kind=EffectKind.TOOL_CALL,
+            name=STEP,
+            input=step_input(tag, gate=gate, result=result, error=error, hold_cancel=hold_cancel),
+        )
+
+    def unroutable(self, label: str) -> EffectEnvelope:
+        return EffectEnvelope(
+            replay_key=self.tag(label), kind=EffectKind.TOOL_CALL, name=UNROUTABLE, input=None
+        )
+
+    def sleep(self, label: str, seconds: float) -> EffectEnvelope:
+        return EffectEnvelope(
+            replay_key=self.tag(label),
+            kind=EffectKind.SLEEP,
+            name="sleep",
+            input=sleep_input(seconds),
+        )
+
+    def event(self, label: str, name: str) -> EffectEnvelope:
+        return EffectEnvelope(
+            replay_key=self.tag(label), kind=EffectKind.AWAIT_EVENT, name=name, input=None
+        )
+
+    def group(
+        self,
+        label: str,
+        children: Sequence[EffectEnvelope],
+        *,
+        wake: WakePolicy = WakePolicy.ALL,
+        disposition: LoserPolicy = LoserPolicy.RUN_TO_COMPLETION,
+    ) -> EffectGroup:
+        return EffectGroup(
+            key=self.key(label), wake=wake, disposition=disposition, children=list(children)
+        )
+
+    # -- driving children ---------------------------------------------------------------
+
+    def release(self, *labels: str) -> None:
+        """Open the gates of the steps ``labels``."""
+        for label in labels:
+            self.lab.open(self.tag(label))
+
+    async def started(self, label: str, count: int = 1) -> None:
+        """Wait until step ``label`` has started ``count`` times."""
+        await self.lab.wait_for("started", self.tag(label), count, self.timeout)
+
+    async def cancelled(self, label: str, count: int = 1) -> None:
+        await self.lab.wait_for("cancelled", self.tag(label), count, self.timeout)
+
+    async def finished(self, label: str, count: int = 1) -> None:
+        await self.lab.wait_for("finished", self.tag(label), count, self.timeout)
+
+    def count(self, kind: str, label: str) -> int:
+        return self.lab.count(kind, self.tag(label))
+
+    # -- reading ranks ------------------------------------------------------------------
+
+    async def next(
+        self, controller: EffectController, handle: GroupHandle, *, rank: int | None = None
+    ) -> Settlement:
+        """Await the next settlement, failing the check if it takes longer than the
+        host's timeout; checks the rank served is ``consumed + 1`` (G-18)."""
+        expected = handle.consumed + 1
+        try:
+            settlement = await asyncio.wait_for(
+                controller.await_next_settlement(handle), self.timeout
+            )
+        except TimeoutError:
+            raise CheckFailed(
+                f"rank {expected} of {handle.group_key!r} was not served within {self.timeout}s"
+            ) from None
+        self.expect(
+            settlement.rank == expected,
+            f"asked for rank {expected}, got a settlement labelled rank {settlement.rank}",
+        )
+        self.expect(
+            handle.consumed == expected,
+            f"handle advanced to {handle.consumed}, expected exactly {expected}",
+        )
+        if rank is not None:
+            self.expect(settlement.rank == rank, f"expected rank {rank}")
+        return settlement
+
+    async def next_is(
+        self, controller: EffectController, handle: GroupHandle, label: str
+    ) -> Settlement:
+        """The next settlement must be step ``label``."""
+        settlement = await self.next(controller, handle)
+        self.expect(
+            settlement.replay_key == self.tag(label),
+            f"rank {settlement.rank} should be {self.tag(label)!r}, got {settlement.replay_key!r}",
+        )
+        return settlement
+
+    # -- assertions ---------------------------------------------------------------------
+
+    def expect(self, condition: bool, message: str) -> None:
+        if not condition:
+            raise CheckFailed(message)
+
+    async def refuses(self, error: type[E], action: Awaitable[Any], what: str) -> E:
+        """``action`` must raise ``error`` (a typed :class:`EffectHostError`)."""
+        try:
+            await asyncio.wait_for(action, self.timeout)
+        except error as exc:
+            return exc
+        except TimeoutError:
+            raise CheckFailed(f"{what}: expected {error.__name__}, but it hung") from None
+        except EffectHostError as exc:
+            raise CheckFailed(
+                f"{what}: expected {error.__name__}, got {type(exc).__name__}: {exc}"
+            ) from None
+        raise CheckFailed(f"{what}: expected {error.__name__}, but it was accepted")
+
+    async def eventually(
+        self, probe: Callable[[], Awaitable[T]], accept: Callable[[T], bool], what: str
+    ) -> T:
+        """Re-read host state until ``accept`` holds; for facts with no event to wait on
+        (a group retiring). Not an ordering device: nothing is released by it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        delay = 0.005
+        while True:
+            value = await probe()
+            if accept(value):
+                return value
+            if loop.time() > deadline:
+                raise CheckFailed(f"timed out after {self.timeout}s waiting for {what}")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)

@@ -1,0 +1,227 @@
+"""Running checks against a factory's host, independent of pytest."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import re
+import secrets
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ._context import CheckContext
+from ._host import FactoryEnv, HostUnderTest
+from ._lab import Lab
+from ._registry import OBLIGATIONS, Check, all_checks
+
+Factory = Callable[[FactoryEnv], "HostUnderTest | Awaitable[HostUnderTest]"]
+Status = Literal["passed", "failed", "skipped"]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    check: Check
+    status: Status
+    reason: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class SuiteReport:
+    """Results of a run, and the obligation table that ends every run."""
+
+    results: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status != "failed" for r in self.results)
+
+    def by_status(self, status: Status) -> list[CheckResult]:
+        return [r for r in self.results if r.status == status]
+
+    def failed_ids(self) -> set[str]:
+        return {i for r in self.by_status("failed") for i in r.check.ids}
+
+    def table(self) -> str:
+        return obligation_table(self.results)
+
+
+def obligation_table(results: Iterable[CheckResult]) -> str:
+    """Obligation id, checks run, passed, failed, skipped (why) — one row per id."""
+    rows: dict[str, list[CheckResult]] = {obligation: [] for obligation in OBLIGATIONS}
+    for result in results:
+        for obligation in result.check.ids:
+            rows.setdefault(obligation, []).append(result)
+    lines = [
+        f"{'obligation':<11}{'checks':>7}{'passed':>8}{'failed':>8}{'skipped':>9}  why skipped"
+    ]
+    for obligation in sorted(rows, key=_id_order):
+        entries = rows[obligation]
+        skipped = [r for r in entries if r.status == "skipped"]
+        reasons = sorted({r.reason for r in skipped})
+        lines.append(
+            f"{obligation:<11}{len(entries):>7}"
+            f"{sum(r.status == 'passed' for r in entries):>8}"
+            f"{sum(r.status == 'failed' for r in entries):>8}"
+            f"{len(skipped):>9}  {'; '.join(reasons)}".rstrip()
+        )
+    totals = list(results)
+    lines.append(
+        f"{len(totals)} checks: {sum(r.status == 'passed' for r in totals)} passed, "
+        f"{sum(r.status == 'failed' for r in totals)} failed, "
+        f"{sum(r.status == 'skipped' for r in totals)} skipped"
+    )
+    return "\n".join(lines)
+
+
+def _id_order(obligation: str) -> tuple[int, str]:
+    match = re.fullmatch(r"G-(\d+)", obligation)
+    return (int(match.group(1)) if match else 10_000, obligation)
+
+
+def load_factory(spec: str) -> Factory:
+    """``"package.module:factory"`` → the factory callable.
+
+    Raises:
+        ValueError: the spec has no ``:``, or the attribute is not callable.
+    """
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"factory must be given as MODULE:FACTORY, got {spec!r}")
+    target = getattr(importlib.import_module(module_name), attribute)
+    if not callable(target):
+        raise ValueError(f"{spec} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def skip_reason(check: Check, host: HostUnderTest) -> str | None:
+    """Why ``check`` cannot run on ``host``, or ``None``."""
+    missing = [c for c in check.requires if not getattr(host.capabilities, c, False)]
+    if missing:
+        return f"host does not declare {', '.join(missing)}"
+    return None
+
+
+_WORD = re.compile(r"\s*(\(|\)|[^\s()]+)")
+
+
+def matches(expression: str | None, check: Check) -> bool:
+    """A small ``-k``: words match substrings of the check's node name (ids included),
+    combined with ``and``, ``or``, ``not`` and parentheses."""
+    if not expression:
+        return True
+    haystack = check.node_name.lower()
+    tokens = _WORD.findall(expression)
+    python: list[str] = []
+    for token in tokens:
+        if token in ("and", "or", "not", "(", ")"):
+            python.append(token)
+        else:
+            python.append(repr(token.lower() in haystack))
+    try:
+        return bool(eval(" ".join(python), {"__builtins__": {}}, {}))
+    except SyntaxError:
+        raise ValueError(f"cannot parse selection expression {expression!r}") from None
+
+
+class SuiteSession:
+    """One host and one lab for a whole run; checks get fresh scopes."""
+
+    def __init__(self, factory: Factory, *, base_dir: Path | None = None) -> None:
+        self._factory = factory
+        self._base_dir = base_dir
+        self._root: Path | None = None
+        self._owns_root = False
+        self.lab: Lab | None = None
+        self.host: HostUnderTest | None = None
+        self._token = secrets.token_hex(3)
+        self._count = 0
+
+    async def start(self) -> None:
+        if self._base_dir is None:
+            self._root = Path(tempfile.mkdtemp(prefix="ehconf-"))
+            self._owns_root = True
+        else:
+            self._root = self._base_dir
+            self._root.mkdir(parents=True, exist_ok=True)
+        self.lab = Lab(self._root / "lab")
+        await self.lab.start()
+        work = self._root / "work"
+        work.mkdir(exist_ok=True)
+        made = self._factory(FactoryEnv(lab_path=self.lab.path, work_dir=work))
+        self.host = await made if inspect.isawaitable(made) else made
+
+    async def stop(self) -> None:
+        try:
+            if self.host is not None:
+                await self.host.aclose()
+        finally:
+            if self.lab is not None:
+                await self.lab.stop()
+            if self._owns_root and self._root is not None:
+                shutil.rmtree(self._root, ignore_errors=True)
+
+    async def run(self, check: Check) -> CheckResult:
+        assert self.host is not None and self.lab is not None, "start() first"
+        reason = skip_reason(check, self.host)
+        if reason is not None:
+            return CheckResult(check, "skipped", reason)
+        self._count += 1
+        scope = f"cf{self._token}n{self._count}"
+        context = CheckContext(self.host, self.lab, scope)
+        started = time.perf_counter()
+        limit = self.host.timeout * 4
+        try:
+            async with asyncio.timeout(limit) as deadline:
+                await check.function(context)
+        except TimeoutError as exc:
+            why = f"check did not finish in {limit}s" if deadline.expired() else _describe(exc)
+            return CheckResult(check, "failed", why, _since(started))
+        except Exception as exc:
+            return CheckResult(check, "failed", _describe(exc), _since(started))
+        finally:
+            await context.cleanup()
+        return CheckResult(check, "passed", "", _since(started))
+
+
+def _since(started: float) -> float:
+    return time.perf_counter() - started
+
+
+def _describe(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = next(
+        (f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames) if "checks" in f.filename),
+        "",
+    )
+    text = f"{type(exc).__name__}: {exc}"
+    return f"{text} ({where})" if where else text
+
+
+async def run_suite(
+    factory: Factory,
+    *,
+    select: str | None = None,
+    on_result: Callable[[CheckResult], None] | None = None,
+) -> SuiteReport:
+    """Run every registered check (or those ``select`` matches) against ``factory``."""
+    checks = [c for c in all_checks() if matches(select, c)]
+    session = SuiteSession(factory)
+    report = SuiteReport()
+    await session.start()
+    try:
+        for check in checks:
+            result = await session.run(check)
+            report.results.append(result)
+            if on_result is not None:
+                on_result(result)
+    finally:
+        await session.stop()
+    return report

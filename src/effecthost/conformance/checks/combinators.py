@@ -1,0 +1,185 @@
+"""Wake policies and the combinators over a real host: G-23…G-25."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from effecthost.combinators import (
+    AllEffectsFailed,
+    Call,
+    EffectFailed,
+    Scope,
+    all_,
+    all_settled,
+    any_,
+    race,
+    tool,
+    with_deadline,
+)
+from effecthost.contract import (
+    EffectController,
+    EffectGroup,
+    GroupHandle,
+    LoserPolicy,
+    WakePolicy,
+)
+
+from .._context import CheckContext
+from .._registry import check
+from .._tools import STEP, step_input
+
+
+def _call(t: CheckContext, label: str, **options: Any) -> Call:
+    return tool(STEP, step_input(t.tag(label), **options))
+
+
+class _Spy(EffectController):
+    """Delegates to a host and records the groups opened through it."""
+
+    def __init__(self, inner: EffectController) -> None:
+        self.inner = inner
+        self.opened: list[EffectGroup] = []
+
+    def supports_effect_groups(self) -> bool:
+        return self.inner.supports_effect_groups()
+
+    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        self.opened.append(group)
+        return await self.inner.open_effect_group(group)
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Any:
+        return await self.inner.await_next_settlement(handle)
+
+    async def close_effect_group(
+        self, handle: GroupHandle, disposition: LoserPolicy | None = None
+    ) -> None:
+        await self.inner.close_effect_group(handle, disposition)
+
+
+@check("G-23", "G-24")
+async def check_all_stops_at_the_first_rejection_in_rank_order(t: CheckContext) -> None:
+    """``all`` raises the rejection that ranks first — not the first by position — and
+    the other children run on."""
+    ctl = await t.ctl()
+    calls = [
+        _call(t, "a", error="EarlyByPosition"),
+        _call(t, "b", error="FirstByRank"),
+        _call(t, "c", result=3),
+    ]
+    task = asyncio.ensure_future(all_(ctl, Scope(scope_id=t.scope), calls))
+    await t.started("a")
+    t.release("b")
+    try:
+        await asyncio.wait_for(task, t.timeout)
+    except EffectFailed as failure:
+        t.expect(failure.error.type == "FirstByRank", f"wrong rejection: {failure.error.type}")
+        t.expect(failure.rank == 1 and failure.position == 1, "rejection must carry its ids")
+    else:
+        raise AssertionError("all() did not raise")
+    t.release("a", "c")
+    await t.finished("a")
+    await t.finished("c")
+    t.expect(t.count("cancelled", "a") + t.count("cancelled", "c") == 0, "losers cancelled")
+
+
+@check("G-23", "G-24")
+async def check_all_settled_and_all_return_in_position_order(t: CheckContext) -> None:
+    """``allSettled`` returns every outcome and ``all`` every value, in position order,
+    whatever order they settled in."""
+    ctl = await t.ctl()
+    t.expect(list(WakePolicy) == [WakePolicy.FIRST, WakePolicy.FIRST_SUCCESS, WakePolicy.ALL], "")
+    scope = Scope(scope_id=t.scope)
+    task = asyncio.ensure_future(
+        all_settled(ctl, scope, [_call(t, "a", result=1), _call(t, "b", error="Boom")])
+    )
+    t.release("b")
+    await t.finished("b")
+    t.release("a")
+    outcomes = await asyncio.wait_for(task, t.timeout)
+    t.expect([o.status for o in outcomes] == ["success", "error"], "allSettled order")
+    t.expect(outcomes[0].value == 1, "allSettled value")
+    t.expect(outcomes[1].error is not None and outcomes[1].error.type == "Boom", "error type")
+    task2 = asyncio.ensure_future(
+        all_(ctl, scope, [_call(t, "x", result="X"), _call(t, "y", result="Y")])
+    )
+    t.release("y")
+    await t.finished("y")
+    t.release("x")
+    t.expect(await asyncio.wait_for(task2, t.timeout) == ["X", "Y"], "all() position order")
+
+
+@check("G-24")
+async def check_race_returns_the_first_settlement(t: CheckContext) -> None:
+    """``race`` returns the first settlement's value, or raises its failure."""
+    ctl = await t.ctl()
+    scope = Scope(scope_id=t.scope)
+    value = await asyncio.wait_for(
+        race(ctl, scope, [_call(t, "slow"), _call(t, "fast", gate=False, result="F")]),
+        t.timeout,
+    )
+    t.expect(value == "F", "race must return the first settlement")
+    try:
+        await asyncio.wait_for(
+            race(ctl, scope, [_call(t, "slow2"), _call(t, "bad", gate=False, error="Nope")]),
+            t.timeout,
+        )
+    except EffectFailed as failure:
+        t.expect(failure.error.type == "Nope", "race must raise the first failure")
+    else:
+        raise AssertionError("race did not raise the first settlement's failure")
+
+
+@check("G-24")
+async def check_any_returns_the_first_success(t: CheckContext) -> None:
+    """``any`` skips failures to the first success; if all fail, it raises one error
+    carrying every failure."""
+    ctl = await t.ctl()
+    scope = Scope(scope_id=t.scope)
+    task = asyncio.ensure_future(
+        any_(ctl, scope, [_call(t, "bad", gate=False, error="E1"), _call(t, "good", result=5)])
+    )
+    await t.finished("bad")
+    t.release("good")
+    t.expect(await asyncio.wait_for(task, t.timeout) == 5, "any must return the success")
+    try:
+        await asyncio.wait_for(
+            any_(
+                ctl,
+                scope,
+                [_call(t, "e1", gate=False, error="E1"), _call(t, "e2", gate=False, error="E2")],
+            ),
+            t.timeout,
+        )
+    except AllEffectsFailed as aggregate:
+        types = [f.error.type for f in aggregate.failures]
+        t.expect(types == ["E1", "E2"], f"aggregate must carry both failures: {types}")
+    else:
+        raise AssertionError("any() of failures did not raise")
+
+
+@check("G-25", "G-23")
+async def check_combinators_declare_wake_and_loser_policy(t: CheckContext) -> None:
+    """all/allSettled declare ALL + RUN_TO_COMPLETION, race FIRST and any FIRST_SUCCESS
+    with RUN_TO_COMPLETION by default, a deadline FIRST + CANCEL; the host's handle
+    reports what was declared."""
+    spy = _Spy(await t.ctl())
+    scope = Scope(scope_id=t.scope)
+    await all_(spy, scope, [_call(t, "a", gate=False)])
+    await all_settled(spy, scope, [_call(t, "b", gate=False)])
+    await race(spy, scope, [_call(t, "c", gate=False)])
+    await any_(spy, scope, [_call(t, "d", gate=False)])
+    await with_deadline(spy, scope, _call(t, "e", gate=False), 30.0)
+    rtc, cancel = LoserPolicy.RUN_TO_COMPLETION, LoserPolicy.CANCEL
+    expected = [
+        (WakePolicy.ALL, rtc),
+        (WakePolicy.ALL, rtc),
+        (WakePolicy.FIRST, rtc),
+        (WakePolicy.FIRST_SUCCESS, rtc),
+        (WakePolicy.FIRST, cancel),
+    ]
+    got = [(g.wake, g.disposition) for g in spy.opened]
+    t.expect(got == expected, f"declared policies {got} != {expected}")
+    ctl = await t.ctl()
+    handle = await t.open(ctl, t.group("g", [t.step("z", gate=False)], disposition=cancel))
+    t.expect(handle.disposition is cancel, "the handle must carry the declared disposition")

@@ -1,0 +1,248 @@
+"""Identity, encoding, construction and capability: G-01…G-07."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib import resources
+from typing import Any
+
+from effecthost.combinators import Scope, all_, build_group, race, tool
+from effecthost.contract import (
+    EffectController,
+    EffectEnvelope,
+    EffectGroup,
+    EffectGroupUnsupported,
+    EffectHostError,
+    EmptyGroup,
+    GroupMembership,
+    GroupShapeMismatch,
+    LoserPolicy,
+    MembershipConflict,
+    MembershipUnsupported,
+    OccurrenceCounter,
+    ReplayMismatch,
+    WakePolicy,
+    group_key,
+    validate_deployment,
+)
+
+from .._context import CheckContext
+from .._registry import check
+from .._tools import ConformanceResolver
+
+
+def golden_vectors() -> list[dict[str, Any]]:
+    """The checked-in canonical encodings and hashes (G-01, G-02)."""
+    text = resources.files("effecthost.conformance").joinpath("golden_vectors.json").read_text()
+    vectors: list[dict[str, Any]] = json.loads(text)["vectors"]
+    return vectors
+
+
+@check("G-01")
+async def check_ungrouped_encoding_matches_golden_vectors(t: CheckContext) -> None:
+    """Ungrouped envelopes encode and hash exactly as the golden vectors say, with no
+    membership key — as an encoding that never knew about groups would."""
+    ungrouped = [v for v in golden_vectors() if v["envelope"].get("membership") is None]
+    t.expect(len(ungrouped) >= 3, "golden vectors must include ungrouped envelopes")
+    for vector in ungrouped:
+        envelope = EffectEnvelope.model_validate(vector["envelope"])
+        t.expect(
+            envelope.canonical_bytes().decode() == vector["canonical"],
+            f"canonical bytes of {vector['name']} drifted",
+        )
+        t.expect(envelope.envelope_hash() == vector["hash"], f"hash of {vector['name']} drifted")
+        legacy = json.dumps(
+            {k: vector["envelope"][k] for k in ("input", "kind", "name", "replay_key")},
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+        ).encode()
+        t.expect(b"membership" not in envelope.canonical_bytes(), "membership key present")
+        t.expect(
+            hashlib.sha256(legacy).hexdigest() == envelope.envelope_hash(),
+            f"{vector['name']}: hash differs from the group-unaware encoding",
+        )
+
+
+@check("G-02")
+async def check_wake_and_disposition_are_in_every_child_hash(t: CheckContext) -> None:
+    """Grouped vectors match, every wake × disposition pair hashes differently, and a
+    host refuses a replay whose wake drifted or whose child changed."""
+    for vector in golden_vectors():
+        if vector["envelope"].get("membership") is None:
+            continue
+        envelope = EffectEnvelope.model_validate(vector["envelope"])
+        t.expect(envelope.envelope_hash() == vector["hash"], f"hash of {vector['name']} drifted")
+    base = EffectEnvelope(replay_key="r", kind="tool_call", name="t", input={"a": 1})
+    hashes = {
+        base.with_membership(
+            GroupMembership(group_key="k", position=0, wake=wake, disposition=loser)
+        ).envelope_hash()
+        for wake in WakePolicy
+        for loser in LoserPolicy
+    }
+    t.expect(len(hashes) == 6, "wake and disposition must each change the child hash")
+
+    ctl = await t.ctl()
+    group = t.group("g", [t.step("a"), t.step("b")])
+    handle = await t.open(ctl, group)
+    drifted = t.group("g", [t.step("a"), t.step("b")], wake=WakePolicy.FIRST)
+    await t.refuses(EffectHostError, ctl.open_effect_group(drifted), "reopen with drifted wake")
+    changed = t.group("g", [t.step("a", result="other"), t.step("b")])
+    await t.refuses(ReplayMismatch, ctl.open_effect_group(changed), "reopen with a changed child")
+    t.release("a", "b")
+    first = await t.next(ctl, handle)
+    t.expect(first.outcome.ok, "the recorded group must be untouched by the refusals")
+
+
+@check("G-03")
+async def check_one_constructor_stamps_and_refuses(t: CheckContext) -> None:
+    """The group constructor stamps unstamped children from their index and refuses a
+    foreign key, a permuted position, a drifted wake or a drifted disposition."""
+    a, b = t.step("a"), t.step("b")
+    group = t.group("g", [a, b], wake=WakePolicy.FIRST, disposition=LoserPolicy.CANCEL)
+    for index, child in enumerate(group.children):
+        t.expect(
+            child.membership
+            == GroupMembership(
+                group_key=group.key,
+                position=index,
+                wake=WakePolicy.FIRST,
+                disposition=LoserPolicy.CANCEL,
+            ),
+            f"child {index} not stamped from its index",
+        )
+    t.expect(EffectGroup.model_validate(group.model_dump()) == group, "re-construction drifts")
+    good = group.children[0].membership
+    assert good is not None
+    drifts: dict[str, GroupMembership] = {
+        "group key": good.model_copy(update={"group_key": "other:group:x:0"}),
+        "position": good.model_copy(update={"position": 1}),
+        "wake": good.model_copy(update={"wake": WakePolicy.ALL}),
+        "disposition": good.model_copy(update={"disposition": LoserPolicy.RUN_TO_COMPLETION}),
+    }
+    for what, membership in drifts.items():
+        try:
+            EffectGroup(
+                key=group.key,
+                wake=WakePolicy.FIRST,
+                disposition=LoserPolicy.CANCEL,
+                children=[a.with_membership(membership), b],
+            )
+        except MembershipConflict as exc:
+            t.expect(exc.position == 0 and exc.group_key == group.key, "ids missing")
+            continue
+        raise AssertionError(f"a child with a drifted {what} was accepted")
+    handle = group.handle()
+    t.expect(handle.child_count == 2 and handle.consumed == 0, "handle not taken from group")
+
+
+class _Untouchable(EffectController):
+    """A controller that fails any group call: proves a combinator stayed local."""
+
+    def supports_effect_groups(self) -> bool:
+        return True
+
+    async def open_effect_group(self, group: EffectGroup) -> Any:
+        raise AssertionError("the host was touched")
+
+
+@check("G-04")
+async def check_empty_groups_are_refused(t: CheckContext) -> None:
+    """``EmptyGroup`` from the constructor and the host; ``all([])`` is ``[]`` and
+    ``race([])`` is refused, neither touching a host."""
+    try:
+        t.group("empty", [])
+    except EmptyGroup as exc:
+        t.expect(exc.group_key == t.key("empty"), "EmptyGroup must name the key")
+    else:
+        raise AssertionError("an empty group was constructed")
+    scope = Scope(scope_id=t.scope)
+    t.expect(await all_(_Untouchable(), scope, []) == [], "all([]) must be []")
+    await t.refuses(EmptyGroup, race(_Untouchable(), scope, []), "race([])")
+    ctl = await t.ctl()
+    t.expect(t.key("empty") not in await ctl.open_group_keys(), "an empty group was recorded")
+
+
+@check("G-05")
+async def check_group_keys_carry_a_saved_occurrence(t: CheckContext) -> None:
+    """Keys are ``{scope}:group:{batch}:{occurrence}``; identical batches in one scope
+    get distinct keys, also across a save and restore of the counter."""
+    t.expect(group_key("s", "b", 3) == "s:group:b:3", "key format")
+    scope = Scope(scope_id=t.scope)
+    calls = [tool("x", {"q": 1}), tool("y")]
+    first = build_group(scope, calls, WakePolicy.FIRST, LoserPolicy.RUN_TO_COMPLETION)
+    second = build_group(scope, calls, WakePolicy.FIRST, LoserPolicy.RUN_TO_COMPLETION)
+    t.expect(first.key != second.key, "two identical batches collided")
+    t.expect(first.key.rsplit(":", 1)[0] == second.key.rsplit(":", 1)[0], "batch id unstable")
+    t.expect(first.key.startswith(f"{t.scope}:group:"), "scope missing from key")
+    restored = Scope.from_json(scope.to_json())
+    third = build_group(restored, calls, WakePolicy.FIRST, LoserPolicy.RUN_TO_COMPLETION)
+    t.expect(third.key not in (first.key, second.key), "restored counter reused an occurrence")
+    counter = OccurrenceCounter()
+    t.expect([counter.next("b"), counter.next("b"), counter.next("c")] == [0, 1, 0], "counter")
+
+
+@check("G-06", "G-53")
+async def check_grouped_child_on_ungrouped_path_is_refused(t: CheckContext) -> None:
+    """``execute_effect`` with a grouped envelope (a tool, a timer or an event) is a
+    ``MembershipUnsupported`` refusal; nothing runs and nothing is stripped."""
+    ctl = await t.ctl()
+    group = t.group("g", [t.step("a", gate=False), t.sleep("s", 0.01), t.event("e", "ev")])
+    for child in group.children:
+        executor = ConformanceResolver(t.lab.path).resolve(group.children[0])
+        assert executor is not None
+        error = await t.refuses(
+            MembershipUnsupported, ctl.execute_effect(child, executor), f"{child.kind} child"
+        )
+        t.expect(error.replay_key == child.replay_key, "refusal must name the replay key")
+        t.expect(child.membership is not None, "membership was stripped")
+    t.expect(t.count("started", "a") == 0, "the refused child ran")
+
+
+@check("G-07")
+async def check_unwired_controller_refuses_every_group_method(t: CheckContext) -> None:
+    """Without a resolver: the flag is false, open/await/close refuse with
+    ``EffectGroupUnsupported`` and record nothing, and deployment validation fails."""
+    bare = await t.ctl(wired=False)
+    wired = await t.ctl()
+    t.expect(not bare.supports_effect_groups(), "unwired controller claims group support")
+    t.expect(wired.supports_effect_groups(), "wired controller denies group support")
+    validate_deployment(wired)
+    try:
+        validate_deployment(bare)
+    except EffectGroupUnsupported:
+        pass
+    else:
+        raise AssertionError("validate_deployment accepted an unwired controller")
+    group = t.group("g", [t.step("a", gate=False)])
+    await t.refuses(EffectGroupUnsupported, bare.open_effect_group(group), "open")
+    await t.refuses(EffectGroupUnsupported, bare.await_next_settlement(group.handle()), "await")
+    await t.refuses(EffectGroupUnsupported, bare.close_effect_group(group.handle()), "close")
+    t.expect(group.key not in await wired.open_group_keys(), "an unwired open was recorded")
+    t.expect(t.count("started", "a") == 0, "an unwired open ran a child")
+
+
+@check("G-13")
+async def check_reopen_is_fenced_on_shape(t: CheckContext) -> None:
+    """A reopen with another child count, wake or disposition is ``GroupShapeMismatch``
+    and leaves the recorded group as it was."""
+    ctl = await t.ctl()
+    handle = await t.open(ctl, t.group("g", [t.step("a"), t.step("b")]))
+    reshaped = {
+        "child count": t.group("g", [t.step("a"), t.step("b"), t.step("c")]),
+        "shrunk": t.group("g", [t.step("a")]),
+        "wake": t.group("g", [t.step("a"), t.step("b")], wake=WakePolicy.FIRST_SUCCESS),
+        "disposition": t.group("g", [t.step("a"), t.step("b")], disposition=LoserPolicy.CANCEL),
+    }
+    for what, group in reshaped.items():
+        error = await t.refuses(
+            GroupShapeMismatch, ctl.open_effect_group(group), f"reopen with another {what}"
+        )
+        t.expect(error.group_key == group.key, "refusal must name the group key")
+    again = await ctl.open_effect_group(t.group("g", [t.step("a"), t.step("b")]))
+    t.expect(again.consumed == 0 and again.child_count == 2, "same-shape reopen failed")
+    t.expect(t.count("started", "c") == 0, "a refused reopen dispatched a child")
+    t.release("b")
+    await t.next_is(ctl, handle, "b")

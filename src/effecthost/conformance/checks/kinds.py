@@ -1,0 +1,149 @@
+"""Child kinds, the deadline/signal select and engine routing: G-14, G-51…G-53."""
+
+from __future__ import annotations
+
+import asyncio
+
+from effecthost.contract import EffectKind, LoserPolicy, WakePolicy
+
+from .._context import CheckContext
+from .._registry import check
+
+
+@check("G-51")
+async def check_three_child_kinds(t: CheckContext) -> None:
+    """A tool call, a sleep and an event wait all run as children and rank."""
+    ctl = await t.ctl()
+    group = t.group(
+        "g", [t.step("tool", gate=False, result="T"), t.sleep("nap", 0.05), t.event("ev", "ping")]
+    )
+    handle = await t.open(ctl, group)
+    seen: dict[str, object] = {}
+    for _ in range(2):
+        settlement = await t.next(ctl, handle)
+        seen[settlement.replay_key] = settlement.outcome.value
+    t.expect(set(seen) == {t.tag("tool"), t.tag("nap")}, f"tool and sleep first: {seen}")
+    t.expect(seen[t.tag("tool")] == "T", "tool value")
+    reached = await ctl.deliver_event(group.key, "ping", {"n": 1})
+    t.expect(reached == 1, f"the event must reach one child, reached {reached}")
+    last = await t.next_is(ctl, handle, "ev")
+    t.expect(last.outcome.value == {"n": 1}, "the event payload is the child's value")
+
+
+@check("G-51", requires=("restart", "durable_timers"))
+async def check_sleep_fires_at_its_recorded_due_time(t: CheckContext) -> None:
+    """A sleep interrupted by a restart fires at the due time recorded at open, not a
+    full duration after the restart."""
+    ctl = await t.ctl()
+    duration = max(4.0, t.timeout / 2)
+    group = t.group("g", [t.sleep("nap", duration)])
+    loop = asyncio.get_running_loop()
+    opened = loop.time()
+    await t.open(ctl, group)
+    await t.restart()
+    restarted = loop.time()
+    ctl = await t.ctl()
+    handle = await t.open(ctl, group)
+    await asyncio.wait_for(ctl.await_next_settlement(handle), duration + t.timeout)
+    fired = loop.time()
+    t.expect(
+        fired - restarted < duration - (restarted - opened) / 2,
+        f"sleep restarted from zero: fired {fired - restarted:.2f}s after the restart",
+    )
+
+
+@check("G-51", requires=("restart",))
+async def check_event_delivered_while_the_caller_is_down(t: CheckContext) -> None:
+    """An event delivered after the caller's process died is not lost."""
+    ctl = await t.ctl()
+    group = t.group("g", [t.event("ev", "wake-up")])
+    await t.open(ctl, group)
+    await t.restart()
+    ctl = await t.ctl()
+    reached = await ctl.deliver_event(group.key, "wake-up", "payload")
+    t.expect(reached == 1, "the event must reach the waiting child")
+    handle = await t.open(ctl, group)
+    settlement = await t.next_is(ctl, handle, "ev")
+    t.expect(settlement.outcome.value == "payload", "event payload lost")
+
+
+@check("G-52", "G-53")
+async def check_signal_or_deadline_select(t: CheckContext) -> None:
+    """A two-child FIRST/CANCEL group of an event wait and a sleep: the event wins when
+    delivered first, the deadline when not; children carry membership."""
+    ctl = await t.ctl()
+    signal = t.group(
+        "signal",
+        [t.event("ev", "go"), t.sleep("deadline", 60.0)],
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.CANCEL,
+    )
+    t.expect(all(c.membership is not None for c in signal.children), "membership stripped")
+    t.expect(
+        [c.kind for c in signal.children] == [EffectKind.AWAIT_EVENT, EffectKind.SLEEP], "kinds"
+    )
+    handle = await t.open(ctl, signal)
+    await ctl.deliver_event(signal.key, "go", True)
+    first = await t.next_is(ctl, handle, "ev")
+    t.expect(first.outcome.value is True, "event value")
+    await ctl.close_effect_group(handle)
+
+    timeout = t.group(
+        "timeout",
+        [t.event("never", "never"), t.sleep("short", 0.05)],
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.CANCEL,
+    )
+    handle = await t.open(ctl, timeout)
+    await t.next_is(ctl, handle, "short")
+    await ctl.close_effect_group(handle)
+    await t.eventually(ctl.open_group_keys, lambda keys: timeout.key not in keys, "close")
+
+
+@check("G-52", requires=("restart",))
+async def check_select_survives_a_restart(t: CheckContext) -> None:
+    """The select opened before a restart is decided by the event delivered after it."""
+    ctl = await t.ctl()
+    select = t.group(
+        "g",
+        [t.event("ev", "go"), t.sleep("deadline", 60.0)],
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.CANCEL,
+    )
+    await t.open(ctl, select)
+    await t.restart()
+    ctl = await t.ctl()
+    handle = await t.open(ctl, select)
+    await ctl.deliver_event(select.key, "go", 1)
+    await t.next_is(ctl, handle, "ev")
+    await ctl.close_effect_group(handle)
+
+
+@check("G-21", "G-51")
+async def check_race_against_a_sleep_returns_at_the_deadline(t: CheckContext) -> None:
+    """``race([slow tool, sleep(t)])`` settles with the sleep while the tool still runs."""
+    ctl = await t.ctl()
+    handle = await t.open(
+        ctl, t.group("g", [t.step("slow"), t.sleep("nap", 0.05)], wake=WakePolicy.FIRST)
+    )
+    await t.next_is(ctl, handle, "nap")
+    t.expect(t.count("finished", "slow") == 0, "the race waited for the slow tool")
+
+
+@check("G-14", requires=("unroutable_children",))
+async def check_unbound_target_is_a_terminal_404(t: CheckContext) -> None:
+    """A child addressed to a handler no deployment binds settles as an error with code
+    404, once, and is never retried."""
+    ctl = await t.ctl()
+    group = t.group("g", [t.unroutable("x"), t.step("ok", gate=False)])
+    await t.host.open_unroutable(ctl, group)
+    handle = group.handle()
+    outcomes = {}
+    for _ in range(2):
+        settlement = await t.next(ctl, handle)
+        outcomes[settlement.replay_key] = settlement.outcome
+    bad = outcomes[t.tag("x")]
+    t.expect(
+        bad.status == "error" and bad.error is not None and bad.error.code == 404,
+        f"expected a terminal 404, got {bad}",
+    )

@@ -1,0 +1,117 @@
+"""pytest plugin (entry point ``pytest11``), inert until a host factory is configured.
+
+Configure with ``--effecthost-factory MODULE:FACTORY``, the ini option
+``effecthost_factory`` or the ``EFFECTHOST_FACTORY`` environment variable. Every check
+becomes a test item named ``check_name[G-xx,…]`` (so ``-k G-12`` selects an obligation),
+undeclared capabilities are skips with the reason, and the run ends with the obligation
+table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import pytest
+
+from ._registry import Check, all_checks
+from ._runner import CheckResult, SuiteSession, load_factory, obligation_table
+
+OPTION = "--effecthost-factory"
+INI = "effecthost_factory"
+ENV = "EFFECTHOST_FACTORY"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("effecthost", "effecthost conformance suite")
+    group.addoption(
+        OPTION,
+        dest="effecthost_factory",
+        default=None,
+        metavar="MODULE:FACTORY",
+        help="run the effecthost conformance checks against this host factory",
+    )
+    parser.addini(INI, "host factory MODULE:FACTORY for the effecthost conformance checks")
+
+
+def _factory_spec(config: pytest.Config) -> str | None:
+    spec = config.getoption("effecthost_factory") or os.environ.get(ENV) or config.getini(INI)
+    return str(spec) if spec else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    spec = _factory_spec(config)
+    if spec:
+        config.pluginmanager.register(ConformancePlugin(spec), "effecthost-conformance")
+
+
+class ConformanceFailure(Exception):
+    """A check failed; the message is the check's own account."""
+
+
+class ConformanceItem(pytest.Item):
+    def __init__(self, *, check: Check, plugin: ConformancePlugin, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.check = check
+        self.plugin = plugin
+        for obligation in check.ids:
+            self.keywords[obligation] = True
+
+    def runtest(self) -> None:
+        result = self.plugin.run(self.check)
+        if result.status == "skipped":
+            pytest.skip(f"{self.check.name}: {result.reason}")
+        if result.status == "failed":
+            raise ConformanceFailure(result.reason)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, ConformanceFailure):
+            return f"{self.check.node_name} failed: {excinfo.value}"
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[str, int | None, str]:
+        return (f"effecthost-conformance[{self.plugin.spec}]", None, self.check.node_name)
+
+
+class ConformancePlugin:
+    """Owns the event loop, the host and the lab for the whole pytest run."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self.results: list[CheckResult] = []
+        self._runner: asyncio.Runner | None = None
+        self._session: SuiteSession | None = None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        for check in all_checks():
+            items.append(
+                ConformanceItem.from_parent(session, name=check.node_name, check=check, plugin=self)
+            )
+
+    def run(self, check: Check) -> CheckResult:
+        if self._runner is None:
+            self._runner = asyncio.Runner()
+            self._session = SuiteSession(load_factory(self.spec))
+            self._runner.run(self._session.start())
+        assert self._session is not None
+        result = self._runner.run(self._session.run(check))
+        self.results.append(result)
+        return result
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self._runner is not None:
+            try:
+                if self._session is not None:
+                    self._runner.run(self._session.stop())
+            finally:
+                self._runner.close()
+                self._runner = None
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.results:
+            terminalreporter.section(f"effecthost conformance: {self.spec}")
+            terminalreporter.write_line(obligation_table(self.results))
