@@ -72,7 +72,9 @@ async def bench_all(ctl: EffectController, groups: int, width: int) -> dict[str,
     async def native(i: int) -> None:
         await asyncio.gather(*(_native_echo([i, j]) for j in range(width)))
 
-    return _row(f"all() of {width}", await _timed(groups, grouped), await _timed(groups, native), width)
+    return _row(
+        f"all() of {width}", await _timed(groups, grouped), await _timed(groups, native), width
+    )
 
 
 async def bench_race(ctl: EffectController, groups: int, width: int) -> dict[str, Any]:
@@ -87,7 +89,9 @@ async def bench_race(ctl: EffectController, groups: int, width: int) -> dict[str
         await asyncio.gather(*tasks)
         assert done
 
-    return _row(f"race() of {width}", await _timed(groups, grouped), await _timed(groups, native), width)
+    return _row(
+        f"race() of {width}", await _timed(groups, grouped), await _timed(groups, native), width
+    )
 
 
 def _row(name: str, grouped: list[float], native: list[float], width: int) -> dict[str, Any]:
@@ -125,24 +129,24 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-async def main(args: argparse.Namespace) -> None:
+async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     ctl = _controller(args.host)
     await bench_all(ctl, min(100, args.groups), args.width)  # warm-up
-    rows = [
+    return [
         await bench_all(ctl, args.groups, args.width),
         await bench_race(ctl, args.groups, args.width),
         await bench_race(ctl, args.groups, 2),
     ]
+
+
+def main(args: argparse.Namespace) -> None:
+    rows = asyncio.run(measure(args))
     print(f"host={args.host}  python={platform.python_version()}  cpus={_cpus()}")
     print(_table(rows))
     out = Path(args.out or Path(__file__).parent / "results" / f"{args.host}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {"host": args.host, "python": platform.python_version(), "rows": rows}, indent=2
-        )
-        + "\n"
-    )
+    document = {"host": args.host, "python": platform.python_version(), "rows": rows}
+    out.write_text(json.dumps(document, indent=2) + "\n")
     print(f"wrote {out}")
 
 
@@ -158,4 +162,4 @@ if __name__ == "__main__":
     parser.add_argument("--groups", type=int, default=2000)
     parser.add_argument("--width", type=int, default=8)
     parser.add_argument("--out")
-    asyncio.run(main(parser.parse_args()))
+    main(parser.parse_args())

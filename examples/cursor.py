@@ -44,7 +44,9 @@ async def main():
     saved = handle.to_json()
     while not handle.exhausted:
         settlement = await host.await_next_settlement(handle)
-        print(f"rank {settlement.rank}: position {settlement.position} -> {settlement.outcome.value}")
+        print(
+            f"rank {settlement.rank}: position {settlement.position} -> {settlement.outcome.value}"
+        )
     restored = GroupHandle.from_json(saved)
     again = await host.await_next_settlement(restored)
     print(f"restored cursor reads rank {again.rank} again: {again.outcome.value}")

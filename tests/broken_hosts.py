@@ -168,6 +168,16 @@ def sequence_equality_factory(env: FactoryEnv) -> MemoryHostUnderTest:
     return _broken(SequenceEqualityHost, env, seed=BROKEN_SEED)
 
 
+def seeded_sequence_equality_factory(seed: int) -> Callable[[FactoryEnv], MemoryHostUnderTest]:
+    """``sequence_equality_factory`` with another seed, so other gaps."""
+
+    def factory(env: FactoryEnv) -> MemoryHostUnderTest:
+        return _broken(SequenceEqualityHost, env, seed=seed)
+
+    factory.__name__ = f"sequence_equality_factory_seed_{seed}"
+    return factory
+
+
 def bump_before_fence_factory(env: FactoryEnv) -> MemoryHostUnderTest:
     return _broken(BumpBeforeFenceHost, env, seed=BROKEN_SEED)
 
