@@ -196,14 +196,3 @@ def widens_cancel_factory(env: FactoryEnv) -> MemoryHostUnderTest:
 
 def ranks_by_position_factory(env: FactoryEnv) -> MemoryHostUnderTest:
     return _broken(RanksByPositionHost, env)
-
-
-BROKEN_FACTORIES: dict[str, tuple[Callable[[FactoryEnv], MemoryHostUnderTest], str]] = {
-    "sequence_equality": (sequence_equality_factory, "G-16"),
-    "bump_before_fence": (bump_before_fence_factory, "G-17"),
-    "clamping_cursor": (clamping_cursor_factory, "G-20"),
-    "records_refused_open": (records_refused_open_factory, "G-10"),
-    "widens_cancel": (widens_cancel_factory, "G-26"),
-    "ranks_by_position": (ranks_by_position_factory, "G-21"),
-}
-"""Name → (factory, the obligation the suite must fail it on)."""
