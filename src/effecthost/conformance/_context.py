@@ -199,6 +199,13 @@ class CheckContext:
 
     # -- assertions ---------------------------------------------------------------------
 
+    async def within(self, action: Awaitable[T], what: str) -> T:
+        """Await ``action``, failing the check with ``what`` if it outlasts the timeout."""
+        try:
+            return await asyncio.wait_for(action, self.timeout)
+        except TimeoutError:
+            raise CheckFailed(f"{what} did not finish within {self.timeout}s") from None
+
     def expect(self, condition: bool, message: str) -> None:
         if not condition:
             raise CheckFailed(message)

@@ -71,7 +71,7 @@ async def check_all_stops_at_the_first_rejection_in_rank_order(t: CheckContext) 
     await t.started("a")
     t.release("b")
     try:
-        await asyncio.wait_for(task, t.timeout)
+        await t.within(task, "all()")
     except EffectFailed as failure:
         t.expect(failure.error.type == "FirstByRank", f"wrong rejection: {failure.error.type}")
         t.expect(failure.rank == 1 and failure.position == 1, "rejection must carry its ids")
@@ -96,7 +96,7 @@ async def check_all_settled_and_all_return_in_position_order(t: CheckContext) ->
     t.release("b")
     await t.finished("b")
     t.release("a")
-    outcomes = await asyncio.wait_for(task, t.timeout)
+    outcomes = await t.within(task, "allSettled()")
     t.expect([o.status for o in outcomes] == ["success", "error"], "allSettled order")
     t.expect(outcomes[0].value == 1, "allSettled value")
     t.expect(outcomes[1].error is not None and outcomes[1].error.type == "Boom", "error type")
@@ -106,7 +106,7 @@ async def check_all_settled_and_all_return_in_position_order(t: CheckContext) ->
     t.release("y")
     await t.finished("y")
     t.release("x")
-    t.expect(await asyncio.wait_for(task2, t.timeout) == ["X", "Y"], "all() position order")
+    t.expect(await t.within(task2, "all()") == ["X", "Y"], "all() position order")
 
 
 @check("G-24")
@@ -114,15 +114,15 @@ async def check_race_returns_the_first_settlement(t: CheckContext) -> None:
     """``race`` returns the first settlement's value, or raises its failure."""
     ctl = await t.ctl()
     scope = Scope(scope_id=t.scope)
-    value = await asyncio.wait_for(
+    value = await t.within(
         race(ctl, scope, [_call(t, "slow"), _call(t, "fast", gate=False, result="F")]),
-        t.timeout,
+        "race()",
     )
     t.expect(value == "F", "race must return the first settlement")
     try:
-        await asyncio.wait_for(
+        await t.within(
             race(ctl, scope, [_call(t, "slow2"), _call(t, "bad", gate=False, error="Nope")]),
-            t.timeout,
+            "race()",
         )
     except EffectFailed as failure:
         t.expect(failure.error.type == "Nope", "race must raise the first failure")
@@ -141,15 +141,15 @@ async def check_any_returns_the_first_success(t: CheckContext) -> None:
     )
     await t.finished("bad")
     t.release("good")
-    t.expect(await asyncio.wait_for(task, t.timeout) == 5, "any must return the success")
+    t.expect(await t.within(task, "any()") == 5, "any must return the success")
     try:
-        await asyncio.wait_for(
+        await t.within(
             any_(
                 ctl,
                 scope,
                 [_call(t, "e1", gate=False, error="E1"), _call(t, "e2", gate=False, error="E2")],
             ),
-            t.timeout,
+            "any() of failures",
         )
     except AllEffectsFailed as aggregate:
         types = [f.error.type for f in aggregate.failures]
