@@ -61,6 +61,14 @@ def test_factory_from_the_ini_file(sandbox: pytest.Pytester) -> None:
     assert TABLE_HEADER in result.stdout.str()
 
 
+def test_ini_factory_stays_out_of_runs_of_chosen_files(sandbox: pytest.Pytester) -> None:
+    sandbox.makeini(f"[pytest]\neffecthost_factory = {MEMORY}\n")
+    chosen = sandbox.makepyfile("def test_plain():\n    assert True\n")
+    result = sandbox.runpytest(str(chosen))
+    result.assert_outcomes(passed=1)
+    assert TABLE_HEADER not in result.stdout.str()
+
+
 def test_keyword_selects_the_checks_of_one_obligation(sandbox: pytest.Pytester) -> None:
     covering = [c for c in all_checks() if "G-20" in c.ids]
     assert covering

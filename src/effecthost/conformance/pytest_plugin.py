@@ -1,7 +1,9 @@
 """pytest plugin (entry point ``pytest11``), inert until a host factory is configured.
 
 Configure with ``--effecthost-factory MODULE:FACTORY``, the ini option
-``effecthost_factory`` or the ``EFFECTHOST_FACTORY`` environment variable. Every check
+``effecthost_factory`` or the ``EFFECTHOST_FACTORY`` environment variable. A factory set
+only in the ini file applies to runs without explicit paths (the whole test suite), so
+``pytest tests/test_x.py`` runs just that file. Every check
 becomes a test item named ``check_name[G-xx,…]`` (so ``-k G-12`` selects an obligation),
 undeclared capabilities are skips with the reason, and the run ends with the obligation
 table.
@@ -42,8 +44,12 @@ def _factory_spec(config: pytest.Config) -> str | None:
 
 def pytest_configure(config: pytest.Config) -> None:
     spec = _factory_spec(config)
-    if spec:
-        config.pluginmanager.register(ConformancePlugin(spec), "effecthost-conformance")
+    if not spec:
+        return
+    explicit = config.getoption("effecthost_factory") or os.environ.get(ENV)
+    if not explicit and config.args_source == pytest.Config.ArgsSource.ARGS:
+        return  # an ini default: a run of chosen test files does not also run the suite
+    config.pluginmanager.register(ConformancePlugin(spec), "effecthost-conformance")
 
 
 class ConformanceFailure(Exception):

@@ -44,19 +44,33 @@ class EffectKind:
     AWAIT_EVENT = "await_event"
 
 
+def _reject_non_string_keys(value: JsonValue) -> None:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if any(not isinstance(key, str) for key in item):
+                raise InvalidEnvelope("value is not strict JSON: an object key is not a string")
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+
+
 def canonical_json(value: JsonValue) -> bytes:
     """Strict canonical JSON: sorted keys, no whitespace, UTF-8, no NaN.
 
     Raises:
-        InvalidEnvelope: the value is not strict JSON (a set, bytes, NaN, a non-string key).
+        InvalidEnvelope: the value is not strict JSON (a set, bytes, NaN, a non-string key,
+            text that is not valid Unicode).
     """
+    _reject_non_string_keys(value)
     try:
         text = json.dumps(
             value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         )
+        return text.encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InvalidEnvelope(f"value is not strict JSON: {type(exc).__name__}") from None
-    return text.encode("utf-8")
 
 
 def normalize_json(value: JsonValue) -> JsonValue:
@@ -66,6 +80,14 @@ def normalize_json(value: JsonValue) -> JsonValue:
         InvalidEnvelope: the value is not strict JSON.
     """
     return json.loads(canonical_json(value))
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -108,11 +130,12 @@ class EffectEnvelope(BaseModel):
         if isinstance(data, dict):
             for field in ("replay_key", "kind", "name"):
                 value = data.get(field)
-                if not isinstance(value, str) or not value:
+                if not isinstance(value, str) or not value or not _encodable(value):
                     raise InvalidEnvelope(
                         f"envelope {field} must be a non-empty string",
                         replay_key=data.get("replay_key")
                         if isinstance(data.get("replay_key"), str)
+                        and _encodable(data["replay_key"])
                         else None,
                     )
             try:
@@ -176,8 +199,8 @@ class EffectGroup(BaseModel):
         if not isinstance(data, dict):
             return data
         key = data.get("key")
-        if not isinstance(key, str) or not key:
-            raise InvalidEnvelope("group key must be a non-empty string")
+        if not isinstance(key, str) or not key or not _encodable(key):
+            raise InvalidEnvelope("group key must be a non-empty UTF-8 string")
         try:
             wake = WakePolicy(data.get("wake"))  # type: ignore[arg-type]
             disposition = LoserPolicy(data.get("disposition"))  # type: ignore[arg-type]

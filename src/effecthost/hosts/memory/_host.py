@@ -39,6 +39,7 @@ from effecthost.contract import (
     Settlement,
     UnknownGroup,
     WakePolicy,
+    canonical_json,
     normalize_json,
     sleep_seconds,
 )
@@ -127,6 +128,8 @@ class MemoryEffectHost(EffectController):
         if group.key in self._retired:
             raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key)
         record = self._groups.get(group.key)
+        if record is not None and record.closed:
+            raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key)
         if record is None:
             self._check_sizes(group)
             executors = self._resolve_all(group)
@@ -245,7 +248,18 @@ class MemoryEffectHost(EffectController):
             outcome = Outcome.cancelled()
         except EffectHostError as exc:
             outcome = Outcome.failure(type(exc).__name__, str(exc))
-        await self._deliver(record, child, fence, outcome)
+        await self._deliver(record, child, fence, self._bounded(record, child, outcome))
+
+    def _bounded(self, record: _Group, child: _Child, outcome: Outcome) -> Outcome:
+        """An outcome over the size limit is recorded as a ``PayloadTooLarge`` failure."""
+        size = len(canonical_json(outcome.model_dump(mode="json")))
+        if size <= self._max_payload_bytes:
+            return outcome
+        return Outcome.failure(
+            "PayloadTooLarge",
+            f"outcome of {child.replay_key!r} in group {record.key!r} encodes to {size} bytes, "
+            f"over the limit of {self._max_payload_bytes}",
+        )
 
     async def _deliver(self, record: _Group, child: _Child, fence: int, outcome: Outcome) -> None:
         """*hook*: how a child's outcome reaches the rank authority."""
@@ -391,6 +405,13 @@ class MemoryEffectHost(EffectController):
     async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
         self._require_wired(group_key)
         value = normalize_json(payload)
+        size = len(canonical_json(value))
+        if size > self._max_payload_bytes:
+            raise PayloadTooLarge(
+                f"event {name!r} for group {group_key!r} encodes to {size} bytes, over the "
+                f"limit of {self._max_payload_bytes}",
+                group_key=group_key,
+            )
         record = self._groups.get(group_key)
         if record is None:
             if group_key in self._retired:
