@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,50 +27,10 @@ from effecthost.contract import (
     WakePolicy,
 )
 from effecthost.hosts.memory import MemoryEffectHost
+from gated_tools import Lab, group
+from gated_tools import step as child
 
 pytestmark = pytest.mark.anyio
-
-
-class Lab:
-    """Tools the test controls: ``step`` children wait on a gate named by their label."""
-
-    def __init__(self) -> None:
-        self.gates: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
-        self.started: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
-        self.runs: Counter[str] = Counter()
-        self.cancelled: Counter[str] = Counter()
-        self.registry = ToolRegistry({"step": self.step})
-
-    async def step(self, spec: dict[str, Any]) -> Any:
-        label = spec["label"]
-        self.runs[label] += 1
-        self.started[label].set()
-        if spec.get("gate", True):
-            try:
-                await self.gates[label].wait()
-            except asyncio.CancelledError:
-                self.cancelled[label] += 1
-                raise
-        return spec.get("result", label)
-
-
-def child(label: str, *, gate: bool = True, name: str = "step", **spec: Any) -> dict[str, Any]:
-    return {
-        "replay_key": label,
-        "kind": EffectKind.TOOL_CALL,
-        "name": name,
-        "input": {"label": label, "gate": gate, **spec},
-    }
-
-
-def group(
-    key: str,
-    *children: dict[str, Any],
-    wake: WakePolicy = WakePolicy.ALL,
-    disposition: LoserPolicy = LoserPolicy.RUN_TO_COMPLETION,
-) -> EffectGroup:
-    stamped = [{**c, "replay_key": f"{key}:{c['replay_key']}"} for c in children]
-    return EffectGroup(key=key, wake=wake, disposition=disposition, children=stamped)
 
 
 async def record(host: MemoryEffectHost, *keys: str) -> tuple[list[str], dict[str, list[int]]]:
@@ -92,7 +51,7 @@ def lab() -> Lab:
 
 @pytest.fixture
 async def host(lab: Lab) -> AsyncIterator[MemoryEffectHost]:
-    host = MemoryEffectHost(lab.registry)
+    host = MemoryEffectHost(lab.registry())
     yield host
     await host.aclose()
 
@@ -207,7 +166,7 @@ async def test_g20_rank_past_the_end_is_cursor_exhausted(host: MemoryEffectHost)
 
 
 async def test_oversized_input_is_payload_too_large_and_records_nothing(lab: Lab) -> None:
-    host = MemoryEffectHost(lab.registry, max_payload_bytes=512)
+    host = MemoryEffectHost(lab.registry(), max_payload_bytes=512)
     try:
         payload = "p" * 4096
         g = group("turn-1:group:big:0", child("small", gate=False), child("big", blob=payload))

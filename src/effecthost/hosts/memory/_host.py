@@ -40,6 +40,7 @@ from effecthost.contract import (
     UnknownGroup,
     WakePolicy,
     canonical_json,
+    is_host_kind,
     normalize_json,
     sleep_seconds,
 )
@@ -215,10 +216,8 @@ class MemoryEffectHost(EffectController):
     def _resolve(self, envelope: EffectEnvelope) -> EffectExecutor | None:
         """The registered resolver is the only seam for tool calls (G-09); the host runs
         ``sleep`` and ``await_event`` itself (G-51)."""
-        if envelope.kind == EffectKind.SLEEP:
-            return _SleepExecutor(self, envelope)
-        if envelope.kind == EffectKind.AWAIT_EVENT:
-            return _EventExecutor(self, envelope)
+        if is_host_kind(envelope):
+            return _HostKindExecutor(self)
         if self._resolver is None:
             return None
         return self._resolver.resolve(envelope)
@@ -448,27 +447,20 @@ class MemoryEffectHost(EffectController):
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class _SleepExecutor(EffectExecutor):
-    def __init__(self, host: MemoryEffectHost, envelope: EffectEnvelope) -> None:
+class _HostKindExecutor(EffectExecutor):
+    """Runs the child kinds the host supplies itself (G-51): ``sleep`` until the due time
+    recorded at first dispatch, ``await_event`` until ``deliver_event`` reaches it."""
+
+    def __init__(self, host: MemoryEffectHost) -> None:
         super().__init__()
         self._host = host
-        self._envelope = envelope
 
     async def run(self, call: ExecutionInput) -> Any:
         child = self._host._child(call.envelope)
-        due = child.due_at if child.due_at is not None else 0.0
-        await asyncio.sleep(max(0.0, due - asyncio.get_running_loop().time()))
-        return None
-
-
-class _EventExecutor(EffectExecutor):
-    def __init__(self, host: MemoryEffectHost, envelope: EffectEnvelope) -> None:
-        super().__init__()
-        self._host = host
-        self._envelope = envelope
-
-    async def run(self, call: ExecutionInput) -> Any:
-        child = self._host._child(call.envelope)
+        if call.envelope.kind == EffectKind.SLEEP:
+            due = child.due_at if child.due_at is not None else 0.0
+            await asyncio.sleep(max(0.0, due - asyncio.get_running_loop().time()))
+            return None
         await child.event_arrived.wait()
         assert child.event is not None
         return child.event[0]
