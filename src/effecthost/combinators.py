@@ -104,7 +104,7 @@ class Call(BaseModel):
     input: JsonValue = None
 
     def document(self) -> dict[str, JsonValue]:
-        return {"input": normalize_json(self.input), "kind": self.kind, "name": self.name}
+        return {"input": self.input, "kind": self.kind, "name": self.name}
 
 
 def tool(name: str, input: JsonValue = None) -> Call:

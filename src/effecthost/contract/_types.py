@@ -45,6 +45,8 @@ class EffectKind:
 
 
 def _reject_non_string_keys(value: JsonValue) -> None:
+    if not isinstance(value, dict | list | tuple):
+        return
     stack = [value]
     while stack:
         item = stack.pop()

@@ -148,10 +148,10 @@ class MemoryEffectHost(EffectController):
 
     def _check_sizes(self, group: EffectGroup) -> None:
         for position, child in enumerate(group.children):
-            size = len(child.canonical_bytes())
+            size = len(canonical_json(child.input))
             if size > self._max_payload_bytes:
                 raise PayloadTooLarge(
-                    f"child {child.replay_key!r} of group {group.key!r} encodes to {size} "
+                    f"input of child {child.replay_key!r} of group {group.key!r} encodes to {size} "
                     f"bytes, over the limit of {self._max_payload_bytes}",
                     group_key=group.key,
                     replay_key=child.replay_key,
