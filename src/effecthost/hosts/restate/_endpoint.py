@@ -1,0 +1,500 @@
+"""The Restate services of the tier: the group object, the child service, the payload
+object (SPEC §4). :func:`build_services` binds them to a resolver; nothing here runs
+outside a Restate endpoint process.
+
+Group object state (keyed by group key), beside nothing else:
+
+- ``shape``: child count, wake, declared and effective disposition, epoch, owner — the
+  shape fence lives beside the counter (G-38);
+- ``children``: the recorded envelopes (position order) with their hashes;
+- ``counter``; ``rank:{n}`` → ``{position, replay_key, outcome | ref}`` (G-40);
+- ``settled:{replay_key}`` → rank (the state-level dedup);
+- ``inv:{replay_key}`` → the child's invocation id (for the cancels of G-41);
+- ``waiters`` → rank → awakeable ids of parked readers; ``evw:``/``evp:`` for events;
+- after close, only ``tombstone`` (so a late read is ``GroupClosed``, not a hang).
+
+No exclusive handler awaits anything another handler of the same key resolves.
+"""
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from effecthost.contract import (
+    EffectEnvelope,
+    EffectKind,
+    ExecutionInput,
+    GroupExecutors,
+    LoserPolicy,
+    NoExecutor,
+    Outcome,
+    canonical_json,
+    sleep_seconds,
+)
+from effecthost.hosts import require
+
+from ._wire import CHILD, GROUP, INLINE_LIMIT, PAYLOAD, error, idempotency_key
+
+require("restate", "restate", "restate", "httpx")
+
+import httpx  # noqa: E402
+import restate  # noqa: E402
+from restate import TerminalError  # noqa: E402
+
+CANCELLED_CODE = 409
+UNBOUND_CODE = 404
+
+
+async def _get(ctx: Any, name: str) -> Any:
+    """Read one state key as plain JSON (the SDK's ``get`` is generic over a hint)."""
+    return await ctx.get(name)
+
+
+def _shape_matches(shape: dict[str, Any], req: dict[str, Any]) -> bool:
+    return bool(
+        shape["child_count"] == req["child_count"]
+        and shape["wake"] == req["wake"]
+        and shape["declared"] == req["disposition"]
+    )
+
+
+def _narrow(group_key: str, current: str, requested: str | None) -> str | dict[str, Any]:
+    target = requested or current
+    if current == LoserPolicy.CANCEL.value and target == LoserPolicy.RUN_TO_COMPLETION.value:
+        return error(
+            "disposition_widened",
+            f"group {group_key!r} declares CANCEL; a close cannot widen it to RUN_TO_COMPLETION",
+            group_key=group_key,
+        )
+    return target
+
+
+def build_services(
+    resolver: GroupExecutors | None,
+    *,
+    admin_url: str | None = None,
+    retry_policy: Any = None,
+) -> list[Any]:
+    """The group object, child service and payload object, bound to ``resolver``.
+
+    ``admin_url`` lets a routed child check that its target is bound (G-14).
+    ``retry_policy``: a ``restate.InvocationRetryPolicy`` for all three (optional).
+    """
+    options: dict[str, Any] = {}
+    if retry_policy is not None:
+        options["invocation_retry_policy"] = retry_policy
+    group = restate.VirtualObject(GROUP, **options)
+    child = restate.Service(CHILD, **options)
+    payload = restate.VirtualObject(PAYLOAD, **options)
+
+    # -- payload object ---------------------------------------------------------------
+
+    @payload.handler()
+    async def put(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+        ctx.set(f"out:{req['replay_key']}", req["outcome"])
+
+    @payload.handler(kind="shared")
+    async def get(ctx: restate.ObjectSharedContext, replay_key: str) -> Any:
+        return await _get(ctx, f"out:{replay_key}")
+
+    @payload.handler()
+    async def clear(ctx: restate.ObjectContext) -> None:
+        ctx.clear_all()
+
+    # -- group object -----------------------------------------------------------------
+
+    @group.handler()
+    async def open(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
+        key = ctx.key()
+        if await _get(ctx, "tombstone") is not None:
+            return error("group_closed", f"group {key!r} was closed", group_key=key)
+        shape = await _get(ctx, "shape")
+        envelopes: list[dict[str, Any]] = req["children"]
+        hashes: list[str] = req["hashes"]
+        if shape is not None:
+            if not _shape_matches(shape, req):
+                return error(
+                    "group_shape_mismatch",
+                    f"group {key!r} is recorded with {shape['child_count']} children, wake "
+                    f"{shape['wake']}, disposition {shape['declared']}; reopened with "
+                    f"{req['child_count']}, {req['wake']}, {req['disposition']}",
+                    group_key=key,
+                )
+            recorded = await _get(ctx, "children") or []
+            for position, (old, envelope, digest) in enumerate(
+                zip(recorded, envelopes, hashes, strict=True)
+            ):
+                if old["hash"] != digest or old["envelope"]["replay_key"] != envelope["replay_key"]:
+                    return error(
+                        "replay_mismatch",
+                        f"child at position {position} of group {key!r} is recorded as "
+                        f"{old['envelope']['replay_key']!r} with another envelope hash",
+                        group_key=key,
+                        replay_key=envelope["replay_key"],
+                        position=position,
+                    )
+            shape["owner"] = req.get("owner")
+            shape["incarnation"] = req.get("incarnation")
+            ctx.set("shape", shape)
+            return {"ok": True, "epoch": shape["epoch"], "reopened": True}
+        epoch = str(ctx.uuid())
+        ctx.set(
+            "shape",
+            {
+                "child_count": req["child_count"],
+                "wake": req["wake"],
+                "declared": req["disposition"],
+                "effective": req["disposition"],
+                "epoch": epoch,
+                "owner": req.get("owner"),
+                "incarnation": req.get("incarnation"),
+            },
+        )
+        ctx.set(
+            "children",
+            [{"envelope": e, "hash": h} for e, h in zip(envelopes, hashes, strict=True)],
+        )
+        ctx.set("counter", 0)
+        targets: dict[str, str] = req.get("targets") or {}
+        handles = []
+        for position, envelope in enumerate(envelopes):
+            rk = envelope["replay_key"]
+            handles.append(
+                (
+                    rk,
+                    ctx.service_send(
+                        run,
+                        {
+                            "group_key": key,
+                            "epoch": epoch,
+                            "position": position,
+                            "envelope": envelope,
+                            "target": targets.get(str(position)),
+                        },
+                        idempotency_key=idempotency_key(key, epoch, rk),
+                    ),
+                )
+            )
+        for rk, handle in handles:
+            ctx.set(f"inv:{rk}", await handle.invocation_id())
+        return {"ok": True, "epoch": epoch, "reopened": False}
+
+    @group.handler()
+    async def settle(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+        """Rank authority: dedup, ``rank = counter + 1``, store the reference, wake — in
+        one handler step (G-38)."""
+        shape = await _get(ctx, "shape")
+        if shape is None or req.get("epoch") != shape["epoch"]:
+            return  # closed (tombstone) or a stale epoch: harmless
+        rk = req["replay_key"]
+        if await _get(ctx, f"settled:{rk}") is not None:
+            return
+        rank = int(await _get(ctx, "counter") or 0) + 1
+        record = {"position": req["position"], "replay_key": rk}
+        if "ref" in req:
+            record["ref"] = req["ref"]
+        else:
+            record["outcome"] = req["outcome"]
+        ctx.set("counter", rank)
+        ctx.set(f"rank:{rank}", record)
+        ctx.set(f"settled:{rk}", rank)
+        waiters = await _get(ctx, "waiters") or {}
+        woken = waiters.pop(str(rank), None)
+        if woken:
+            for aid in woken:
+                ctx.resolve_awakeable(aid, {"record": record})
+            ctx.set("waiters", waiters)
+
+    @group.handler()
+    async def register_waiter(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+        rank, aid = int(req["rank"]), req["awakeable"]
+        if await _get(ctx, "shape") is None:
+            ctx.resolve_awakeable(aid, {"closed": True})
+            return
+        record = await _get(ctx, f"rank:{rank}")
+        if record is not None:
+            ctx.resolve_awakeable(aid, {"record": record})
+            return
+        waiters = await _get(ctx, "waiters") or {}
+        waiters.setdefault(str(rank), []).append(aid)
+        ctx.set("waiters", waiters)
+
+    async def check_handle(
+        ctx: restate.ObjectSharedContext | restate.ObjectContext, req: dict[str, Any]
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        key = ctx.key()
+        shape = await _get(ctx, "shape")
+        if shape is None:
+            tomb = await _get(ctx, "tombstone")
+            if tomb is not None:
+                return None, error("group_closed", f"group {key!r} was closed", group_key=key)
+            return None, error(
+                "unknown_group", f"no group is recorded under {key!r}", group_key=key
+            )
+        if not _shape_matches(shape, req):
+            return None, error(
+                "handle_mismatch",
+                f"handle for {key!r} claims {req['child_count']} children, wake "
+                f"{req['wake']}, disposition {req['disposition']}; the group has "
+                f"{shape['child_count']}, {shape['wake']}, {shape['declared']}",
+                group_key=key,
+            )
+        return shape, None
+
+    async def materialize(
+        ctx: restate.ObjectSharedContext, rank: int, record: dict[str, Any]
+    ) -> dict[str, Any]:
+        if "ref" in record:
+            outcome = await ctx.object_call(get, ctx.key(), record["replay_key"])
+            if outcome is None:
+                return error(
+                    "payload_missing",
+                    f"rank {rank} of {ctx.key()!r} refers to a stored outcome that is gone",
+                    group_key=ctx.key(),
+                    rank=rank,
+                )
+            record = {**record, "outcome": outcome}
+            record.pop("ref")
+        return {"rank": rank, **record}
+
+    @group.handler(kind="shared")
+    async def await_rank(ctx: restate.ObjectSharedContext, req: dict[str, Any]) -> dict[str, Any]:
+        """Read rank ``consumed + 1`` first; otherwise park on an awakeable the exclusive
+        handler resolves. Never holds the object's lock (G-39)."""
+        shape, refusal = await check_handle(ctx, req)
+        if refusal is not None:
+            return refusal
+        assert shape is not None
+        rank = int(req["rank"])
+        if rank > shape["child_count"]:
+            return error(
+                "cursor_exhausted",
+                f"group {ctx.key()!r} has {shape['child_count']} children and the handle has "
+                f"consumed them all; rank {rank} does not exist",
+                group_key=ctx.key(),
+                rank=rank,
+            )
+        record = await _get(ctx, f"rank:{rank}")
+        if record is None:
+            # The shared handler sees a snapshot: the waker hands over the record itself.
+            aid, woken = ctx.awakeable(type_hint=dict)
+            ctx.object_send(register_waiter, ctx.key(), {"rank": rank, "awakeable": aid})
+            signal = await woken
+            if signal.get("closed"):
+                return error("group_closed", f"group {ctx.key()!r} was closed", group_key=ctx.key())
+            record = signal["record"]
+        return await materialize(ctx, rank, record)
+
+    @group.handler(kind="shared")
+    async def describe(ctx: restate.ObjectSharedContext) -> dict[str, Any]:
+        """Shape, settlement order and unsettled children (inspection and the drain)."""
+        shape = await _get(ctx, "shape")
+        if shape is None:
+            closed = await _get(ctx, "tombstone") is not None
+            return {"recorded": False, "closed": closed}
+        counter = int(await _get(ctx, "counter") or 0)
+        children = await _get(ctx, "children") or []
+        order = []
+        for rank in range(1, counter + 1):
+            record = await _get(ctx, f"rank:{rank}")
+            order.append(record["position"])
+        settled = set(order)
+        unsettled = [c["envelope"] for i, c in enumerate(children) if i not in settled]
+        return {
+            "recorded": True,
+            "closed": False,
+            "shape": shape,
+            "order": order,
+            "unsettled": unsettled,
+        }
+
+    @group.handler()
+    async def close(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
+        """Idempotent; narrows only; under CANCEL issues one cancel per unsettled child and
+        returns without awaiting them; deletes the state, keeping a tombstone (G-41)."""
+        key = ctx.key()
+        tomb = await _get(ctx, "tombstone")
+        if tomb is not None:
+            outcome = _narrow(key, tomb["effective"], req.get("close_with"))
+            return outcome if isinstance(outcome, dict) else {"ok": True}
+        shape, refusal = await check_handle(ctx, req)
+        if refusal is not None:
+            return refusal
+        assert shape is not None
+        target = _narrow(key, shape["effective"], req.get("close_with"))
+        if isinstance(target, dict):
+            return target
+        cancelled: list[str] = []
+        if target == LoserPolicy.CANCEL.value:
+            for entry in await _get(ctx, "children") or []:
+                rk = entry["envelope"]["replay_key"]
+                if await _get(ctx, f"settled:{rk}") is None:
+                    invocation = await _get(ctx, f"inv:{rk}")
+                    if invocation:
+                        ctx.cancel_invocation(invocation)
+                        cancelled.append(rk)
+        waiters = await _get(ctx, "waiters") or {}
+        for aids in waiters.values():
+            for aid in aids:
+                ctx.resolve_awakeable(aid, {"closed": True})
+        ctx.clear_all()
+        ctx.set("tombstone", {"effective": target, "epoch": shape["epoch"]})
+        ctx.object_send(clear, key, None)
+        return {"ok": True, "cancelled": cancelled}
+
+    @group.handler()
+    async def drain(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
+        """Apply a declared CANCEL for a caller whose earlier incarnation is gone (G-29)."""
+        shape = await _get(ctx, "shape")
+        if shape is None:
+            return {"cancelled": []}
+        cancelled: list[str] = []
+        if (
+            shape["effective"] == LoserPolicy.CANCEL.value
+            and shape.get("owner") == req.get("owner")
+            and shape.get("incarnation") != req.get("incarnation")
+        ):
+            for entry in await _get(ctx, "children") or []:
+                rk = entry["envelope"]["replay_key"]
+                if await _get(ctx, f"settled:{rk}") is None:
+                    invocation = await _get(ctx, f"inv:{rk}")
+                    if invocation:
+                        ctx.cancel_invocation(invocation)
+                        cancelled.append(rk)
+        return {"cancelled": cancelled}
+
+    @group.handler()
+    async def deliver(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
+        """Deliver an event to the unsettled ``await_event`` children named ``name``."""
+        key = ctx.key()
+        if await _get(ctx, "shape") is None:
+            if await _get(ctx, "tombstone") is not None:
+                return {"reached": 0}
+            return error("unknown_group", f"no group is recorded under {key!r}", group_key=key)
+        reached = 0
+        for entry in await _get(ctx, "children") or []:
+            envelope = entry["envelope"]
+            rk = envelope["replay_key"]
+            if envelope["kind"] != EffectKind.AWAIT_EVENT or envelope["name"] != req["name"]:
+                continue
+            if await _get(ctx, f"settled:{rk}") is not None or await _get(ctx, f"evd:{rk}"):
+                continue
+            ctx.set(f"evd:{rk}", True)
+            value = {"v": req.get("payload")}
+            aid = await _get(ctx, f"evw:{rk}")
+            if aid is not None:
+                ctx.resolve_awakeable(aid, value)
+            else:
+                ctx.set(f"evp:{rk}", value)
+            reached += 1
+        return {"reached": reached}
+
+    @group.handler()
+    async def event_wait(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+        rk, aid = req["replay_key"], req["awakeable"]
+        pending = await _get(ctx, f"evp:{rk}")
+        if pending is not None:
+            ctx.resolve_awakeable(aid, pending)
+            ctx.clear(f"evp:{rk}")
+        elif await _get(ctx, "shape") is not None:
+            ctx.set(f"evw:{rk}", aid)
+
+    # -- child service ----------------------------------------------------------------
+
+    async def execute_tool(envelope: EffectEnvelope) -> dict[str, Any]:
+        if resolver is None:
+            raise NoExecutor(
+                f"child {envelope.replay_key!r}: this endpoint has no resolver registered",
+                replay_key=envelope.replay_key,
+            )
+        executor = resolver.resolve(envelope)
+        if executor is None:  # retryable: a later deployment (or un-deny) may run it
+            raise NoExecutor(
+                f"child {envelope.replay_key!r}: the resolver returned None",
+                replay_key=envelope.replay_key,
+            )
+        outcome = await executor.execute(ExecutionInput(envelope))
+        return outcome.model_dump(mode="json")
+
+    async def route(ctx: restate.Context, target: str, envelope: EffectEnvelope) -> Outcome:
+        service, _, handler = target.partition("/")
+
+        async def bound() -> bool:
+            if admin_url is None:
+                return True
+            async with httpx.AsyncClient(timeout=10.0) as client:
+                answer = await client.get(f"{admin_url}/services/{service}/handlers/{handler}")
+            if answer.status_code == UNBOUND_CODE:
+                return False
+            answer.raise_for_status()
+            return True
+
+        if not await ctx.run("check target", bound):
+            raise TerminalError(
+                f"no deployment binds {service}/{handler}", status_code=UNBOUND_CODE
+            )
+        raw = await ctx.generic_call(service, handler, canonical_json(envelope.input))
+        return Outcome.success(json.loads(raw) if raw else None)
+
+    @child.handler()
+    async def run(ctx: restate.Context, req: dict[str, Any]) -> dict[str, Any]:
+        """One child, run once: execute, store the outcome, send the settlement (G-37)."""
+        envelope = EffectEnvelope.model_validate(req["envelope"])
+        group_key, epoch, position = req["group_key"], req["epoch"], req["position"]
+        rk = envelope.replay_key
+        terminal: TerminalError | None = None
+        try:
+            if req.get("target"):
+                outcome = await route(ctx, req["target"], envelope)
+            elif envelope.kind == EffectKind.SLEEP:
+                await ctx.sleep(timedelta(seconds=sleep_seconds(envelope)))
+                outcome = Outcome.success(None)
+            elif envelope.kind == EffectKind.AWAIT_EVENT:
+                aid, arrived = ctx.awakeable(type_hint=dict)
+                ctx.object_send(event_wait, group_key, {"replay_key": rk, "awakeable": aid})
+                event = await arrived
+                outcome = Outcome.success(event.get("v"))
+            else:
+
+                async def action() -> dict[str, Any]:
+                    return await execute_tool(envelope)
+
+                outcome = Outcome.model_validate(await ctx.run("execute", action))
+        except TerminalError as exc:
+            terminal = exc
+            if exc.status_code == CANCELLED_CODE:
+                outcome = Outcome.cancelled()
+            else:
+                outcome = Outcome.failure("TerminalError", exc.message, code=exc.status_code)
+        document = outcome.model_dump(mode="json")
+        message: dict[str, Any] = {
+            "replay_key": rk,
+            "position": position,
+            "epoch": epoch,
+        }
+        if len(canonical_json(document)) > INLINE_LIMIT:
+            await ctx.object_call(put, group_key, {"replay_key": rk, "outcome": document})
+            message["ref"] = {"object": PAYLOAD, "key": group_key, "replay_key": rk}
+        else:
+            message["outcome"] = document
+        ctx.object_send(settle, group_key, message)
+        if terminal is not None:
+            raise terminal
+        return document
+
+    return [group, child, payload]
+
+
+def build_app(
+    resolver: GroupExecutors | None,
+    *,
+    admin_url: str | None = None,
+    retry_policy: Any = None,
+    extra_services: list[Any] | None = None,
+) -> Callable[..., Awaitable[None]]:
+    """The ASGI endpoint binding the group object, the child service and the payload
+    object (G-42), plus ``extra_services`` (the user's own handlers)."""
+    services = build_services(resolver, admin_url=admin_url, retry_policy=retry_policy)
+    app: Callable[..., Awaitable[None]] = restate.app([*services, *(extra_services or [])])
+    return app

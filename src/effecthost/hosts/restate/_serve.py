@@ -1,0 +1,75 @@
+"""Serve this tier's endpoint with hypercorn: ``python -m effecthost.hosts.restate.serve``.
+
+``--resolver MODULE:CALLABLE`` names the resolver (or a factory called with the
+``--resolver-arg`` values); the endpoint binds the group object, the child service and the
+payload object for it, validated before serving (G-42).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import signal
+from datetime import timedelta
+from typing import Any
+
+from effecthost.contract import GroupExecutors
+from effecthost.hosts import require
+
+
+def load_resolver(spec: str, args: list[str]) -> GroupExecutors:
+    module_name, _, attr = spec.partition(":")
+    target: Any = getattr(importlib.import_module(module_name), attr)
+    resolver = (
+        target(*args) if callable(target) and not isinstance(target, GroupExecutors) else target
+    )
+    if not isinstance(resolver, GroupExecutors):
+        raise SystemExit(f"{spec} is not a GroupExecutors resolver")
+    return resolver
+
+
+def fast_retries() -> Any:
+    """A retry policy that notices a restarted endpoint within about a second."""
+    restate = require("restate", "restate", "restate")[0]
+    return restate.InvocationRetryPolicy(
+        initial_interval=timedelta(milliseconds=100),
+        exponentiation_factor=2.0,
+        max_interval=timedelta(seconds=1),
+    )
+
+
+async def serve(app: Any, bind: str) -> None:
+    hypercorn_config, hypercorn_asyncio = require(
+        "restate", "restate", "hypercorn.config", "hypercorn.asyncio"
+    )
+    config = hypercorn_config.Config()
+    config.bind = [bind]
+    config.accesslog = None
+    config.graceful_timeout = 1.0
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await hypercorn_asyncio.serve(app, config, shutdown_trigger=stop.wait)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m effecthost.hosts.restate.serve")
+    parser.add_argument("--bind", default="127.0.0.1:9080")
+    parser.add_argument("--resolver", required=True, help="MODULE:CALLABLE")
+    parser.add_argument("--resolver-arg", action="append", default=[])
+    parser.add_argument("--admin-url", default=None, help="lets routed children check targets")
+    parser.add_argument("--fast-retries", action="store_true")
+    options = parser.parse_args(argv)
+    from ._deploy import validate_services
+    from ._endpoint import build_services
+
+    restate = require("restate", "restate", "restate")[0]
+    services = build_services(
+        load_resolver(options.resolver, options.resolver_arg),
+        admin_url=options.admin_url,
+        retry_policy=fast_retries() if options.fast_retries else None,
+    )
+    validate_services(services)
+    asyncio.run(serve(restate.app(services), options.bind))

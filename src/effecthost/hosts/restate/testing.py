@@ -1,0 +1,283 @@
+"""Conformance factory and local fixtures for the Restate tier.
+
+``effecthost conformance effecthost.hosts.restate.testing:factory`` starts a real
+``restate-server`` (found through ``EFFECTHOST_RESTATE_SERVER`` or in ``.engines/restate``,
+where ``scripts/install-restate.sh`` puts it) on free loopback ports in the factory's work
+dir, serves the endpoint with hypercorn in a separate process and registers it. With
+``EFFECTHOST_RESTATE_ADMIN_URL`` and ``EFFECTHOST_RESTATE_INGRESS_URL`` set it uses that
+server instead and starts only the endpoint. Every process is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+from effecthost.conformance import (
+    FactoryEnv,
+    HostCapabilities,
+    HostUnderTest,
+    conformance_resolver,
+)
+from effecthost.contract import EffectController, EffectGroup, GroupExecutors
+from effecthost.hosts import require
+
+from ._controller import RestateController
+from ._deploy import register_deployment
+
+SERVER_ENV = "EFFECTHOST_RESTATE_SERVER"
+ADMIN_ENV = "EFFECTHOST_RESTATE_ADMIN_URL"
+INGRESS_ENV = "EFFECTHOST_RESTATE_INGRESS_URL"
+_RELATIVE_BINARY = Path(
+    ".engines/restate/node_modules/@restatedev/restate-server-linux-x64/bin/restate-server"
+)
+UNBOUND_TARGET = "EffecthostUnbound/run"
+"""A handler no deployment binds (G-14)."""
+
+
+def find_server_binary() -> str:
+    """The restate-server binary: ``$EFFECTHOST_RESTATE_SERVER`` or ``.engines/restate``
+    above the working directory or this package. Never downloads anything.
+
+    Raises:
+        FileNotFoundError: with the command that installs it.
+    """
+    explicit = os.environ.get(SERVER_ENV)
+    if explicit:
+        return explicit
+    for base in (Path.cwd(), *Path.cwd().parents, *Path(__file__).resolve().parents):
+        candidate = base / _RELATIVE_BINARY
+        if candidate.is_file():
+            return str(candidate)
+    raise FileNotFoundError(
+        "restate-server not found: run scripts/install-restate.sh (it prints the path) or "
+        f"set {SERVER_ENV}"
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def _wait_until(probe: Any, what: str, timeout: float = 30.0) -> None:
+    """Poll a readiness probe of a process we started (start-up only, never ordering)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    delay = 0.02
+    while True:
+        with contextlib.suppress(Exception):
+            if await probe():
+                return
+        if loop.time() > deadline:
+            raise TimeoutError(f"{what} did not come up within {timeout}s")
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.25)
+
+
+def _spawn(
+    command: list[str], log: IO[bytes], *, env: dict[str, str] | None = None, cwd: Any = None
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
+
+
+def _stop(process: subprocess.Popen[bytes] | None, sig: int, wait: float = 10.0) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(sig)
+    try:
+        process.wait(wait)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(wait)
+
+
+class LocalRestate:
+    """A restate-server (unless external URLs are given) plus one endpoint process.
+
+    ``resolver_spec``/``resolver_args`` name the endpoint's resolver as
+    ``python -m effecthost.hosts.restate.serve`` takes them.
+    """
+
+    def __init__(
+        self,
+        work_dir: Path,
+        resolver_spec: str,
+        resolver_args: list[str] | None = None,
+        *,
+        admin_url: str | None = None,
+        ingress_url: str | None = None,
+    ) -> None:
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.resolver_spec = resolver_spec
+        self.resolver_args = list(resolver_args or [])
+        self.external = admin_url is not None and ingress_url is not None
+        self.server: subprocess.Popen[bytes] | None = None
+        self.endpoint: subprocess.Popen[bytes] | None = None
+        self._logs: list[IO[bytes]] = []
+        if self.external:
+            assert admin_url is not None and ingress_url is not None
+            self.admin_url, self.ingress_url = admin_url.rstrip("/"), ingress_url.rstrip("/")
+        else:
+            self._ports = {name: free_port() for name in ("admin", "ingress", "node")}
+            self.admin_url = f"http://127.0.0.1:{self._ports['admin']}"
+            self.ingress_url = f"http://127.0.0.1:{self._ports['ingress']}"
+        self.endpoint_port = free_port()
+        self.endpoint_uri = f"http://127.0.0.1:{self.endpoint_port}"
+
+    def _log(self, name: str) -> IO[bytes]:
+        handle = open(self.work_dir / f"{name}.log", "ab")
+        self._logs.append(handle)
+        return handle
+
+    async def start(self) -> None:
+        if not self.external:
+            await self.start_server()
+        await self.start_endpoint()
+        await register_deployment(self.admin_url, self.endpoint_uri, force=True)
+
+    async def start_server(self) -> None:
+        (httpx,) = require("restate", "restate", "httpx")
+        ports = self._ports
+        env = {
+            **os.environ,
+            "RESTATE_ADMIN__BIND_ADDRESS": f"127.0.0.1:{ports['admin']}",
+            "RESTATE_INGRESS__BIND_ADDRESS": f"127.0.0.1:{ports['ingress']}",
+            "RESTATE_BIND_ADDRESS": f"127.0.0.1:{ports['node']}",
+            "RESTATE_ADVERTISED_ADDRESS": f"http://127.0.0.1:{ports['node']}",
+            "RESTATE_DISABLE_TELEMETRY": "true",
+        }
+        log = self._log("restate-server")
+        self.server = _spawn(
+            [find_server_binary(), "--base-dir", str(self.work_dir / "restate-data")],
+            log,
+            env=env,
+            cwd=self.work_dir,
+        )
+
+        async def healthy() -> bool:
+            if self.server is not None and self.server.poll() is not None:
+                raise RuntimeError(f"restate-server exited; see {self.work_dir}/restate-server.log")
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                admin = await client.get(f"{self.admin_url}/health")
+                ingress = await client.get(f"{self.ingress_url}/restate/health")
+            return bool(admin.status_code == 200 and ingress.status_code == 200)
+
+        await _wait_until(healthy, "restate-server")
+
+    async def start_endpoint(self) -> None:
+        command = [
+            sys.executable,
+            "-m",
+            "effecthost.hosts.restate.serve",
+            "--bind",
+            f"127.0.0.1:{self.endpoint_port}",
+            "--resolver",
+            self.resolver_spec,
+            "--admin-url",
+            self.admin_url,
+            "--fast-retries",
+        ]
+        for arg in self.resolver_args:
+            command += ["--resolver-arg", arg]
+        self.endpoint = _spawn(command, self._log("endpoint"))
+
+        async def listening() -> bool:
+            if self.endpoint is not None and self.endpoint.poll() is not None:
+                raise RuntimeError(f"endpoint exited; see {self.work_dir}/endpoint.log")
+            _, writer = await asyncio.open_connection("127.0.0.1", self.endpoint_port)
+            writer.close()
+            return True
+
+        await _wait_until(listening, "endpoint")
+
+    def kill_endpoint(self) -> None:
+        """SIGKILL the endpoint process: in-flight invocations die mid-step."""
+        _stop(self.endpoint, signal.SIGKILL)
+        self.endpoint = None
+
+    async def restart(self, *, server: bool = True) -> None:
+        """SIGKILL the endpoint, restart the server on the same base dir (when we own
+        it), start the endpoint again on the same port (its registration persists)."""
+        self.kill_endpoint()
+        if server and not self.external:
+            await asyncio.to_thread(_stop, self.server, signal.SIGTERM, 20.0)
+            await self.start_server()
+        await self.start_endpoint()
+
+    async def stop(self) -> None:
+        _stop(self.endpoint, signal.SIGTERM, 1.0)  # holds no state: a short grace, then KILL
+        if not self.external:
+            await asyncio.to_thread(_stop, self.server, signal.SIGTERM, 20.0)
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+
+    def controller(self, resolver: GroupExecutors | None, *, owner: str) -> RestateController:
+        return RestateController(self.ingress_url, self.admin_url, resolver, owner=owner)
+
+
+class RestateHostUnderTest(HostUnderTest):
+    """The Restate tier under the conformance suite."""
+
+    capabilities = HostCapabilities(restart=True, durable_timers=True, unroutable_children=True)
+    timeout = 20.0
+
+    def __init__(self, env: FactoryEnv) -> None:
+        self.env = env
+        self.local = LocalRestate(
+            env.work_dir,
+            "effecthost.conformance:conformance_resolver",
+            [str(env.lab_path)],
+            admin_url=os.environ.get(ADMIN_ENV),
+            ingress_url=os.environ.get(INGRESS_ENV),
+        )
+        self._controllers: list[RestateController] = []
+
+    async def start(self) -> None:
+        await self.local.start()
+
+    async def controller(self, *, wired: bool = True) -> EffectController:
+        resolver = conformance_resolver(self.env.lab_path) if wired else None
+        controller = self.local.controller(resolver, owner="conformance")
+        self._controllers.append(controller)
+        return controller
+
+    async def _drop_controllers(self) -> None:
+        for controller in self._controllers:
+            await controller.aclose()
+        self._controllers.clear()
+
+    async def restart(self) -> None:
+        await self._drop_controllers()
+        await self.local.restart()
+
+    async def open_unroutable(self, controller: EffectController, group: EffectGroup) -> None:
+        assert isinstance(controller, RestateController)
+        await controller.open_routed(group, {0: UNBOUND_TARGET})
+
+    async def aclose(self) -> None:
+        await self._drop_controllers()
+        await self.local.stop()
+
+
+async def factory(env: FactoryEnv) -> RestateHostUnderTest:
+    host = RestateHostUnderTest(env)
+    try:
+        await host.start()
+    except BaseException:
+        await host.local.stop()
+        raise
+    return host

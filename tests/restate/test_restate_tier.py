@@ -1,0 +1,189 @@
+"""The Restate tier against a real restate-server: the conformance suite, a crash of the
+endpoint mid-group, an unbound target, and a CANCEL close that does not wait."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effecthost.conformance import Lab, conformance_resolver, run_suite, step_input
+from effecthost.contract import (
+    CursorExhausted,
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    LoserPolicy,
+    WakePolicy,
+    group_key,
+)
+from effecthost.hosts.restate import CHILD, RestateController
+from effecthost.hosts.restate.testing import (
+    UNBOUND_TARGET,
+    LocalRestate,
+    factory,
+)
+
+
+@dataclass
+class Stack:
+    lab: Lab
+    local: LocalRestate
+    controller: RestateController
+
+    async def reconnect(self) -> RestateController:
+        await self.controller.aclose()
+        self.controller = self.local.controller(conformance_resolver(self.lab.path), owner="tests")
+        return self.controller
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    lab = Lab(tmp_path / "lab")
+    await lab.start()
+    local = LocalRestate(
+        tmp_path / "restate",
+        "effecthost.conformance:conformance_resolver",
+        [str(lab.path)],
+    )
+    try:
+        await local.start()
+        controller = local.controller(conformance_resolver(lab.path), owner="tests")
+        built = Stack(lab, local, controller)
+        try:
+            yield built
+        finally:
+            await built.controller.aclose()
+    finally:
+        lab.open_all("")
+        await local.stop()
+        await lab.stop()
+
+
+pytestmark = pytest.mark.anyio
+TIMEOUT = 20.0
+
+
+def _step(tag: str, **options: Any) -> EffectEnvelope:
+    return EffectEnvelope(
+        replay_key=tag,
+        kind=EffectKind.TOOL_CALL,
+        name="conformance.step",
+        input=step_input(tag, **options),
+    )
+
+
+async def test_conformance_suite_passes() -> None:
+    report = await run_suite(factory)
+    failed = [(r.check.name, r.reason) for r in report.by_status("failed")]
+    assert report.ok, failed
+    assert not report.by_status("skipped"), "the Restate tier declares every capability"
+
+
+async def test_endpoint_crash_keeps_ranks_and_settles_the_rest_once(stack: Stack) -> None:
+    n, k = 6, 3
+    tags = [f"crash.c{i}" for i in range(n)]
+    group = EffectGroup(
+        key=group_key("crash", "batch", 0),
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[_step(tag, result={"i": i}) for i, tag in enumerate(tags)],
+    )
+    ctl = stack.controller
+    handle = await ctl.open_effect_group(group)
+    before = []
+    for tag in reversed(tags[-k:]):  # settle k children, in an order unlike positions
+        stack.lab.open(tag)
+        before.append(await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT))
+    for tag in tags[:-k]:
+        await stack.lab.wait_for("started", tag, 1, TIMEOUT)
+    saved = handle.to_json()
+
+    stack.local.kill_endpoint()
+    await stack.local.restart(server=True)
+    ctl = await stack.reconnect()
+
+    reopened = await ctl.open_effect_group(group)
+    again = [await asyncio.wait_for(ctl.await_next_settlement(reopened), TIMEOUT) for _ in range(k)]
+    assert [s.model_dump_json() for s in again] == [s.model_dump_json() for s in before]
+
+    restored = type(handle).from_json(saved)
+    for tag in tags[:-k]:
+        await stack.lab.wait_for("started", tag, 2, TIMEOUT)  # re-run by the restarted endpoint
+        stack.lab.open(tag)
+    rest = [
+        await asyncio.wait_for(ctl.await_next_settlement(restored), TIMEOUT) for _ in range(n - k)
+    ]
+    assert [s.rank for s in rest] == list(range(k + 1, n + 1))
+    assert sorted(s.replay_key for s in rest) == sorted(tags[:-k])
+    assert all(s.outcome.ok for s in rest)
+    with pytest.raises(CursorExhausted):
+        await ctl.await_next_settlement(restored)
+    for tag in tags:
+        assert stack.lab.count("finished", tag) == 1, tag
+    await ctl.close_effect_group(restored)
+
+
+async def test_unbound_target_is_a_terminal_404_within_seconds(stack: Stack) -> None:
+    group = EffectGroup(
+        key=group_key("unbound", "batch", 0),
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[_step("unbound.x", gate=False)],
+    )
+    ctl = stack.controller
+    started = time.monotonic()
+    handle = await ctl.open_routed(group, {0: UNBOUND_TARGET})
+    settlement = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    elapsed = time.monotonic() - started
+    assert settlement.outcome.error is not None and settlement.outcome.error.code == 404
+    assert elapsed < 5.0, f"took {elapsed:.1f}s"
+    rows = await ctl.query(
+        f"SELECT status, completion_failure, retry_count FROM sys_invocation "
+        f"WHERE target_service_name = '{CHILD}' AND target_service_key IS NULL"
+    )
+    failures = [r for r in rows if "404" in str(r.get("completion_failure"))]
+    assert failures and all(r["status"] == "completed" for r in failures), rows
+    await ctl.close_effect_group(handle)
+
+
+async def test_cancel_close_returns_while_the_loser_runs(stack: Stack) -> None:
+    group = EffectGroup(
+        key=group_key("cancel", "batch", 0),
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.CANCEL,
+        children=[_step("cancel.win", gate=False), _step("cancel.lose", hold_cancel=True)],
+    )
+    ctl = stack.controller
+    handle = await ctl.open_effect_group(group)
+    first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    assert first.replay_key == "cancel.win"
+    await stack.lab.wait_for("started", "cancel.lose", 1, TIMEOUT)
+    await asyncio.wait_for(ctl.close_effect_group(handle), TIMEOUT)
+    # close returned; the loser received the cancel and is still holding (not finished)
+    await stack.lab.wait_for("cancelled", "cancel.lose", 1, TIMEOUT)
+    assert stack.lab.count("finished", "cancel.lose") == 0
+    assert group.key not in await ctl.open_group_keys()
+    stack.lab.open("cancel.lose/release")
+
+    async def loser_status() -> list[dict[str, Any]]:
+        return await ctl.query(
+            f"SELECT status, completion_failure FROM sys_invocation "
+            f"WHERE target_service_name = '{CHILD}' AND idempotency_key LIKE '%cancel.lose'"
+        )
+
+    deadline = time.monotonic() + TIMEOUT
+    rows = await loser_status()
+    while not (rows and rows[0]["status"] == "completed") and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)  # polling an engine fact, not ordering anything
+        rows = await loser_status()
+    assert rows and rows[0]["status"] == "completed", rows
+    assert (
+        "409" in str(rows[0]["completion_failure"])
+        or "cancel" in str(rows[0]["completion_failure"]).lower()
+    ), rows
