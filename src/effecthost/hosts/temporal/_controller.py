@@ -1,0 +1,513 @@
+"""The caller's side: an :class:`EffectController` over a Temporal client (G-43…G-45)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from effecthost.contract import (
+    CursorExhausted,
+    DispositionWidened,
+    DrainReport,
+    EffectController,
+    EffectEnvelope,
+    EffectGroup,
+    EffectGroupUnsupported,
+    EffectHostError,
+    EffectKind,
+    GroupClosed,
+    GroupDrain,
+    GroupExecutors,
+    GroupHandle,
+    GroupShapeError,
+    GroupShapeMismatch,
+    HandleMismatch,
+    LoserPolicy,
+    NoExecutor,
+    Outcome,
+    PayloadTooLarge,
+    ReplayMismatch,
+    Settlement,
+    UnknownGroup,
+    normalize_json,
+    sleep_seconds,
+)
+from effecthost.hosts import require
+
+require("temporal", "temporal", "temporalio")
+
+from temporalio.client import (  # noqa: E402
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy  # noqa: E402
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError  # noqa: E402
+from temporalio.service import RPCError, RPCStatusCode  # noqa: E402
+
+from ._shared import (  # noqa: E402
+    MAX_CHILDREN,
+    MAX_SPEC_BYTES,
+    MEMO_STATE,
+    WORKFLOW_NAME,
+    rank_update_id,
+)
+from ._workflow import EffectGroupWorkflow  # noqa: E402
+
+_ERRORS: dict[str, type[EffectHostError]] = {
+    cls.__name__: cls
+    for cls in (
+        GroupClosed,
+        GroupShapeMismatch,
+        ReplayMismatch,
+        CursorExhausted,
+        DispositionWidened,
+        UnknownGroup,
+        HandleMismatch,
+    )
+}
+
+_NOT_READY_PATIENCE = 30.0
+
+_LIVE_OPENERS: set[str] = set()
+"""Incarnations of the controllers alive in this process (see the drain)."""
+
+
+class GroupTooWide(GroupShapeError):
+    """The group has more children than one workflow run can hold (:data:`MAX_CHILDREN`)."""
+
+
+class TemporalEffectHost(EffectController):
+    """Opens groups as workflows of the ``EffectGroup`` type on ``task_queue``.
+
+    ``supports_effect_groups()`` is true iff a resolver is registered (G-07). Register the
+    same resolver here as on the worker: the first open resolves every child locally
+    before anything is recorded (G-10); the worker resolves them again to run them.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        task_queue: str,
+        resolver: GroupExecutors | None = None,
+        *,
+        heartbeat_timeout: float = 5.0,
+        start_to_close_timeout: float = 86400.0,
+        visibility_wait: float = 10.0,
+    ) -> None:
+        self._client = client
+        self._task_queue = task_queue
+        self._resolver = resolver
+        self._options = {
+            "heartbeat_timeout": heartbeat_timeout,
+            "start_to_close": start_to_close_timeout,
+        }
+        self._visibility_wait = visibility_wait
+        self._expected: dict[str, bool] = {}
+        self.incarnation = f"{uuid.uuid4().hex}"
+        _LIVE_OPENERS.add(self.incarnation)
+
+    # -- wiring -------------------------------------------------------------------------
+
+    def register_executors(self, resolver: GroupExecutors | None) -> None:
+        self._resolver = resolver
+
+    def supports_concurrent_effects(self) -> bool:
+        return True
+
+    def supports_effect_groups(self) -> bool:
+        return self._resolver is not None
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    @property
+    def task_queue(self) -> str:
+        return self._task_queue
+
+    async def aclose(self) -> None:
+        """Mark this caller gone: a drain may now apply the declared ``CANCEL`` of the
+        groups it opened and left unclosed."""
+        _LIVE_OPENERS.discard(self.incarnation)
+
+    def _require_wired(self, group_key: str) -> None:
+        if self._resolver is None:
+            raise EffectGroupUnsupported(
+                "TemporalEffectHost has no GroupExecutors resolver registered",
+                group_key=group_key,
+            )
+
+    def _handle(self, key: str) -> WorkflowHandle[Any, Any]:
+        return self._client.get_workflow_handle(key)
+
+    async def _update(self, key: str, update: Any, *args: Any, id: str | None = None) -> Any:
+        """An update, retried while the server answers that the workflow is not ready
+        (``FAILED_PRECONDITION``: its current workflow task has not completed yet)."""
+        delay = 0.02
+        deadline = time.monotonic() + _NOT_READY_PATIENCE
+        while True:
+            try:
+                return await self._handle(key).execute_update(update, args=list(args), id=id)
+            except RPCError as exc:
+                if exc.status != RPCStatusCode.FAILED_PRECONDITION or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(delay)  # the server asked us to come back: back off
+            delay = min(delay * 2, 0.5)
+
+    # -- open ---------------------------------------------------------------------------
+
+    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        return await self._open(group, check_routes=True)
+
+    async def open_unresolved(self, group: EffectGroup) -> GroupHandle:
+        """Open without resolving children locally (a caller that does not share the
+        worker's resolver); an unbound child then ends as a terminal 404 (G-14)."""
+        return await self._open(group, check_routes=False)
+
+    async def _open(self, group: EffectGroup, *, check_routes: bool) -> GroupHandle:
+        self._require_wired(group.key)
+        spec = self._group_spec(group)
+        if check_routes:
+            miss = self._first_miss(group)
+            if miss is not None and not await self._exists(group.key):
+                position, child = miss
+                raise GroupShapeError(
+                    f"no executor for child {child.replay_key!r} at position {position} of "
+                    f"group {group.key!r} ({child.kind} {child.name!r}); nothing recorded",
+                    group_key=group.key,
+                    replay_key=child.replay_key,
+                    position=position,
+                )
+        fence = {
+            "count": group.child_count,
+            "wake": group.wake.value,
+            "disposition": group.disposition.value,
+            "children": [[c.replay_key, c.envelope_hash()] for c in group.children],
+            "opener": self.incarnation,
+        }
+        start = WithStartWorkflowOperation(
+            EffectGroupWorkflow.run,
+            spec,
+            id=group.key,
+            task_queue=self._task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            memo={MEMO_STATE: "open"},
+        )
+        try:
+            opened: Any = await self._client.execute_update_with_start_workflow(
+                EffectGroupWorkflow.open, fence, start_workflow_operation=start
+            )
+            del opened
+        except WorkflowUpdateFailedError as exc:
+            _raise_from(exc.cause, group.key)
+        except WorkflowAlreadyStartedError:
+            with contextlib.suppress(Exception):
+                await start.workflow_handle()  # consume the start operation's failure too
+            raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key) from None
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.ALREADY_EXISTS:
+                raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key) from None
+            raise
+        self._expected[group.key] = True
+        return group.handle()
+
+    def _group_spec(self, group: EffectGroup) -> dict[str, Any]:
+        if group.child_count > MAX_CHILDREN:
+            raise GroupTooWide(
+                f"group {group.key!r} has {group.child_count} children; one workflow run "
+                f"holds at most MAX_CHILDREN={MAX_CHILDREN} (pending activities and updates "
+                "per run are limited); split it into smaller groups",
+                group_key=group.key,
+                position=MAX_CHILDREN,
+            )
+        for child in group.children:
+            if child.kind == EffectKind.SLEEP:
+                sleep_seconds(child)
+        spec = {
+            "key": group.key,
+            "wake": group.wake.value,
+            "disposition": group.disposition.value,
+            "children": [
+                {"envelope": c.canonical_dict(), "hash": c.envelope_hash()} for c in group.children
+            ],
+            "options": self._options,
+            "opener": self.incarnation,
+        }
+        size = len(json.dumps(spec))
+        if size > MAX_SPEC_BYTES:
+            raise PayloadTooLarge(
+                f"group {group.key!r} encodes to {size} bytes, over the limit of "
+                f"{MAX_SPEC_BYTES} for one workflow input (MAX_SPEC_BYTES)",
+                group_key=group.key,
+            )
+        return spec
+
+    def _first_miss(self, group: EffectGroup) -> tuple[int, EffectEnvelope] | None:
+        """First open resolves every child before anything is recorded (G-10)."""
+        for position, child in enumerate(group.children):
+            if child.kind in (EffectKind.SLEEP, EffectKind.AWAIT_EVENT):
+                continue
+            if self._resolver is None or self._resolver.resolve(child) is None:
+                return position, child
+        return None
+
+    async def _exists(self, key: str) -> bool:
+        try:
+            await self._handle(key).describe()
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return True
+
+    # -- read ---------------------------------------------------------------------------
+
+    async def _query(self, key: str, query: str, *args: Any) -> dict[str, Any]:
+        try:
+            result: dict[str, Any] = await self._handle(key).query(query, args=list(args))
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise UnknownGroup(f"no group is recorded under {key!r}", group_key=key) from None
+            raise
+        except WorkflowQueryFailedError as exc:
+            raise UnknownGroup(f"group {key!r} cannot be read: {exc}", group_key=key) from None
+        return result
+
+    def _check_handle(self, handle: GroupHandle, shape: list[Any]) -> None:
+        ours = [handle.child_count, handle.wake.value, handle.disposition.value]
+        if ours != list(shape):
+            raise HandleMismatch(
+                f"handle for {handle.group_key!r} claims {ours[0]} children, wake {ours[1]}, "
+                f"disposition {ours[2]}; the group has {shape[0]}, {shape[1]}, {shape[2]}",
+                group_key=handle.group_key,
+            )
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        """Query first; otherwise one waiting update per rank, with a deterministic id,
+        so every caller of that rank (a fresh process included) shares it (G-44)."""
+        key = handle.group_key
+        self._require_wired(key)
+        rank = handle.consumed + 1
+        state = await self._query(key, "read", rank)
+        self._check_handle(handle, state["shape"])
+        if state["closed"]:
+            raise GroupClosed(f"group {key!r} was closed", group_key=key)
+        if rank > handle.child_count:
+            raise CursorExhausted(
+                f"group {key!r} has {handle.child_count} children and the handle has "
+                f"consumed them all; rank {rank} does not exist",
+                group_key=key,
+                rank=rank,
+            )
+        doc = state["settlement"]
+        if doc is None:
+            try:
+                doc = await self._update(
+                    key, EffectGroupWorkflow.await_rank, rank, id=rank_update_id(rank)
+                )
+            except WorkflowUpdateFailedError as exc:
+                _raise_from(exc.cause, key)
+            except RPCError as exc:
+                if exc.status == RPCStatusCode.NOT_FOUND:
+                    raise GroupClosed(f"group {key!r} was closed", group_key=key) from None
+                raise
+        settlement = Settlement(
+            rank=rank,
+            position=doc["position"],
+            replay_key=doc["replay_key"],
+            outcome=Outcome.model_validate(doc["outcome"]),
+        )
+        handle.consumed = rank
+        return settlement
+
+    async def settlement_order(self, group_key: str) -> list[int]:
+        self._require_wired(group_key)
+        status = await self._query(group_key, "status")
+        return list(status["order"])
+
+    # -- close --------------------------------------------------------------------------
+
+    async def close_effect_group(
+        self, handle: GroupHandle, disposition: LoserPolicy | None = None
+    ) -> None:
+        """An update (validated: narrowing only); a signal when the run's update budget
+        is spent; on a finished run, checks narrowing against the record (G-26)."""
+        key = handle.group_key
+        self._require_wired(key)
+        target = disposition.value if disposition is not None else None
+        wf = self._handle(key)
+        try:
+            await self._update(key, EffectGroupWorkflow.close, target)
+        except WorkflowUpdateFailedError as exc:
+            _raise_from(exc.cause, key)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.RESOURCE_EXHAUSTED:
+                state = await self._query(key, "status")
+                self._check_handle(handle, state["shape"])
+                _check_narrowing(key, state["effective"], target)
+                await wf.signal(EffectGroupWorkflow.close_signal, target)
+            elif exc.status == RPCStatusCode.NOT_FOUND:
+                # Not found, or the run already finished: read what it recorded.
+                state = await self._query(key, "status")
+                self._check_handle(handle, state["shape"])
+                _check_narrowing(key, state["effective"], target)
+            else:
+                raise
+        self._expected[key] = False
+
+    # -- events -------------------------------------------------------------------------
+
+    async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
+        self._require_wired(group_key)
+        value = normalize_json(payload)
+        try:
+            reached: int = await self._update(group_key, EffectGroupWorkflow.deliver, name, value)
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+            if await self._exists(group_key):
+                return 0  # the run finished: no child can take the event
+            raise UnknownGroup(
+                f"no group is recorded under {group_key!r}", group_key=group_key
+            ) from None
+        return reached
+
+    # -- inspection ---------------------------------------------------------------------
+
+    async def _running(self) -> dict[str, bool]:
+        """Running group workflows of this task queue → whether a caller closed it."""
+        query = (
+            f"WorkflowType = '{WORKFLOW_NAME}' AND ExecutionStatus = 'Running' "
+            f"AND TaskQueue = '{self._task_queue}'"
+        )
+        found: dict[str, bool] = {}
+        async for execution in self._client.list_workflows(query):
+            memo = await execution.memo()
+            found[execution.id] = memo.get(MEMO_STATE) == "closed"
+        return found
+
+    async def open_group_keys(self) -> list[str]:
+        """Groups not yet closed, from the visibility API (G-30).
+
+        Visibility is eventually consistent: the listing is re-read (with backoff, up
+        to ``visibility_wait`` seconds) until it reflects this controller's own opens
+        and closes, so a caller reads its own writes.
+        """
+        deadline = time.monotonic() + self._visibility_wait
+        delay = 0.02
+        while True:
+            running = await self._running()
+            keys = {key for key, closed in running.items() if not closed}
+            stale = [k for k, is_open in self._expected.items() if (k in keys) != is_open]
+            for key in [k for k in self._expected if k not in stale]:
+                del self._expected[key]
+            if not stale or time.monotonic() > deadline:
+                return sorted(keys)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+    # -- drain --------------------------------------------------------------------------
+
+    def drain(self, caller_gone: Callable[[str | None], bool] | None = None) -> GroupDrain:
+        """The engine owns retries and losers; a pass reports children this deployment
+        cannot run as ``NoExecutor`` and applies a declared ``CANCEL`` to groups whose
+        caller is gone (``caller_gone``; by default: opened by no live controller of this
+        process — run it where that is true, e.g. at start-up of the caller process)."""
+        return _TemporalDrain(self, caller_gone or (lambda opener: opener not in _LIVE_OPENERS))
+
+
+class _TemporalDrain(GroupDrain):
+    def __init__(self, host: TemporalEffectHost, caller_gone: Callable[[str | None], bool]):
+        self._host = host
+        self._caller_gone = caller_gone
+
+    async def run_pass(self) -> DrainReport:
+        host = self._host
+        cancelled: list[tuple[str, str]] = []
+        missing: list[NoExecutor] = []
+        engine_owned = 0
+        for key in sorted(await host._running()):
+            try:
+                status = await host._query(key, "status")
+            except EffectHostError:
+                continue
+            if host._resolver is None:
+                for child in status["unsettled"]:
+                    missing.append(_no_executor(key, child, "no resolver is registered"))
+                continue
+            if (
+                not status["closed"]
+                and status["effective"] == LoserPolicy.CANCEL.value
+                and self._caller_gone(status["opener"])
+            ):
+                try:
+                    done = await host._update(
+                        key, EffectGroupWorkflow.drain_cancel, status["opener"]
+                    )
+                except (WorkflowUpdateFailedError, RPCError):
+                    done = []
+                cancelled.extend((key, replay_key) for replay_key in done)
+                continue
+            for child in status["unsettled"]:
+                envelope = EffectEnvelope.model_validate(child["envelope"])
+                if envelope.kind in (EffectKind.SLEEP, EffectKind.AWAIT_EVENT):
+                    engine_owned += 1
+                elif host._resolver.resolve(envelope) is None:
+                    missing.append(_no_executor(key, child, "the resolver returned None"))
+                else:
+                    engine_owned += 1
+        return DrainReport(
+            cancelled=tuple(cancelled),
+            no_executor=tuple(missing),
+            extra={"engine_owned": engine_owned},
+        )
+
+
+def _no_executor(key: str, child: dict[str, Any], why: str) -> NoExecutor:
+    replay_key = child["envelope"]["replay_key"]
+    return NoExecutor(
+        f"child {replay_key!r} at position {child['position']} of group {key!r} cannot run "
+        f"here: {why}",
+        group_key=key,
+        replay_key=replay_key,
+        position=child["position"],
+    )
+
+
+def _check_narrowing(key: str, current: str, requested: str | None) -> None:
+    if current == LoserPolicy.CANCEL.value and requested == LoserPolicy.RUN_TO_COMPLETION.value:
+        raise DispositionWidened(
+            f"group {key!r} declares CANCEL; a close cannot widen it to RUN_TO_COMPLETION",
+            group_key=key,
+        )
+
+
+def _raise_from(cause: BaseException | None, key: str) -> NoReturn:
+    """Turn a workflow-side refusal (an ``ApplicationError`` whose type names a contract
+    error) into that typed error, with its ids."""
+    if isinstance(cause, ApplicationError) and cause.type in _ERRORS:
+        details = cause.details[0] if cause.details else {}
+        ids = details if isinstance(details, dict) else {}
+        message = cause.message
+        prefix = f"[{_ERRORS[cause.type].code.value}] "
+        if message.startswith(prefix):
+            message = message[len(prefix) :]
+        raise _ERRORS[cause.type](
+            message,
+            group_key=ids.get("group_key", key),
+            replay_key=ids.get("replay_key"),
+            position=ids.get("position"),
+            rank=ids.get("rank"),
+        ) from None
+    raise RuntimeError(
+        f"group {key!r}: unexpected failure from the group workflow: {cause!r}"
+    ) from cause

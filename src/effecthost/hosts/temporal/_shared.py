@@ -1,0 +1,42 @@
+"""Names, limits and the error mapping shared by the workflow, the activity and the
+caller. Standard library only, so the workflow sandbox can pass it through."""
+
+from __future__ import annotations
+
+from typing import Any
+
+WORKFLOW_NAME = "effecthost.EffectGroup"
+"""Workflow type of a group; the workflow id is the group key (G-43)."""
+
+CHILD_ACTIVITY = "effecthost.child"
+"""The one activity type every ``tool_call`` child runs as."""
+
+MEMO_STATE = "effecthost_state"
+"""Memo key listing a group as ``open`` until a caller closes it (G-30)."""
+
+MAX_CHILDREN = 1000
+"""Widest group one run holds. A run may have 2,000 pending activities and accepts
+2,000 updates in total; each rank costs at most one waiting update (its id is
+deterministic), so 1,000 children leave room for opens, event deliveries and closes.
+Wider groups are refused at open (:class:`GroupTooWide`)."""
+
+MAX_SPEC_BYTES = 1_500_000
+"""Largest encoded group (all child envelopes) accepted at open; one payload of a run
+may be at most 2 MiB."""
+
+INLINE_OUTCOME_BYTES = 256 * 1024
+"""Outcomes whose JSON is larger are refused by the activity as oversize failures
+rather than written into history (see docs/temporal.md)."""
+
+RANK_UPDATE_PREFIX = "rank-"
+
+
+def rank_update_id(rank: int) -> str:
+    """The deterministic update id of the waiting read of ``rank`` (G-44): every caller
+    waiting on one rank shares one update, so a run spends at most one update per rank."""
+    return f"{RANK_UPDATE_PREFIX}{rank}"
+
+
+def error_details(**ids: Any) -> dict[str, Any]:
+    """Ids carried by a failure raised in the workflow or the activity (never payloads)."""
+    return {k: v for k, v in ids.items() if v is not None}

@@ -1,0 +1,320 @@
+"""The group workflow (G-43…G-45). Workflow id = group key.
+
+Everything here is replay-deterministic: each child has its own watcher task, created
+in position order, and a settlement takes rank ``len(settled) + 1`` at the moment its
+watcher observes it (:func:`assign_rank`). History orders completions, so a replay
+re-derives the same ranks. No ``asyncio.wait``/``as_completed`` and no local activities.
+
+Only the standard library, ``temporalio`` and :mod:`._shared` are imported, so the
+module loads inside the workflow sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from effecthost.hosts import require
+
+require("temporal", "temporal", "temporalio")
+
+from temporalio import workflow  # noqa: E402
+from temporalio.common import RetryPolicy  # noqa: E402
+from temporalio.exceptions import (  # noqa: E402
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    TimeoutError,
+)
+
+from ._shared import CHILD_ACTIVITY, MEMO_STATE, WORKFLOW_NAME, error_details  # noqa: E402
+
+Json = dict[str, Any]
+
+_CANCELLED: Json = {"status": "cancelled", "value": None, "error": None}
+
+
+def assign_rank(settled: list[Json], settlement: Json) -> None:
+    """The rank rule: a settlement takes the next rank in the order the workflow
+    observes it. The replay test re-derives ranks through this function."""
+    settlement["rank"] = len(settled) + 1
+    settled.append(settlement)
+
+
+def _refuse(kind: str, message: str, **ids: Any) -> ApplicationError:
+    return ApplicationError(message, error_details(**ids), type=kind, non_retryable=True)
+
+
+def _failure(exc: ActivityError) -> Json:
+    cause = exc.cause
+    if isinstance(cause, CancelledError):
+        return dict(_CANCELLED)
+    if isinstance(cause, ApplicationError):
+        details = cause.details[0] if cause.details else None
+        data = details.get("data") if isinstance(details, dict) else None
+        code = details.get("code") if isinstance(details, dict) else None
+        return {
+            "status": "error",
+            "value": None,
+            "error": {
+                "type": cause.type or "ApplicationError",
+                "message": cause.message,
+                "data": data,
+                "code": code,
+            },
+        }
+    if isinstance(cause, TimeoutError):
+        kind = "ActivityTimeout"
+    else:
+        kind = type(cause).__name__ if cause is not None else "ActivityError"
+    return {
+        "status": "error",
+        "value": None,
+        "error": {"type": kind, "message": str(cause or exc), "data": None, "code": None},
+    }
+
+
+@workflow.defn(name=WORKFLOW_NAME)
+class EffectGroupWorkflow:
+    """One group. Start argument: the group spec (see ``_controller._group_spec``)."""
+
+    @workflow.init
+    def __init__(self, spec: Json) -> None:
+        self._key: str = spec["key"]
+        self._wake: str = spec["wake"]
+        self._declared: str = spec["disposition"]
+        self._effective: str = spec["disposition"]
+        self._children: list[Json] = list(spec["children"])
+        self._options: Json = dict(spec.get("options") or {})
+        self._opener: str | None = spec.get("opener")
+        self._settled: list[Json] = []
+        self._settled_positions: set[int] = set()
+        self._events: dict[int, Any] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._closed = False
+
+    # -- run ----------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, spec: Json) -> Json:
+        for position in range(len(self._children)):
+            self._tasks[position] = asyncio.create_task(self._watch(position))
+        await workflow.wait_condition(
+            lambda: (
+                self._closed
+                and len(self._settled) == len(self._children)
+                and workflow.all_handlers_finished()
+            )
+        )
+        return {"ranks": [s["replay_key"] for s in self._settled]}
+
+    async def _watch(self, position: int) -> None:
+        child = self._children[position]
+        envelope = child["envelope"]
+        kind = envelope["kind"]
+        outcome: Json
+        try:
+            if kind == "sleep":
+                await workflow.sleep(timedelta(seconds=float(envelope["input"]["seconds"])))
+                outcome = {"status": "success", "value": None, "error": None}
+            elif kind == "await_event":
+                await workflow.wait_condition(lambda: position in self._events)
+                outcome = {"status": "success", "value": self._events[position], "error": None}
+            else:
+                outcome = await workflow.execute_activity(
+                    CHILD_ACTIVITY,
+                    envelope,
+                    activity_id=f"child-{position}",
+                    start_to_close_timeout=timedelta(
+                        seconds=float(self._options.get("start_to_close", 86400.0))
+                    ),
+                    heartbeat_timeout=timedelta(
+                        seconds=float(self._options.get("heartbeat_timeout", 5.0))
+                    ),
+                    retry_policy=RetryPolicy(
+                        initial_interval=timedelta(seconds=1),
+                        backoff_coefficient=2.0,
+                        maximum_interval=timedelta(seconds=10),
+                        maximum_attempts=0,
+                    ),
+                    cancellation_type=workflow.ActivityCancellationType.TRY_CANCEL,
+                    result_type=dict,
+                )
+        except asyncio.CancelledError:
+            outcome = dict(_CANCELLED)
+        except ActivityError as exc:
+            outcome = _failure(exc)
+        self._settle(position, outcome)
+
+    def _settle(self, position: int, outcome: Json) -> None:
+        if position in self._settled_positions:
+            return
+        self._settled_positions.add(position)
+        assign_rank(
+            self._settled,
+            {
+                "position": position,
+                "replay_key": self._children[position]["envelope"]["replay_key"],
+                "outcome": outcome,
+            },
+        )
+
+    def _cancel_unsettled(self) -> list[str]:
+        cancelled: list[str] = []
+        for position, task in self._tasks.items():
+            if position not in self._settled_positions and not task.done():
+                task.cancel()
+                cancelled.append(self._children[position]["envelope"]["replay_key"])
+        return cancelled
+
+    # -- open ---------------------------------------------------------------------------
+
+    @workflow.update(name="open")
+    async def open(self, fence: Json) -> Json:
+        if fence.get("opener"):
+            self._opener = fence["opener"]
+        return {"settled": len(self._settled)}
+
+    @open.validator
+    def _validate_open(self, fence: Json) -> None:
+        """The shape fence (G-13) and each child's hash (G-02). A refusal here leaves
+        nothing in history."""
+        if self._closed:
+            raise _refuse("GroupClosed", f"group {self._key!r} was closed", group_key=self._key)
+        recorded = (len(self._children), self._wake, self._declared)
+        asked = (fence["count"], fence["wake"], fence["disposition"])
+        if recorded != asked:
+            raise _refuse(
+                "GroupShapeMismatch",
+                f"group {self._key!r} is recorded with {recorded[0]} children, wake "
+                f"{recorded[1]}, disposition {recorded[2]}; reopened with {asked[0]}, "
+                f"{asked[1]}, {asked[2]}",
+                group_key=self._key,
+            )
+        for position, (child, (replay_key, digest)) in enumerate(
+            zip(self._children, fence["children"], strict=True)
+        ):
+            if child["envelope"]["replay_key"] != replay_key or child["hash"] != digest:
+                raise _refuse(
+                    "ReplayMismatch",
+                    f"child at position {position} of group {self._key!r} is recorded as "
+                    f"{child['envelope']['replay_key']!r} with another envelope hash",
+                    group_key=self._key,
+                    replay_key=replay_key,
+                    position=position,
+                )
+
+    # -- read ---------------------------------------------------------------------------
+
+    @workflow.query(name="read")
+    def read(self, rank: int) -> Json:
+        """Rank ``rank`` if recorded (queries add no history)."""
+        return {
+            "shape": [len(self._children), self._wake, self._declared],
+            "closed": self._closed,
+            "effective": self._effective,
+            "settlement": self._settled[rank - 1] if 0 < rank <= len(self._settled) else None,
+        }
+
+    @workflow.query(name="status")
+    def status(self) -> Json:
+        return {
+            "shape": [len(self._children), self._wake, self._declared],
+            "closed": self._closed,
+            "effective": self._effective,
+            "opener": self._opener,
+            "order": [s["position"] for s in self._settled],
+            "unsettled": [
+                {"position": p, "envelope": c["envelope"]}
+                for p, c in enumerate(self._children)
+                if p not in self._settled_positions
+            ],
+        }
+
+    @workflow.update(name="await_rank")
+    async def await_rank(self, rank: int) -> Json:
+        await workflow.wait_condition(lambda: len(self._settled) >= rank or self._closed)
+        if len(self._settled) >= rank:
+            return self._settled[rank - 1]
+        raise _refuse("GroupClosed", f"group {self._key!r} was closed", group_key=self._key)
+
+    @await_rank.validator
+    def _validate_await_rank(self, rank: int) -> None:
+        if self._closed:
+            raise _refuse("GroupClosed", f"group {self._key!r} was closed", group_key=self._key)
+        if not 0 < rank <= len(self._children):
+            raise _refuse(
+                "CursorExhausted",
+                f"group {self._key!r} has {len(self._children)} children; rank {rank} "
+                "does not exist",
+                group_key=self._key,
+                rank=rank,
+            )
+
+    # -- close --------------------------------------------------------------------------
+
+    def _target(self, requested: str | None) -> str:
+        target = requested or self._effective
+        if self._effective == "cancel" and target == "run_to_completion":
+            raise _refuse(
+                "DispositionWidened",
+                f"group {self._key!r} declares CANCEL; a close cannot widen it to "
+                "RUN_TO_COMPLETION",
+                group_key=self._key,
+            )
+        return target
+
+    def _close(self, target: str) -> None:
+        self._effective = target
+        if not self._closed:
+            self._closed = True
+            workflow.upsert_memo({MEMO_STATE: "closed"})
+        if target == "cancel":
+            self._cancel_unsettled()
+
+    @workflow.update(name="close")
+    async def close(self, disposition: str | None) -> None:
+        """Idempotent, narrows only (G-26). Under CANCEL the cancel requests of every
+        unsettled child go out in this workflow task and the update returns without
+        waiting for the activities to stop (G-27, G-45)."""
+        self._close(self._target(disposition))
+
+    @close.validator
+    def _validate_close(self, disposition: str | None) -> None:
+        self._target(disposition)
+
+    @workflow.signal(name="close_signal")
+    def close_signal(self, disposition: str | None) -> None:
+        """Fallback when the run's update budget is spent; a widening is ignored."""
+        try:
+            target = self._target(disposition)
+        except ApplicationError:
+            target = self._effective
+        self._close(target)
+
+    # -- events and drain ---------------------------------------------------------------
+
+    @workflow.update(name="deliver")
+    async def deliver(self, name: str, payload: Any) -> int:
+        """Settle every unsettled ``await_event`` child named ``name`` (G-51)."""
+        reached = 0
+        for position, child in enumerate(self._children):
+            envelope = child["envelope"]
+            if (
+                envelope["kind"] == "await_event"
+                and envelope["name"] == name
+                and position not in self._settled_positions
+                and position not in self._events
+            ):
+                self._events[position] = payload
+                reached += 1
+        return reached
+
+    @workflow.update(name="drain_cancel")
+    async def drain_cancel(self, opener: str | None) -> list[str]:
+        """Apply a declared CANCEL for a caller that is gone (G-29): only when still
+        unclosed and still owned by the opener the drain judged gone."""
+        if self._closed or self._effective != "cancel" or self._opener != opener:
+            return []
+        return self._cancel_unsettled()

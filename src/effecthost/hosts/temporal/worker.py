@@ -1,0 +1,65 @@
+"""Run a group worker: ``python -m effecthost.hosts.temporal.worker``.
+
+    python -m effecthost.hosts.temporal.worker --address HOST:PORT --task-queue Q \\
+        --resolver mypackage.tools:registry [--resolver-arg ARG ...]
+
+``--resolver`` names a ``GroupExecutors`` object, or a callable returning one (called
+with the ``--resolver-arg`` values). The process prints ``ready`` once it polls, and
+runs until it is terminated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import signal
+import sys
+from typing import Any
+
+from effecthost.contract import GroupExecutors
+from effecthost.hosts import require
+
+require("temporal", "temporal", "temporalio")
+
+from temporalio.client import Client  # noqa: E402
+
+from ._worker import create_worker  # noqa: E402
+
+
+def load_resolver(spec: str, args: list[str]) -> GroupExecutors:
+    """``"module:attr"`` → a resolver (the object, or what calling it returns)."""
+    module_name, _, attribute = spec.partition(":")
+    target: Any = getattr(importlib.import_module(module_name), attribute)
+    resolver = target if isinstance(target, GroupExecutors) else target(*args)
+    if not isinstance(resolver, GroupExecutors):
+        raise SystemExit(f"{spec} is not a GroupExecutors resolver")
+    return resolver
+
+
+async def serve(address: str, namespace: str, task_queue: str, resolver: GroupExecutors) -> None:
+    client = await Client.connect(address, namespace=namespace)
+    worker = create_worker(client, task_queue, resolver)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with worker:
+        print("ready", flush=True)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m effecthost.hosts.temporal.worker")
+    parser.add_argument("--address", default="localhost:7233")
+    parser.add_argument("--namespace", default="default")
+    parser.add_argument("--task-queue", required=True)
+    parser.add_argument("--resolver", required=True, help="MODULE:ATTR")
+    parser.add_argument("--resolver-arg", action="append", default=[])
+    ns = parser.parse_args(argv)
+    resolver = load_resolver(ns.resolver, ns.resolver_arg)
+    asyncio.run(serve(ns.address, ns.namespace, ns.task_queue, resolver))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,55 @@
+"""Shared helpers of the Temporal tests: a lab, a dev server and a worker process."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from effecthost.conformance import STEP, FactoryEnv, step_input
+from effecthost.conformance._lab import Lab
+from effecthost.contract import EffectEnvelope, EffectKind
+from effecthost.hosts.temporal.testing import (
+    TemporalHostUnderTest,
+    factory,
+    temporal_cli,
+)
+
+
+def require_cli() -> None:
+    """Fail (never skip) when the dev server binary is missing: the test command installs it."""
+    temporal_cli()
+
+
+@contextlib.asynccontextmanager
+async def running_host(
+    root: Path, *, restart_server: bool = False
+) -> AsyncIterator[tuple[TemporalHostUnderTest, Lab]]:
+    """A dev server and a worker process, with a lab its children talk to."""
+    require_cli()
+    lab = Lab(root / "lab")
+    await lab.start()
+    work = root / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    host = await factory(
+        FactoryEnv(lab_path=lab.path, work_dir=work), restart_server=restart_server
+    )
+    try:
+        yield host, lab
+    finally:
+        lab.open_all("")
+        await host.aclose()
+        await lab.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def step(
+    tag: str, *, gate: bool = True, result: object = None, hold_cancel: bool = False
+) -> EffectEnvelope:
+    return EffectEnvelope(
+        replay_key=tag,
+        kind=EffectKind.TOOL_CALL,
+        name=STEP,
+        input=step_input(tag, gate=gate, result=result, hold_cancel=hold_cancel),
+    )

@@ -1,0 +1,90 @@
+"""Record the checked-in history the replay test uses (run once, by hand):
+
+    python -m tests.temporal.record_history
+
+It runs one group on a local dev server — five tool calls released in a chosen order,
+a sleep and an event wait — reads the ranks through the caller API, closes the group,
+and writes the run's history with the ranks observed into
+``tests/temporal/histories/group_ranks.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+
+from effecthost.contract import (
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    LoserPolicy,
+    WakePolicy,
+    sleep_input,
+)
+
+from ._support import running_host, step
+
+OUT = Path(__file__).parent / "histories" / "group_ranks.json"
+
+
+async def record() -> None:
+    with tempfile.TemporaryDirectory(prefix="ehrec-") as tmp:
+        async with running_host(Path(tmp)) as (host, lab):
+            tags = [f"rec.t{i}" for i in range(5)]
+            children = [step(tag, result=i) for i, tag in enumerate(tags)]
+            children.append(
+                EffectEnvelope(
+                    replay_key="rec.nap",
+                    kind=EffectKind.SLEEP,
+                    name="sleep",
+                    input=sleep_input(0.2),
+                )
+            )
+            children.append(
+                EffectEnvelope(
+                    replay_key="rec.ev", kind=EffectKind.AWAIT_EVENT, name="go", input=None
+                )
+            )
+            group = EffectGroup(
+                key="replay:group:recorded:0",
+                wake=WakePolicy.ALL,
+                disposition=LoserPolicy.RUN_TO_COMPLETION,
+                children=children,
+            )
+            ctl = await host.controller()
+            handle = await ctl.open_effect_group(group)
+            ranks: list[str] = []
+            ranks.append((await ctl.await_next_settlement(handle)).replay_key)  # the sleep
+            for tag in (tags[3], tags[0]):
+                lab.open(tag)
+                ranks.append((await ctl.await_next_settlement(handle)).replay_key)
+            await ctl.deliver_event(group.key, "go", {"n": 1})
+            ranks.append((await ctl.await_next_settlement(handle)).replay_key)
+            for tag in (tags[4], tags[1], tags[2]):
+                lab.open(tag)
+                ranks.append((await ctl.await_next_settlement(handle)).replay_key)
+            await ctl.close_effect_group(handle)
+            assert host.client is not None
+            wf = host.client.get_workflow_handle(group.key)
+            await wf.result()
+            history = await wf.fetch_history()
+            OUT.parent.mkdir(parents=True, exist_ok=True)
+            OUT.write_text(
+                json.dumps(
+                    {
+                        "workflow_id": group.key,
+                        "ranks": ranks,
+                        "history": json.loads(history.to_json()),
+                    },
+                    indent=1,
+                    sort_keys=True,
+                )
+                + "\n"
+            )
+            print(f"recorded {len(ranks)} ranks: {ranks}")
+
+
+if __name__ == "__main__":
+    asyncio.run(record())

@@ -1,0 +1,23 @@
+"""The shipped conformance suite against a real dev server and a real worker process,
+with restarts (worker SIGKILLed, dev server restarted on the same database file)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from effecthost.conformance import run_suite
+from effecthost.hosts.temporal.testing import factory
+
+from ._support import require_cli
+
+
+@pytest.mark.timeout(420)
+def test_conformance_suite_passes_on_temporal() -> None:
+    require_cli()
+    report = asyncio.run(run_suite(factory))
+    print(report.table())
+    failed = [f"{r.check.node_name}: {r.reason}" for r in report.by_status("failed")]
+    assert report.ok, "\n".join(failed)
+    assert not report.by_status("skipped"), "the Temporal host declares every capability"
