@@ -26,6 +26,7 @@ WORK = "bench.work"
 
 def endpoint_services() -> list[Any]:
     import restate
+
     from effecthost.combinators import Scope, all_, race, tool
     from effecthost.contract import ToolRegistry
     from effecthost.hosts.restate import HandlerController, build_services
@@ -67,6 +68,7 @@ def endpoint_services() -> list[Any]:
 
 def serve(bind: str) -> None:
     import restate
+
     from effecthost.hosts.restate import serve as serve_app
 
     asyncio.run(serve_app(restate.app(endpoint_services()), bind))

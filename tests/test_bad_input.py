@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from gated_tools import Lab, group
+from gated_tools import step as child
 
 from effecthost.contract import (
     CursorExhausted,
@@ -27,8 +29,6 @@ from effecthost.contract import (
     WakePolicy,
 )
 from effecthost.hosts.memory import MemoryEffectHost
-from gated_tools import Lab, group
-from gated_tools import step as child
 
 pytestmark = pytest.mark.anyio
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import anyio
 import pytest
+from gated_tools import Lab, group, step
 
 from effecthost.contract import (
     DrainReport,
@@ -23,7 +24,6 @@ from effecthost.contract import (
     sleep_input,
 )
 from effecthost.hosts.memory import AdversarialMemoryHost, MemoryEffectHost
-from gated_tools import Lab, group, step
 
 pytestmark = pytest.mark.anyio
 

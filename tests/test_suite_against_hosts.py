@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-
 from broken_hosts import (
     BROKEN_TIMEOUT,
     bump_before_fence_factory,
@@ -19,6 +18,7 @@ from broken_hosts import (
     sequence_equality_factory,
     widens_cancel_factory,
 )
+
 from effecthost.conformance import (
     OBLIGATIONS,
     FactoryEnv,

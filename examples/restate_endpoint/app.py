@@ -10,9 +10,9 @@ import argparse
 import asyncio
 from typing import Any
 
+import restate
 from tools import resolver
 
-import restate
 from effecthost.combinators import DeadlineExceeded, Scope, tool, with_deadline
 from effecthost.hosts.restate import HandlerController, build_services, serve, validate_services
 

@@ -1,0 +1,355 @@
+"""Temporal tier benchmark: effecthost groups against a native Temporal workflow.
+
+    .venv/bin/python benchmarks/temporal_groups.py [--rounds 60] [--out FILE]
+
+Starts a dev server (the tier's ``DevServer``, on free ports) unless
+``EFFECTHOST_TEMPORAL_ADDRESS`` is set (then that server and
+``EFFECTHOST_TEMPORAL_NAMESPACE``, default ``default``), and two worker processes (this
+file with ``--worker``):
+
+- ``effecthost``: the tier's one-call worker (``create_worker``) with a trivial ``work``
+  tool; the caller runs ``race`` (declaring ``CANCEL``) and ``all_`` through
+  ``TemporalEffectHost``: one group workflow, an activity per child, each rank read by
+  a query or a waiting update, then a close;
+- ``native``: a plain workflow starting the same trivial activity per child and waiting
+  with ``workflow.wait(FIRST_COMPLETED)`` (the loser cancelled with ``TRY_CANCEL``) or
+  ``asyncio.gather``; the caller runs it with ``execute_workflow``.
+
+For a 2-child race and a 50-child all it measures, one group at a time from one caller
+(effecthost and native rounds interleaved), group latency p50/p95 and groups/s of both,
+and the ratio (effecthost groups/s ÷ native groups/s). Prints a table and writes JSON
+(``--out``, default benchmarks/results/temporal.json). Every process it starts is
+stopped, even on error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from temporalio import activity, workflow
+from temporalio.workflow import ActivityCancellationType
+
+WORK = "bench.work"
+WORKLOADS = (("race", 2), ("all", 50))
+START_TO_CLOSE = timedelta(hours=24)  # the group workflow's default for its children
+WARM_UP = 2
+
+
+# -- the native baseline (registered by the ``--worker native`` process) ---------------
+
+
+@activity.defn(name="BenchWork")
+async def native_work(arg: Any) -> Any:
+    return arg
+
+
+@workflow.defn(name="BenchNativeGroup")
+class NativeGroup:
+    """The same children as an effecthost group, without the group."""
+
+    @workflow.run
+    async def run(self, op: str, n: int) -> Any:
+        tasks = [
+            workflow.start_activity(
+                native_work,
+                i,
+                start_to_close_timeout=START_TO_CLOSE,
+                cancellation_type=ActivityCancellationType.TRY_CANCEL,
+            )
+            for i in range(n)
+        ]
+        if op == "race":
+            done, _ = await workflow.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            # The winner in position order among those done (never the set's order), as
+            # the group's watchers rank them; the losers are cancelled like a CANCEL close.
+            winner = next(task for task in tasks if task in done)
+            for task in tasks:
+                if task is not winner and not task.done():
+                    task.cancel()
+            return winner.result()
+        return await asyncio.gather(*tasks)
+
+
+# -- worker processes ------------------------------------------------------------------
+
+
+def bench_tools() -> Any:
+    from effecthost.contract import ToolRegistry
+
+    tools = ToolRegistry()
+
+    @tools.tool(WORK)
+    async def work(arg: Any) -> Any:
+        return arg
+
+    return tools
+
+
+async def serve_native(address: str, namespace: str, task_queue: str) -> None:
+    from temporalio.client import Client
+    from temporalio.worker import Worker
+
+    client = await Client.connect(address, namespace=namespace)
+    worker = Worker(
+        client, task_queue=task_queue, workflows=[NativeGroup], activities=[native_work]
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with worker:
+        print("ready", flush=True)
+        await stop.wait()
+
+
+def run_worker(kind: str, address: str, namespace: str, task_queue: str) -> None:
+    if kind == "effecthost":
+        from effecthost.hosts.temporal.worker import serve
+
+        asyncio.run(serve(address, namespace, task_queue, bench_tools()))
+    else:
+        asyncio.run(serve_native(address, namespace, task_queue))
+
+
+def bench_worker(kind: str, address: str, namespace: str, task_queue: str, log: Path) -> Any:
+    """The tier's ``WorkerProcess`` (start on ``ready``, SIGTERM/SIGKILL), running this
+    file's ``--worker`` mode instead of the conformance resolver."""
+    from effecthost.hosts.temporal.testing import WorkerProcess
+
+    process = WorkerProcess(address, namespace, task_queue, log.parent, log)
+    process.argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        kind,
+        "--address",
+        address,
+        "--namespace",
+        namespace,
+        "--task-queue",
+        task_queue,
+    ]
+    return process
+
+
+# -- measuring -------------------------------------------------------------------------
+
+
+def _p95(ordered: list[float]) -> float:
+    return ordered[max(0, math.ceil(len(ordered) * 0.95) - 1)]
+
+
+async def measure(
+    bodies: dict[str, Callable[[], Awaitable[Any]]], rounds: int
+) -> dict[str, dict[str, Any]]:
+    """Each body ``rounds`` times, interleaved (the first to go alternates), so both see
+    the same load on a shared machine; groups/s is rounds ÷ the time spent in that body."""
+    names = list(bodies)
+    for _ in range(WARM_UP):
+        for name in names:
+            await bodies[name]()
+    latencies: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(rounds):
+        for name in names[i % 2 :] + names[: i % 2]:
+            t0 = time.perf_counter()
+            await bodies[name]()
+            latencies[name].append(time.perf_counter() - t0)
+    return {name: _summary(samples) for name, samples in latencies.items()}
+
+
+def _summary(samples: list[float]) -> dict[str, Any]:
+    ordered = sorted(sample * 1000 for sample in samples)
+    return {
+        "groups": len(samples),
+        "p50_ms": statistics.median(ordered),
+        "p95_ms": _p95(ordered),
+        "groups_per_s": len(samples) / sum(samples),
+    }
+
+
+def rounds_for(n: int, rounds: int) -> int:
+    return rounds if n == 2 else max(5, rounds // 4)
+
+
+async def run_benchmark(rounds: int, work_dir: Path) -> dict[str, Any]:
+    from effecthost.combinators import Scope, all_, race, tool
+    from effecthost.contract import LoserPolicy
+    from effecthost.hosts.temporal import TemporalEffectHost
+    from effecthost.hosts.temporal.testing import (
+        ADDRESS_ENV,
+        NAMESPACE_ENV,
+        DevServer,
+        connect,
+    )
+
+    namespace = os.environ.get(NAMESPACE_ENV, "default")
+    address = os.environ.get(ADDRESS_ENV, "")
+    server = None if address else DevServer(work_dir / "temporal")
+    suffix = uuid.uuid4().hex[:8]
+    queues = {"effecthost": f"bench-effecthost-{suffix}", "native": f"bench-native-{suffix}"}
+    workers: list[Any] = []
+    host: TemporalEffectHost | None = None
+    try:
+        if server is not None:
+            address = server.address
+            client = await server.start()
+        else:
+            client = await connect(address, namespace)
+        for kind, queue in queues.items():
+            worker = bench_worker(kind, address, namespace, queue, work_dir / f"{kind}.log")
+            workers.append(worker)
+            await worker.start()
+        host = TemporalEffectHost(client, queues["effecthost"], bench_tools())
+        scope = Scope(scope_id=f"bench-{suffix}")
+
+        rows = []
+        for op, n in WORKLOADS:
+            calls = [tool(WORK, i) for i in range(n)]
+
+            async def grouped(op: str = op, calls: list[Any] = calls) -> Any:
+                assert host is not None
+                if op == "race":
+                    return await race(host, scope, calls, disposition=LoserPolicy.CANCEL)
+                return await all_(host, scope, calls)
+
+            async def native(op: str = op, n: int = n) -> Any:
+                return await client.execute_workflow(
+                    NativeGroup.run,
+                    args=[op, n],
+                    id=f"bench-native-{uuid.uuid4().hex}",
+                    task_queue=queues["native"],
+                )
+
+            measured = await measure(
+                {"effecthost": grouped, "native": native}, rounds_for(n, rounds)
+            )
+            ours, theirs = measured["effecthost"], measured["native"]
+            rows.append(
+                {
+                    "workload": f"{n}-child {op}",
+                    "effecthost": ours,
+                    "native": theirs,
+                    "ratio": ours["groups_per_s"] / theirs["groups_per_s"],
+                }
+            )
+    except Exception:
+        dump_logs(work_dir)
+        raise
+    finally:
+        if host is not None:
+            await host.aclose()
+        for worker in reversed(workers):
+            with contextlib.suppress(Exception):
+                await worker.terminate()
+        if server is not None:
+            await server.stop()
+    return {
+        "temporal": cli_version() if server is not None else f"external server {address}",
+        "python": platform.python_version(),
+        "cpus": os.cpu_count() or 0,
+        "rows": rows,
+    }
+
+
+def cli_version() -> str:
+    from effecthost.hosts.temporal.testing import temporal_cli
+
+    answer = subprocess.run(
+        [temporal_cli(), "--version"], capture_output=True, text=True, check=False
+    )
+    return answer.stdout.strip().removeprefix("temporal version ")
+
+
+def dump_logs(work_dir: Path) -> None:
+    """On failure: the tail of each process's log, before the work directory goes."""
+    for log in sorted(work_dir.rglob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()[-20:]
+        if lines:
+            print(f"--- {log.name} (last {len(lines)} lines)", file=sys.stderr)
+            print("\n".join(lines), file=sys.stderr)
+
+
+async def main(rounds: int, work_dir: Path) -> dict[str, Any]:
+    # A SIGTERM cancels the run like Ctrl-C does, so the cleanup above still runs.
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await run_benchmark(rounds, work_dir)
+
+
+# -- report ----------------------------------------------------------------------------
+
+
+def table(document: dict[str, Any]) -> str:
+    header = (
+        f"{'workload':<15}{'groups':>7}{'eh p50 ms':>11}{'eh p95 ms':>11}{'eh groups/s':>13}"
+        f"{'nat p50 ms':>12}{'nat p95 ms':>12}{'nat groups/s':>14}{'ratio':>7}"
+    )
+    lines = [
+        f"temporal={document['temporal']}  python={document['python']}  "
+        f"cpus={document['cpus']}  (eh = effecthost, nat = native workflow)",
+        header,
+        "-" * len(header),
+    ]
+    for row in document["rows"]:
+        ours, theirs = row["effecthost"], row["native"]
+        lines.append(
+            f"{row['workload']:<15}{ours['groups']:>7}{ours['p50_ms']:>11.1f}"
+            f"{ours['p95_ms']:>11.1f}{ours['groups_per_s']:>13.2f}{theirs['p50_ms']:>12.1f}"
+            f"{theirs['p95_ms']:>12.1f}{theirs['groups_per_s']:>14.2f}{row['ratio']:>7.2f}"
+        )
+    return "\n".join(lines)
+
+
+def write_json(document: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2) + "\n")
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--rounds", type=int, default=60, help="groups per workload (the all runs a quarter)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "temporal.json"
+    )
+    parser.add_argument("--worker", choices=["effecthost", "native"], help=argparse.SUPPRESS)
+    parser.add_argument("--address", help=argparse.SUPPRESS)
+    parser.add_argument("--namespace", default="default", help=argparse.SUPPRESS)
+    parser.add_argument("--task-queue", help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.worker:
+        run_worker(options.worker, options.address, options.namespace, options.task_queue)
+        return
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="effecthost-bench-") as tmp:
+        try:
+            document = asyncio.run(main(options.rounds, Path(tmp)))
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            raise SystemExit("interrupted; the server and workers were stopped") from None
+    document["wall_s"] = round(time.perf_counter() - started, 1)
+    print(table(document))
+    write_json(document, options.out)
+    print(f"wrote {options.out} in {document['wall_s']} s")
+
+
+if __name__ == "__main__":
+    cli()
