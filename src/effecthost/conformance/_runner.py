@@ -31,6 +31,8 @@ class CheckResult:
     status: Status
     reason: str = ""
     seconds: float = 0.0
+    missing: tuple[str, ...] = ()
+    """The undeclared capabilities that made a check skip."""
 
 
 @dataclass
@@ -48,6 +50,10 @@ class SuiteReport:
 
     def failed_ids(self) -> set[str]:
         return {i for r in self.by_status("failed") for i in r.check.ids}
+
+    def missing_capabilities(self) -> set[str]:
+        """Every capability whose absence skipped a check."""
+        return {c for r in self.by_status("skipped") for c in r.missing}
 
     def table(self) -> str:
         return obligation_table(self.results)
@@ -101,12 +107,15 @@ def load_factory(spec: str) -> Factory:
     return target  # type: ignore[no-any-return]
 
 
+def missing_capabilities(check: Check, host: HostUnderTest) -> tuple[str, ...]:
+    """The capabilities ``check`` needs that ``host`` does not declare."""
+    return tuple(c for c in check.requires if not getattr(host.capabilities, c, False))
+
+
 def skip_reason(check: Check, host: HostUnderTest) -> str | None:
     """Why ``check`` cannot run on ``host``, or ``None``."""
-    missing = [c for c in check.requires if not getattr(host.capabilities, c, False)]
-    if missing:
-        return f"host does not declare {', '.join(missing)}"
-    return None
+    missing = missing_capabilities(check, host)
+    return f"host does not declare {', '.join(missing)}" if missing else None
 
 
 _WORD = re.compile(r"\s*(\(|\)|[^\s()]+)")
@@ -172,7 +181,9 @@ class SuiteSession:
         assert self.host is not None and self.lab is not None, "start() first"
         reason = skip_reason(check, self.host)
         if reason is not None:
-            return CheckResult(check, "skipped", reason)
+            return CheckResult(
+                check, "skipped", reason, missing=missing_capabilities(check, self.host)
+            )
         self._count += 1
         scope = f"cf{self._token}n{self._count}"
         context = CheckContext(self.host, self.lab, scope)

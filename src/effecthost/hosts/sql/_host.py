@@ -1,0 +1,815 @@
+"""The SQL host: one design over two substrates (SQLite, PostgreSQL), SPEC §2 and §3.
+
+Tables (each substrate owns its DDL, with a schema version): ``eh_groups`` (one row per
+group: wake, declared and effective disposition, child count, the rank counter, state,
+created/closed times), ``eh_children`` (one row per child keyed by replay key: group key,
+position, envelope and its hash, state, lease owner, fence token, lease expiry, attempt,
+settlement sequence, outcome; ``UNIQUE(group_key, seq)``) and ``eh_retired`` (tombstones
+of retired groups, so a late reopen is refused with ``GroupClosed``).
+
+Rank lookup (G-16). Sequences are drawn from the group's counter row, bumped by
+``counter = counter + 1 … RETURNING`` inside the finalize transaction only after the fenced
+update matched, and rolled back with it; so the sequences of a group are dense
+(1, 2, 3…) and in commit order, and a group retires whole (no deletion below a consumed
+rank). This host therefore looks rank ``n`` up as sequence ``n`` — a point lookup on
+``UNIQUE(group_key, seq)`` — which is the one place it relies on density.
+
+Leases (G-33). Children are claimed under leases owned by ``{node_id}:{uuid4}`` (fresh per
+host instance), with expiry on the database clock. One keeper per host renews every lease
+it holds in one statement each ``renew_every`` seconds; a lease not returned by a renewal
+is lost. Each lease carries a local self-fencing deadline, ``sent + ttl - ttl/6`` of the
+last confirmed claim or renewal (``sent`` on the local monotonic clock, taken before the
+statement went out); past it the driver is cancelled and writes nothing. A takeover of an
+expired lease bumps the fence token, so the old driver's finalize matches no row and bumps
+no counter (G-31).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from effecthost.contract import (
+    CursorExhausted,
+    DispositionWidened,
+    DrainReport,
+    EffectController,
+    EffectEnvelope,
+    EffectExecutor,
+    EffectGroup,
+    EffectGroupUnsupported,
+    EffectHostError,
+    EffectKind,
+    ExecutionInput,
+    GroupClosed,
+    GroupDrain,
+    GroupExecutors,
+    GroupHandle,
+    GroupShapeError,
+    GroupShapeMismatch,
+    HandleMismatch,
+    LoserPolicy,
+    NoExecutor,
+    Outcome,
+    PayloadTooLarge,
+    ReplayMismatch,
+    Settlement,
+    UnknownGroup,
+    normalize_json,
+    sleep_seconds,
+)
+
+from ._store import ChildRow, ChildSpec, GroupRow, OpenGroup, Store
+
+log = logging.getLogger("effecthost.sql")
+
+DEFAULT_LEASE_TTL = 30.0
+DEFAULT_RENEW_EVERY = 10.0
+DEFAULT_MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
+
+_CANCEL = LoserPolicy.CANCEL.value
+
+
+@dataclass(eq=False)
+class _Driver:
+    """A child this host runs under a lease it holds."""
+
+    replay_key: str
+    group_key: str
+    envelope: EffectEnvelope
+    envelope_hash: str
+    fence: int
+    attempt: int
+    deadline: float  # local monotonic self-fencing deadline
+    task: asyncio.Task[None] | None = None
+    running: bool = True  # in the executor (cancellable) rather than finalizing
+    cancel_requested: bool = False
+    lost: bool = False
+    cancel_sent: bool = False
+
+
+async def _wait(event: asyncio.Event, timeout: float) -> None:
+    """Wait for ``event`` at most ``timeout`` seconds (a cancellation propagates)."""
+    if event.is_set():
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(max(timeout, 0.001)):
+            await event.wait()
+
+
+class SqlEffectHost(EffectController):
+    """A durable host over a :class:`Store` (SQLite or PostgreSQL).
+
+    ``supports_effect_groups()`` is true iff a resolver is registered (G-07). Use
+    :func:`effecthost.hosts.sql.sqlite_host` or :func:`effecthost.hosts.sql.postgres_host`
+    to build one; :meth:`start` is called on first use if not before.
+
+    Args:
+        store: the substrate.
+        resolver: the registered ``GroupExecutors`` (G-09), or ``None``.
+        node_id: the node part of the lease owner (default: the host name).
+        lease_ttl: lease time-to-live in seconds (default 30).
+        renew_every: renewal cadence in seconds (default 10); must be under
+            ``lease_ttl - lease_ttl / 6``.
+        poll_interval: the bound on how long a waiter or the timer loop sleeps without a
+            wake-up from this process (cross-process commits on SQLite; a safety net for
+            lost notifications on PostgreSQL).
+        drain_every: when set, this host's timer loop also runs a drain pass this often.
+        fault: a test hook called with named points (``claim``, ``finalize:after_update``,
+            ``finalize:after_commit``, ``close:before_commit``, ``wake``…).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        resolver: GroupExecutors | None = None,
+        *,
+        node_id: str | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        renew_every: float = DEFAULT_RENEW_EVERY,
+        poll_interval: float = 0.5,
+        drain_every: float | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        fault: Callable[[str], None] | None = None,
+    ) -> None:
+        if not 0 < renew_every < lease_ttl - lease_ttl / 6:
+            raise ValueError("renew_every must be positive and under lease_ttl - lease_ttl/6")
+        self.store = store
+        self._resolver = resolver
+        self.owner = f"{node_id or socket.gethostname()}:{uuid.uuid4()}"
+        self.lease_ttl = lease_ttl
+        self.renew_every = renew_every
+        self.poll_interval = poll_interval
+        self.drain_every = drain_every
+        self.max_payload_bytes = max_payload_bytes
+        self.fault = fault
+        self._drivers: dict[str, _Driver] = {}
+        self._changed: dict[str, asyncio.Event] = {}
+        self._timer_changed = asyncio.Event()
+        self._keeper_changed = asyncio.Event()
+        self._urgent = False
+        self._background: list[asyncio.Task[None]] = []
+        self._started = False
+        self._start_lock: asyncio.Lock | None = None
+        self._closed = False
+        self._dead = False
+
+    # -- wiring and life cycle ------------------------------------------------------------
+
+    def register_executors(self, resolver: GroupExecutors | None) -> None:
+        """Register (or, with ``None``, unregister) the resolver (G-07, G-09)."""
+        self._resolver = resolver
+
+    def supports_concurrent_effects(self) -> bool:
+        return True
+
+    def supports_effect_groups(self) -> bool:
+        return self._resolver is not None
+
+    @property
+    def self_fence_margin(self) -> float:
+        return self.lease_ttl / 6
+
+    async def start(self) -> None:
+        """Connect, create or check the schema, start the keeper and timer loops.
+
+        Raises:
+            SchemaVersionError: the database records another schema version.
+        """
+        if self._started:
+            return
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._started:
+                return
+            if self._closed:
+                raise RuntimeError("this host was closed")
+            await self.store.start()
+            if self.store.wakes_across_processes:
+                await self.store.listen(self._on_remote)
+            loop = asyncio.get_running_loop()
+            self._background = [
+                loop.create_task(self._keeper(), name="effecthost-sql-keeper"),
+                loop.create_task(self._timers(), name="effecthost-sql-timers"),
+            ]
+            self._started = True
+
+    async def _ready(self) -> None:
+        if not self._started:
+            await self.start()
+
+    async def aclose(self) -> None:
+        """Stop like a process ending: cancel every child task and loop without writing
+        anything (leases simply expire), then close the connections."""
+        self._closed = True
+        tasks = [d.task for d in self._drivers.values() if d.task is not None]
+        tasks += self._background
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._drivers.clear()
+        self._background = []
+        if self._started:
+            await self.store.aclose()
+        self._started = False
+
+    async def abandon(self) -> list[asyncio.Task[None]]:
+        """Die like a SIGKILLed process, as far as one can inside a process: from now on
+        this host writes nothing (no renewal, no finalize, no timer), its connections are
+        closed, and its child tasks are *not* cancelled — a killed process runs no
+        cancellation handlers. Returns those tasks; whoever abandons them may cancel them
+        much later (test tooling does, at its own shutdown)."""
+        self._closed = self._dead = True
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._background = []
+        orphans = [d.task for d in self._drivers.values() if d.task is not None]
+        for driver in self._drivers.values():
+            driver.lost = True
+        self._drivers.clear()
+        if self._started:
+            await self.store.aclose()
+        self._started = False
+        return orphans
+
+    def _require_wired(self, group_key: str) -> None:
+        if self._resolver is None:
+            raise EffectGroupUnsupported(
+                "SqlEffectHost has no GroupExecutors resolver registered", group_key=group_key
+            )
+
+    def _fault(self, point: str) -> None:
+        if self.fault is not None:
+            self.fault(point)
+
+    # -- wake-ups -------------------------------------------------------------------------
+
+    def _event(self, group_key: str) -> asyncio.Event:
+        event = self._changed.get(group_key)
+        if event is None:
+            event = self._changed[group_key] = asyncio.Event()
+        return event
+
+    def _notify(self, group_key: str) -> None:
+        event = self._changed.pop(group_key, None)
+        if event is not None:
+            event.set()
+
+    def _on_remote(self, kind: str, group_key: str) -> None:
+        """A commit in any process (PostgreSQL LISTEN/NOTIFY)."""
+        self._notify(group_key)
+        if kind == "c" and any(d.group_key == group_key for d in self._drivers.values()):
+            self._urgent = True  # a close: learn of cancels now, not at the next tick
+            self._keeper_changed.set()
+
+    # -- open -----------------------------------------------------------------------------
+
+    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        self._require_wired(group.key)
+        await self._ready()
+        self._check_sizes(group)
+        record = await self.store.get_group(group.key)
+        executors: list[EffectExecutor | None] | None = None
+        if record is None:
+            if await self.store.retired(group.key) is not None:
+                raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key)
+            executors = list(self._resolve_all(group))
+            _created, record = await self.store.create_group(
+                group.key, group.wake.value, group.disposition.value, group.child_count
+            )
+        self._fence_shape(record, group)
+        await self._ensure_children(group, executors)
+        return group.handle()
+
+    def _check_sizes(self, group: EffectGroup) -> None:
+        for position, child in enumerate(group.children):
+            size = len(child.canonical_bytes())
+            if size > self.max_payload_bytes:
+                raise PayloadTooLarge(
+                    f"child {child.replay_key!r} of group {group.key!r} encodes to {size} "
+                    f"bytes, over the limit of {self.max_payload_bytes}",
+                    group_key=group.key,
+                    replay_key=child.replay_key,
+                    position=position,
+                )
+
+    def _resolve_all(self, group: EffectGroup) -> list[EffectExecutor | None]:
+        """First open: resolve every child before recording anything (G-10)."""
+        executors: list[EffectExecutor | None] = []
+        for position, child in enumerate(group.children):
+            if child.kind in (EffectKind.SLEEP, EffectKind.AWAIT_EVENT):
+                executors.append(None)  # the host runs these itself (G-51)
+                continue
+            executor = self._resolve(child)
+            if executor is None:
+                raise GroupShapeError(
+                    f"no executor for child {child.replay_key!r} at position {position} of "
+                    f"group {group.key!r} ({child.kind} {child.name!r}); nothing recorded",
+                    group_key=group.key,
+                    replay_key=child.replay_key,
+                    position=position,
+                )
+            executors.append(executor)
+        return executors
+
+    def _resolve(self, envelope: EffectEnvelope) -> EffectExecutor | None:
+        if self._resolver is None:
+            return None
+        return self._resolver.resolve(envelope)
+
+    @staticmethod
+    def _fence_shape(record: GroupRow, group: EffectGroup) -> None:
+        """Reopen is fenced on shape (G-13)."""
+        if (record.child_count, record.wake, record.disposition) != (
+            group.child_count,
+            group.wake.value,
+            group.disposition.value,
+        ):
+            raise GroupShapeMismatch(
+                f"group {group.key!r} is recorded with {record.child_count} children, wake "
+                f"{record.wake}, disposition {record.disposition}; reopened with "
+                f"{group.child_count}, {group.wake.value}, {group.disposition.value}",
+                group_key=group.key,
+            )
+
+    async def _ensure_children(
+        self, group: EffectGroup, executors: list[EffectExecutor | None] | None
+    ) -> None:
+        """Insert missing child rows (the first open inserts them all, leased to this
+        host), check recorded hashes (G-02), and dispatch what this host can run: a
+        reopen resolves only what it dispatches and refuses nothing (G-11)."""
+        rows = {row.position: row for row in await self.store.children(group.key)}
+        for position, envelope in enumerate(group.children):
+            row = rows.get(position)
+            if row is not None and (
+                row.replay_key != envelope.replay_key
+                or row.envelope_hash != envelope.envelope_hash()
+            ):
+                raise ReplayMismatch(
+                    f"child at position {position} of group {group.key!r} is recorded as "
+                    f"{row.replay_key!r} with another envelope hash",
+                    group_key=group.key,
+                    replay_key=envelope.replay_key,
+                    position=position,
+                )
+        specs: list[ChildSpec] = []
+        to_run: dict[str, tuple[EffectEnvelope, EffectExecutor]] = {}
+        for position, envelope in enumerate(group.children):
+            if position in rows:
+                continue
+            executor: EffectExecutor | None = None
+            if envelope.kind == EffectKind.TOOL_CALL:
+                executor = executors[position] if executors is not None else None
+                if executor is None:
+                    executor = self._resolve(envelope)
+            if executor is not None:
+                to_run[envelope.replay_key] = (envelope, executor)
+            specs.append(
+                ChildSpec(
+                    replay_key=envelope.replay_key,
+                    position=position,
+                    kind=envelope.kind,
+                    name=envelope.name,
+                    envelope=envelope.canonical_bytes().decode(),
+                    envelope_hash=envelope.envelope_hash(),
+                    claim=executor is not None,
+                    sleep_seconds=sleep_seconds(envelope)
+                    if envelope.kind == EffectKind.SLEEP
+                    else None,
+                )
+            )
+        if specs:
+            sent = time.monotonic()
+            inserted = set(
+                await self.store.insert_children(group.key, specs, self.owner, self.lease_ttl)
+            )
+            if len(inserted) != len(specs):
+                # another process inserted some rows first (or a replay key is taken)
+                again = {row.replay_key: row for row in await self.store.children(group.key)}
+                for spec in specs:
+                    if spec.replay_key not in inserted and spec.replay_key not in again:
+                        raise ReplayMismatch(
+                            f"replay key {spec.replay_key!r} is recorded in another group",
+                            group_key=group.key,
+                            replay_key=spec.replay_key,
+                            position=spec.position,
+                        )
+            for key, (envelope, executor) in to_run.items():
+                if key in inserted:
+                    self._dispatch(envelope, executor, fence=1, attempt=1, sent=sent)
+            if any(s.sleep_seconds is not None for s in specs):
+                self._timer_changed.set()
+        for row in rows.values():
+            if (
+                row.state == "settled"
+                or row.kind != EffectKind.TOOL_CALL
+                or row.replay_key in self._drivers
+            ):
+                continue
+            envelope = group.children[row.position]
+            if row.cancel_requested:
+                await self._settle_free(row.group_key, row.replay_key, Outcome.cancelled())
+                continue
+            executor = self._resolve(envelope)
+            if executor is not None:
+                await self._claim_and_dispatch(envelope, executor)
+
+    # -- drivers --------------------------------------------------------------------------
+
+    async def _claim_and_dispatch(self, envelope: EffectEnvelope, executor: EffectExecutor) -> bool:
+        """Conditional takeover through the child's own lease (G-33, G-34)."""
+        sent = time.monotonic()
+        claim = await self.store.claim(envelope.replay_key, self.owner, self.lease_ttl)
+        if claim is None:
+            return False
+        self._fault("claim")
+        driver = self._dispatch(envelope, executor, claim.fence, claim.attempt, sent)
+        if claim.cancel_requested:
+            driver.cancel_requested = True
+            self._cancel_driver(driver)
+        return True
+
+    def _dispatch(
+        self,
+        envelope: EffectEnvelope,
+        executor: EffectExecutor,
+        fence: int,
+        attempt: int,
+        sent: float,
+    ) -> _Driver:
+        assert envelope.membership is not None
+        driver = _Driver(
+            replay_key=envelope.replay_key,
+            group_key=envelope.membership.group_key,
+            envelope=envelope,
+            envelope_hash=envelope.envelope_hash(),
+            fence=fence,
+            attempt=attempt,
+            deadline=sent + self.lease_ttl - self.self_fence_margin,
+        )
+        self._drivers[driver.replay_key] = driver
+        driver.task = asyncio.get_running_loop().create_task(
+            self._drive(driver, executor), name=f"effecthost-child:{driver.replay_key}"
+        )
+        self._keeper_changed.set()
+        return driver
+
+    async def _drive(self, driver: _Driver, executor: EffectExecutor) -> None:
+        try:
+            try:
+                outcome = await executor.execute(ExecutionInput(driver.envelope, driver.attempt))
+            except asyncio.CancelledError:
+                if not driver.cancel_requested or driver.lost:
+                    raise  # lease lost or host going away: write nothing
+                outcome = Outcome.cancelled()
+            except EffectHostError as exc:
+                outcome = Outcome.failure(type(exc).__name__, str(exc))
+            driver.running = False
+            if self._dead:
+                return  # this incarnation is gone: write nothing
+            if driver.lost or time.monotonic() >= driver.deadline:
+                log.warning("lease on %s lost or past its deadline: not finalizing", driver)
+                return  # self-fenced: write nothing (G-33)
+            seq = await self.store.finalize(
+                driver.replay_key,
+                driver.envelope_hash,
+                self.owner,
+                driver.fence,
+                outcome.model_dump_json(),
+            )
+            if seq is not None:
+                self._fault("wake")
+                self._notify(driver.group_key)
+                await self._maybe_retire(driver.group_key)
+        finally:
+            if self._drivers.get(driver.replay_key) is driver:
+                del self._drivers[driver.replay_key]
+
+    def _cancel_driver(self, driver: _Driver) -> None:
+        """Cancel the child's task once: a second ``cancel()`` would interrupt the
+        executor's own cancellation handler."""
+        if driver.running and not driver.cancel_sent and driver.task is not None:
+            driver.cancel_sent = True
+            driver.task.cancel()
+
+    async def _keeper(self) -> None:
+        """Renew every lease this host holds, one statement per tick; cancel drivers
+        whose lease is gone or past its self-fencing deadline (they write nothing)."""
+        next_renew = time.monotonic() + self.renew_every
+        while True:
+            now = time.monotonic()
+            for driver in list(self._drivers.values()):
+                if now >= driver.deadline and not driver.lost:
+                    driver.lost = True
+                    self._cancel_driver(driver)
+            if not self._drivers:
+                self._keeper_changed.clear()
+                await self._keeper_changed.wait()
+                next_renew = max(next_renew, time.monotonic() + self.renew_every / 2)
+                continue
+            wake_at = min([next_renew] + [d.deadline for d in self._drivers.values()])
+            if wake_at > now and not self._urgent:
+                self._keeper_changed.clear()
+                await _wait(self._keeper_changed, wake_at - now)
+                if time.monotonic() < next_renew and not self._urgent:
+                    continue
+            self._urgent = False
+            held = dict(self._drivers)
+            sent = time.monotonic()
+            next_renew = sent + self.renew_every
+            try:
+                renewed = await self.store.renew(self.owner, self.lease_ttl)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the store is unreachable: the deadlines will fence
+                log.warning("lease renewal failed", exc_info=True)
+                continue
+            still = {r.replay_key: r for r in renewed}
+            for key, driver in held.items():
+                r = still.get(key)
+                if r is None or r.fence != driver.fence:
+                    if self._drivers.get(key) is driver and driver.running:
+                        driver.lost = True
+                        self._cancel_driver(driver)
+                    continue
+                driver.deadline = sent + self.lease_ttl - self.self_fence_margin
+                if r.cancel_requested and not driver.cancel_requested:
+                    driver.cancel_requested = True
+                    self._cancel_driver(driver)
+
+    # -- timers ---------------------------------------------------------------------------
+
+    async def _timers(self) -> None:
+        """Fire due ``sleep`` children at their recorded due time on the database clock
+        (G-51), in whichever process runs this loop; optionally run drain passes."""
+        last_drain = time.monotonic()
+        while True:
+            try:
+                for row in await self.store.due_sleeps():
+                    outcome = Outcome.cancelled() if row.cancel_requested else Outcome.success()
+                    await self._settle_free(row.group_key, row.replay_key, outcome)
+                if (
+                    self.drain_every is not None
+                    and time.monotonic() - last_drain >= self.drain_every
+                ):
+                    last_drain = time.monotonic()
+                    await self.drain().run_pass()
+                due = await self.store.next_due()
+                wait = self.poll_interval * 2
+                if due is not None:
+                    wait = min(wait, max(0.005, due - await self.store.now()))
+                if self.drain_every is not None:
+                    wait = min(wait, self.drain_every)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("timer loop error", exc_info=True)
+                wait = self.poll_interval
+            self._timer_changed.clear()
+            await _wait(self._timer_changed, wait)
+
+    async def _settle_free(self, group_key: str, replay_key: str, outcome: Outcome) -> bool:
+        seq = await self.store.settle_free(replay_key, self.owner, outcome.model_dump_json())
+        if seq is None:
+            return False
+        self._notify(group_key)
+        await self._maybe_retire(group_key)
+        return True
+
+    async def _maybe_retire(self, group_key: str) -> None:
+        record = await self.store.get_group(group_key)
+        if record is not None and record.state == "closed" and await self.store.retire(group_key):
+            self._notify(group_key)
+
+    # -- consume --------------------------------------------------------------------------
+
+    def _check_handle(self, handle: GroupHandle, record: GroupRow) -> None:
+        if (handle.child_count, handle.wake.value, handle.disposition.value) != (
+            record.child_count,
+            record.wake,
+            record.disposition,
+        ):
+            raise HandleMismatch(
+                f"handle for {handle.group_key!r} claims {handle.child_count} children, wake "
+                f"{handle.wake.value}, disposition {handle.disposition.value}; the group has "
+                f"{record.child_count}, {record.wake}, {record.disposition}",
+                group_key=handle.group_key,
+            )
+
+    async def _missing(self, group_key: str) -> EffectHostError:
+        if await self.store.retired(group_key) is not None:
+            return GroupClosed(f"group {group_key!r} was closed", group_key=group_key)
+        return UnknownGroup(f"no group is recorded under {group_key!r}", group_key=group_key)
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        self._require_wired(handle.group_key)
+        await self._ready()
+        rank = handle.consumed + 1
+        checked = False
+        while True:
+            event = self._event(handle.group_key)  # taken before the read: no lost wake-up
+            # rank n is sequence n: dense, commit-ordered sequences (see the module doc)
+            read = await self.store.read_rank(handle.group_key, rank)
+            if read is None:
+                raise await self._missing(handle.group_key)
+            if not checked:
+                self._check_handle(handle, read.group)
+                checked = True
+            if read.group.state == "closed":
+                raise GroupClosed(
+                    f"group {handle.group_key!r} was closed", group_key=handle.group_key
+                )
+            if rank > read.group.child_count:
+                raise CursorExhausted(
+                    f"group {handle.group_key!r} has {read.group.child_count} children and the "
+                    f"handle has consumed them all; rank {rank} does not exist",
+                    group_key=handle.group_key,
+                    rank=rank,
+                )
+            if read.replay_key is not None and read.outcome is not None:
+                assert read.position is not None
+                settlement = Settlement(
+                    rank=rank,
+                    position=read.position,
+                    replay_key=read.replay_key,
+                    outcome=Outcome.model_validate_json(read.outcome),
+                )
+                handle.consumed = rank
+                return settlement
+            bound = self.poll_interval * (10 if self.store.wakes_across_processes else 1)
+            await _wait(event, bound)
+
+    async def settlement_order(self, group_key: str) -> list[int]:
+        self._require_wired(group_key)
+        await self._ready()
+        if await self.store.get_group(group_key) is None:
+            raise UnknownGroup(
+                f"no open group is recorded under {group_key!r}", group_key=group_key
+            )
+        return await self.store.settlement_order(group_key)
+
+    async def open_group_keys(self) -> list[str]:
+        await self._ready()
+        return [g.group_key for g in await self.store.open_groups()]
+
+    async def open_groups(self) -> list[OpenGroup]:
+        """Open groups with their age (database clock) and counts (G-30, inspection)."""
+        await self._ready()
+        return await self.store.open_groups()
+
+    # -- close ----------------------------------------------------------------------------
+
+    async def close_effect_group(
+        self, handle: GroupHandle, disposition: LoserPolicy | None = None
+    ) -> None:
+        self._require_wired(handle.group_key)
+        await self._ready()
+        record = await self.store.get_group(handle.group_key)
+        if record is None:
+            retired = await self.store.retired(handle.group_key)
+            if retired is None:
+                raise UnknownGroup(
+                    f"no group is recorded under {handle.group_key!r}", group_key=handle.group_key
+                )
+            self._narrow(handle.group_key, LoserPolicy(retired), disposition)
+            return
+        self._check_handle(handle, record)
+        target = self._narrow(record.group_key, LoserPolicy(record.effective), disposition)
+        if record.state == "closed" and record.effective == target.value:
+            await self._maybe_retire(record.group_key)
+            return  # idempotent
+        await self.store.close(record.group_key, target.value)
+        self._notify(record.group_key)
+        if target is LoserPolicy.CANCEL:
+            await self._cancel_unsettled(record.group_key)
+        await self._maybe_retire(record.group_key)
+
+    @staticmethod
+    def _narrow(group_key: str, current: LoserPolicy, requested: LoserPolicy | None) -> LoserPolicy:
+        target = requested or current
+        if current is LoserPolicy.CANCEL and target is LoserPolicy.RUN_TO_COMPLETION:
+            raise DispositionWidened(
+                f"group {group_key!r} declares CANCEL; a close cannot widen it to "
+                "RUN_TO_COMPLETION",
+                group_key=group_key,
+            )
+        return target
+
+    async def _cancel_unsettled(self, group_key: str) -> None:
+        """The cancels are durable (``cancel_requested``); act on them where this host can:
+        its own drivers are cancelled, free children (timers, event waits, expired
+        leases) are settled as cancelled. Children leased by another live process learn
+        of it at their next renewal (or at once, by NOTIFY, on PostgreSQL). Does not
+        wait for a loser to stop (G-27)."""
+        for row in await self.store.children(group_key):
+            if row.state == "settled":
+                continue
+            driver = self._drivers.get(row.replay_key)
+            if driver is not None:
+                driver.cancel_requested = True
+                self._cancel_driver(driver)
+            elif row.lease_expired:
+                await self._settle_free(group_key, row.replay_key, Outcome.cancelled())
+
+    # -- events ---------------------------------------------------------------------------
+
+    async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
+        """Durably settle the unsettled ``await_event`` children named ``name`` (G-51):
+        works whether or not the process that opened the group is alive."""
+        self._require_wired(group_key)
+        await self._ready()
+        value = normalize_json(payload)
+        record = await self.store.get_group(group_key)
+        if record is None:
+            if await self.store.retired(group_key) is not None:
+                return 0
+            raise UnknownGroup(f"no group is recorded under {group_key!r}", group_key=group_key)
+        reached = 0
+        for row in await self.store.children(group_key):
+            if row.kind == EffectKind.AWAIT_EVENT and row.name == name and row.state != "settled":
+                if await self._settle_free(group_key, row.replay_key, Outcome.success(value)):
+                    reached += 1
+        return reached
+
+    # -- drain ----------------------------------------------------------------------------
+
+    def drain(self) -> SqlDrain:
+        return SqlDrain(self)
+
+
+class SqlDrain(GroupDrain):
+    """Finishes children whose driver is gone (G-29, G-34, G-12).
+
+    A pass reads every unsettled child; children under a live lease are someone's and
+    are skipped. The others are claimed through their own lease (a conditional takeover
+    that bumps the fence, so two drain workers never both finalize one child) and the
+    disposition recorded on the group is applied: ``CANCEL`` settles them as cancelled
+    (even when no close came), ``RUN_TO_COMPLETION`` re-runs them through the registered
+    resolver; due timers fire. A child the resolver cannot run is reported
+    ``NoExecutor`` and stays visible; a host without a resolver reports every unfinished
+    child so.
+    """
+
+    def __init__(self, host: SqlEffectHost) -> None:
+        self.host = host
+
+    async def run_pass(self) -> DrainReport:
+        host = self.host
+        await host._ready()
+        resumed: list[tuple[str, str]] = []
+        cancelled: list[tuple[str, str]] = []
+        missing: list[NoExecutor] = []
+        for row in await host.store.unfinished():
+            ids = (row.group_key, row.replay_key)
+            if host._resolver is None:
+                missing.append(_no_executor(row, "no resolver is registered"))
+                continue
+            if row.replay_key in host._drivers or not row.lease_expired:
+                continue
+            if row.effective == _CANCEL or row.cancel_requested:
+                if await host._settle_free(row.group_key, row.replay_key, Outcome.cancelled()):
+                    cancelled.append(ids)
+                continue
+            if row.kind == EffectKind.SLEEP:
+                if row.due_at is not None and row.due_at <= await host.store.now():
+                    if await host._settle_free(row.group_key, row.replay_key, Outcome.success()):
+                        resumed.append(ids)
+                continue
+            if row.kind == EffectKind.AWAIT_EVENT:
+                continue  # settles when its event is delivered
+            envelope = EffectEnvelope.model_validate(json.loads(row.envelope))
+            executor = host._resolve(envelope)
+            if executor is None:
+                missing.append(_no_executor(row, "the resolver returned None"))
+            elif await host._claim_and_dispatch(envelope, executor):
+                resumed.append(ids)
+        return DrainReport(
+            resumed=tuple(resumed), cancelled=tuple(cancelled), no_executor=tuple(missing)
+        )
+
+    async def run(self, interval: float = 1.0, stop: asyncio.Event | None = None) -> None:
+        """Run passes every ``interval`` seconds until ``stop`` is set (or cancelled)."""
+        stop = stop or asyncio.Event()
+        while not stop.is_set():
+            await self.run_pass()
+            await _wait(stop, interval)
+
+
+def _no_executor(row: ChildRow, why: str) -> NoExecutor:
+    return NoExecutor(
+        f"child {row.replay_key!r} at position {row.position} of group {row.group_key!r} "
+        f"cannot run here: {why}",
+        group_key=row.group_key,
+        replay_key=row.replay_key,
+        position=row.position,
+    )

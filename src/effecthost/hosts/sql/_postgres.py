@@ -1,0 +1,472 @@
+"""The PostgreSQL substrate (extra ``postgres``: asyncpg, loaded lazily).
+
+Every table and function lives in one schema (``effecthost`` by default), so several
+deployments or test runs can share a server. Decisions are taken under row locks, so READ
+COMMITTED is enough: a fenced UPDATE that waited for a takeover's lock re-checks its
+WHERE clause against the new row version and matches nothing.
+
+The finalize is one round trip: the plpgsql function ``eh_finalize`` runs the normative
+order of G-31 (fenced UPDATE of the child row; no counter bump when it matched nothing;
+``counter = counter + 1 … RETURNING`` on the group row, written back as the child's
+sequence) inside the caller's single-statement transaction, and ``pg_notify`` wakes
+waiters in every process at commit (G-21).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import Callable
+from typing import Any
+
+from effecthost.hosts import require
+
+from ._store import (
+    SCHEMA_VERSION,
+    ChildRow,
+    ChildSpec,
+    Claim,
+    GroupRow,
+    OpenGroup,
+    RankRead,
+    Renewal,
+    SchemaVersionError,
+    Store,
+)
+
+NOW = "extract(epoch from clock_timestamp())::float8"
+"""The database clock in epoch seconds (``clock_timestamp``: not frozen at tx start)."""
+
+DDL = [
+    """CREATE TABLE IF NOT EXISTS eh_groups (
+        group_key   text PRIMARY KEY,
+        wake        text NOT NULL,
+        disposition text NOT NULL,
+        effective   text NOT NULL,
+        child_count integer NOT NULL,
+        counter     bigint NOT NULL DEFAULT 0,
+        state       text NOT NULL DEFAULT 'open',
+        created_at  float8 NOT NULL,
+        closed_at   float8
+    )""",
+    """CREATE TABLE IF NOT EXISTS eh_children (
+        replay_key       text PRIMARY KEY,
+        group_key        text NOT NULL,
+        position         integer NOT NULL,
+        kind             text NOT NULL,
+        name             text NOT NULL,
+        envelope         text NOT NULL,
+        envelope_hash    text NOT NULL,
+        state            text NOT NULL,
+        lease_owner      text,
+        fence            bigint NOT NULL DEFAULT 0,
+        lease_expires    float8,
+        attempt          integer NOT NULL DEFAULT 0,
+        cancel_requested boolean NOT NULL DEFAULT false,
+        due_at           float8,
+        seq              bigint,
+        outcome          text,
+        settled_at       float8,
+        UNIQUE (group_key, seq),
+        UNIQUE (group_key, position)
+    )""",
+    """CREATE INDEX IF NOT EXISTS eh_children_unfinished
+        ON eh_children (lease_expires) WHERE state <> 'settled'""",
+    """CREATE INDEX IF NOT EXISTS eh_children_owner
+        ON eh_children (lease_owner) WHERE state = 'claimed'""",
+    """CREATE INDEX IF NOT EXISTS eh_children_timers
+        ON eh_children (due_at) WHERE state <> 'settled' AND kind = 'sleep'""",
+    """CREATE TABLE IF NOT EXISTS eh_retired (
+        group_key  text PRIMARY KEY,
+        effective  text NOT NULL,
+        retired_at float8 NOT NULL
+    )""",
+    f"""CREATE OR REPLACE FUNCTION eh_finalize(
+            p_key text, p_hash text, p_owner text, p_fence bigint, p_outcome text,
+            p_channel text)
+        RETURNS bigint LANGUAGE plpgsql AS $$
+        DECLARE
+            g text;
+            s bigint;
+        BEGIN
+            -- (1) the fenced UPDATE of the child row, on all five fence columns
+            UPDATE eh_children SET state = 'settled', outcome = p_outcome,
+                   lease_owner = NULL, lease_expires = NULL, settled_at = {NOW}
+             WHERE replay_key = p_key AND envelope_hash = p_hash AND lease_owner = p_owner
+               AND fence = p_fence AND state = 'claimed'
+            RETURNING group_key INTO g;
+            -- (2) rowcount 0: nothing was written; no counter bump
+            IF NOT FOUND THEN
+                RETURN NULL;
+            END IF;
+            -- (3) rowcount 1: bump the counter in the statement that reads it (child row
+            -- locked first, then the group row) and write it as the child's sequence
+            UPDATE eh_groups SET counter = counter + 1 WHERE group_key = g
+            RETURNING counter INTO s;
+            UPDATE eh_children SET seq = s WHERE replay_key = p_key;
+            PERFORM pg_notify(p_channel, 's:' || g);
+            RETURN s;
+        END $$""",
+    f"""CREATE OR REPLACE FUNCTION eh_claim(p_key text, p_owner text, p_ttl float8)
+        RETURNS TABLE (fence bigint, attempt integer, cancel_requested boolean,
+                       lease_expires float8)
+        LANGUAGE sql AS $$
+            UPDATE eh_children c SET lease_owner = p_owner, fence = c.fence + 1,
+                   lease_expires = {NOW} + p_ttl, attempt = c.attempt + 1, state = 'claimed'
+             WHERE c.replay_key = p_key AND c.state <> 'settled'
+               AND (c.lease_owner IS NULL OR c.lease_expires < {NOW})
+            RETURNING c.fence, c.attempt, c.cancel_requested, c.lease_expires
+        $$""",
+    """CREATE OR REPLACE FUNCTION eh_settle_free(
+            p_key text, p_owner text, p_outcome text, p_channel text)
+        RETURNS bigint LANGUAGE plpgsql AS $$
+        DECLARE
+            f bigint;
+            h text;
+        BEGIN
+            SELECT c.fence INTO f FROM eh_claim(p_key, p_owner, 60.0) AS c;
+            IF NOT FOUND THEN
+                RETURN NULL;
+            END IF;
+            SELECT envelope_hash INTO h FROM eh_children WHERE replay_key = p_key;
+            RETURN eh_finalize(p_key, h, p_owner, f, p_outcome, p_channel);
+        END $$""",
+]
+
+_CHILD_COLUMNS = (
+    "c.replay_key, c.group_key, c.position, c.kind, c.name, c.envelope, c.envelope_hash, "
+    "c.state, c.lease_owner, c.fence, "
+    f"(c.lease_owner IS NULL OR c.lease_expires < {NOW}) AS lease_expired, "
+    "c.attempt, c.cancel_requested, c.due_at, c.seq"
+)
+_GROUP_COLUMNS = (
+    "group_key, wake, disposition, effective, child_count, counter, state, created_at, closed_at"
+)
+
+
+def _child(r: Any) -> ChildRow:
+    return ChildRow(
+        replay_key=r["replay_key"],
+        group_key=r["group_key"],
+        position=r["position"],
+        kind=r["kind"],
+        name=r["name"],
+        envelope=r["envelope"],
+        envelope_hash=r["envelope_hash"],
+        state=r["state"],
+        lease_owner=r["lease_owner"],
+        fence=r["fence"],
+        lease_expired=bool(r["lease_expired"]),
+        attempt=r["attempt"],
+        cancel_requested=bool(r["cancel_requested"]),
+        due_at=r["due_at"],
+        seq=r["seq"],
+        effective=r["effective"] if "effective" in r else "",
+        group_state=r["group_state"] if "group_state" in r else "",
+    )
+
+
+def _group(r: Any) -> GroupRow:
+    return GroupRow(*(r[name] for name in _GROUP_COLUMNS.split(", ")))
+
+
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+
+
+class PostgresStore(Store):
+    """A PostgreSQL store over an asyncpg pool, in schema ``schema``."""
+
+    wakes_across_processes = True
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "effecthost",
+        pool_size: int = 8,
+        fault: Callable[[str], None] | None = None,
+    ) -> None:
+        if not _IDENT.match(schema):
+            raise ValueError(f"schema name {schema!r} must match {_IDENT.pattern}")
+        self.dsn = dsn
+        self.schema = schema
+        self.channel = f"effecthost_{schema}"
+        self.pool_size = pool_size
+        self.fault = fault
+        self._pool: Any = None
+        self._listener: Any = None
+        self._callback: Callable[[str, str], None] | None = None
+
+    async def start(self) -> None:
+        (asyncpg,) = require("postgres", "postgres", "asyncpg")
+        self._asyncpg = asyncpg
+        settings = {"search_path": self.schema, "application_name": "effecthost"}
+        admin = await asyncpg.connect(self.dsn)
+        try:
+            await self._schema(admin)
+        finally:
+            await admin.close()
+        self._pool = await asyncpg.create_pool(
+            self.dsn, min_size=1, max_size=self.pool_size, server_settings=settings
+        )
+
+    async def _schema(self, conn: Any) -> None:
+        async with conn.transaction():
+            # one process creates the schema at a time
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.channel)
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
+            await conn.execute(f"SET LOCAL search_path = {self.schema}")
+            await conn.execute("CREATE TABLE IF NOT EXISTS eh_schema (version integer NOT NULL)")
+            found = await conn.fetchval("SELECT max(version) FROM eh_schema")
+            if found is None:
+                for statement in DDL:
+                    await conn.execute(statement)
+                await conn.execute("INSERT INTO eh_schema (version) VALUES ($1)", SCHEMA_VERSION)
+            elif found != SCHEMA_VERSION:
+                raise SchemaVersionError(int(found))
+
+    async def listen(self, callback: object) -> None:
+        assert callable(callback)
+        self._callback = callback
+        self._listener = await self._asyncpg.connect(self.dsn)
+        await self._listener.add_listener(self.channel, self._on_notify)
+
+    def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        if self._callback is not None and ":" in payload:
+            kind, key = payload.split(":", 1)
+            self._callback(kind, key)
+
+    async def aclose(self) -> None:
+        listener, pool = self._listener, self._pool
+        self._listener = self._pool = None
+        if listener is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(listener.close(), 5)
+        if pool is not None:
+            try:
+                await asyncio.wait_for(pool.close(), 5)
+            except (TimeoutError, Exception):
+                pool.terminate()
+
+    # -- reads --------------------------------------------------------------------------
+
+    async def now(self) -> float:
+        return float(await self._pool.fetchval(f"SELECT {NOW}"))
+
+    async def get_group(self, group_key: str) -> GroupRow | None:
+        row = await self._pool.fetchrow(
+            f"SELECT {_GROUP_COLUMNS} FROM eh_groups WHERE group_key = $1", group_key
+        )
+        return _group(row) if row else None
+
+    async def retired(self, group_key: str) -> str | None:
+        value = await self._pool.fetchval(
+            "SELECT effective FROM eh_retired WHERE group_key = $1", group_key
+        )
+        return None if value is None else str(value)
+
+    async def children(self, group_key: str) -> list[ChildRow]:
+        rows = await self._pool.fetch(
+            f"SELECT {_CHILD_COLUMNS} FROM eh_children c WHERE c.group_key = $1 "
+            "ORDER BY c.position",
+            group_key,
+        )
+        return [_child(r) for r in rows]
+
+    async def read_rank(self, group_key: str, seq: int) -> RankRead | None:
+        cols = ", ".join("g." + col for col in _GROUP_COLUMNS.split(", "))
+        row = await self._pool.fetchrow(
+            f"SELECT {cols}, c.position AS c_position, c.replay_key AS c_key, "
+            "c.outcome AS c_outcome FROM eh_groups g "
+            "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq = $1 "
+            "WHERE g.group_key = $2",
+            seq,
+            group_key,
+        )
+        if row is None:
+            return None
+        return RankRead(_group(row), row["c_position"], row["c_key"], row["c_outcome"])
+
+    async def settlement_order(self, group_key: str) -> list[int]:
+        rows = await self._pool.fetch(
+            "SELECT position FROM eh_children WHERE group_key = $1 AND seq IS NOT NULL "
+            "ORDER BY seq",
+            group_key,
+        )
+        return [int(r[0]) for r in rows]
+
+    async def open_groups(self) -> list[OpenGroup]:
+        rows = await self._pool.fetch(
+            f"SELECT group_key, {NOW} - created_at, child_count, counter, wake, effective "
+            "FROM eh_groups WHERE state = 'open' ORDER BY group_key"
+        )
+        return [OpenGroup(*r) for r in rows]
+
+    async def unfinished(self) -> list[ChildRow]:
+        rows = await self._pool.fetch(
+            f"SELECT {_CHILD_COLUMNS}, g.effective, g.state AS group_state FROM eh_children c "
+            "JOIN eh_groups g ON g.group_key = c.group_key "
+            "WHERE c.state <> 'settled' ORDER BY c.group_key, c.position"
+        )
+        return [_child(r) for r in rows]
+
+    async def next_due(self) -> float | None:
+        value = await self._pool.fetchval(
+            "SELECT min(due_at) FROM eh_children WHERE state <> 'settled' AND kind = 'sleep' "
+            f"AND (lease_owner IS NULL OR lease_expires < {NOW})"
+        )
+        return None if value is None else float(value)
+
+    async def due_sleeps(self) -> list[ChildRow]:
+        rows = await self._pool.fetch(
+            f"SELECT {_CHILD_COLUMNS} FROM eh_children c WHERE c.state <> 'settled' "
+            f"AND c.kind = 'sleep' AND c.due_at <= {NOW} "
+            f"AND (c.lease_owner IS NULL OR c.lease_expires < {NOW}) ORDER BY c.due_at"
+        )
+        return [_child(r) for r in rows]
+
+    async def max_lease_expiry(self, owner: str) -> float | None:
+        value = await self._pool.fetchval(
+            "SELECT max(lease_expires) FROM eh_children "
+            "WHERE lease_owner = $1 AND state = 'claimed'",
+            owner,
+        )
+        return None if value is None else float(value)
+
+    # -- writes -------------------------------------------------------------------------
+
+    async def create_group(
+        self, group_key: str, wake: str, disposition: str, child_count: int
+    ) -> tuple[bool, GroupRow]:
+        row = await self._pool.fetchrow(
+            "INSERT INTO eh_groups (group_key, wake, disposition, effective, child_count, "
+            f"created_at) VALUES ($1, $2, $3, $3, $4, {NOW}) "
+            f"ON CONFLICT (group_key) DO NOTHING RETURNING {_GROUP_COLUMNS}",
+            group_key,
+            wake,
+            disposition,
+            child_count,
+        )
+        if row is not None:
+            return True, _group(row)
+        existing = await self.get_group(group_key)
+        assert existing is not None, "a group row vanished between insert and read"
+        return False, existing
+
+    async def insert_children(
+        self, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
+    ) -> list[str]:
+        rows = await self._pool.fetch(
+            "INSERT INTO eh_children (replay_key, group_key, position, kind, name, envelope, "
+            "envelope_hash, state, lease_owner, fence, lease_expires, attempt, due_at) "
+            "SELECT k, $1, p, kd, nm, env, h, "
+            "CASE WHEN cl THEN 'claimed' ELSE 'pending' END, "
+            "CASE WHEN cl THEN $2 END, CASE WHEN cl THEN 1 ELSE 0 END, "
+            f"CASE WHEN cl THEN {NOW} + $3 END, CASE WHEN cl THEN 1 ELSE 0 END, "
+            f"CASE WHEN sl IS NOT NULL THEN {NOW} + sl END "
+            "FROM unnest($4::text[], $5::int[], $6::text[], $7::text[], $8::text[], "
+            "$9::text[], $10::bool[], $11::float8[]) AS t(k, p, kd, nm, env, h, cl, sl) "
+            "ON CONFLICT DO NOTHING RETURNING replay_key",
+            group_key,
+            owner,
+            ttl,
+            [s.replay_key for s in specs],
+            [s.position for s in specs],
+            [s.kind for s in specs],
+            [s.name for s in specs],
+            [s.envelope for s in specs],
+            [s.envelope_hash for s in specs],
+            [s.claim for s in specs],
+            [s.sleep_seconds for s in specs],
+        )
+        return [r[0] for r in rows]
+
+    async def claim(self, replay_key: str, owner: str, ttl: float) -> Claim | None:
+        row = await self._pool.fetchrow(
+            "SELECT * FROM eh_claim($1, $2, $3)", replay_key, owner, ttl
+        )
+        if row is None:
+            return None
+        return Claim(
+            replay_key,
+            int(row["fence"]),
+            int(row["attempt"]),
+            bool(row["cancel_requested"]),
+            float(row["lease_expires"]),
+        )
+
+    async def renew(self, owner: str, ttl: float) -> list[Renewal]:
+        rows = await self._pool.fetch(
+            f"UPDATE eh_children SET lease_expires = {NOW} + $1 "
+            f"WHERE lease_owner = $2 AND state = 'claimed' AND lease_expires >= {NOW} "
+            "RETURNING replay_key, fence, cancel_requested",
+            ttl,
+            owner,
+        )
+        return [Renewal(r[0], int(r[1]), bool(r[2])) for r in rows]
+
+    async def finalize(
+        self, replay_key: str, envelope_hash: str, owner: str, fence: int, outcome: str
+    ) -> int | None:
+        value = await self._pool.fetchval(
+            "SELECT eh_finalize($1, $2, $3, $4, $5, $6)",
+            replay_key,
+            envelope_hash,
+            owner,
+            fence,
+            outcome,
+            self.channel,
+        )
+        return None if value is None else int(value)
+
+    async def settle_free(self, replay_key: str, owner: str, outcome: str) -> int | None:
+        value = await self._pool.fetchval(
+            "SELECT eh_settle_free($1, $2, $3, $4)",
+            replay_key,
+            owner,
+            outcome,
+            self.channel,
+        )
+        return None if value is None else int(value)
+
+    async def close(self, group_key: str, effective: str) -> bool:
+        async with self._pool.acquire() as conn, conn.transaction():
+            if effective == "cancel":  # child rows first, then the group row
+                await conn.execute(
+                    "UPDATE eh_children SET cancel_requested = true "
+                    "WHERE group_key = $1 AND state <> 'settled'",
+                    group_key,
+                )
+            status = await conn.execute(
+                "UPDATE eh_groups SET effective = $1, state = 'closed', "
+                f"closed_at = coalesce(closed_at, {NOW}) WHERE group_key = $2",
+                effective,
+                group_key,
+            )
+            await conn.execute("SELECT pg_notify($1, $2)", self.channel, "c:" + group_key)
+            return bool(status == "UPDATE 1")
+
+    async def retire(self, group_key: str) -> bool:
+        async with self._pool.acquire() as conn, conn.transaction():
+            # child rows first (locked), then the group row
+            states = await conn.fetch(
+                "SELECT state FROM eh_children WHERE group_key = $1 FOR UPDATE", group_key
+            )
+            if any(r[0] != "settled" for r in states):
+                return False
+            effective = await conn.fetchval(
+                "DELETE FROM eh_groups WHERE group_key = $1 AND state = 'closed' "
+                "RETURNING effective",
+                group_key,
+            )
+            if effective is None:
+                return False
+            await conn.execute("DELETE FROM eh_children WHERE group_key = $1", group_key)
+            await conn.execute(
+                "INSERT INTO eh_retired (group_key, effective, retired_at) "
+                f"VALUES ($1, $2, {NOW}) ON CONFLICT DO NOTHING",
+                group_key,
+                effective,
+            )
+            return True

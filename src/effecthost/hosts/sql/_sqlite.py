@@ -1,0 +1,536 @@
+"""The SQLite substrate: the embedded default (standard library ``sqlite3``).
+
+One writer connection per host, used from one dedicated thread, so every transaction is
+short and serial in this process: WAL journal, ``BEGIN IMMEDIATE`` (the write lock is
+taken up front, so two writers never deadlock on a lock upgrade), ``synchronous=NORMAL``
+and a long busy timeout for other processes sharing the file. SQLite has no row locks;
+``BEGIN IMMEDIATE`` serialises writers, so a claim is a conditional ``UPDATE …
+RETURNING`` and the finalize is the same statement sequence as on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ._store import (
+    SCHEMA_VERSION,
+    ChildRow,
+    ChildSpec,
+    Claim,
+    GroupRow,
+    OpenGroup,
+    RankRead,
+    Renewal,
+    SchemaVersionError,
+    Store,
+)
+
+T = TypeVar("T")
+
+NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+"""The database clock in epoch seconds (millisecond resolution)."""
+
+DDL = [
+    """CREATE TABLE IF NOT EXISTS eh_groups (
+        group_key   TEXT PRIMARY KEY,
+        wake        TEXT NOT NULL,
+        disposition TEXT NOT NULL,
+        effective   TEXT NOT NULL,
+        child_count INTEGER NOT NULL,
+        counter     INTEGER NOT NULL DEFAULT 0,
+        state       TEXT NOT NULL DEFAULT 'open',
+        created_at  REAL NOT NULL,
+        closed_at   REAL
+    )""",
+    """CREATE TABLE IF NOT EXISTS eh_children (
+        replay_key       TEXT PRIMARY KEY,
+        group_key        TEXT NOT NULL,
+        position         INTEGER NOT NULL,
+        kind             TEXT NOT NULL,
+        name             TEXT NOT NULL,
+        envelope         TEXT NOT NULL,
+        envelope_hash    TEXT NOT NULL,
+        state            TEXT NOT NULL,
+        lease_owner      TEXT,
+        fence            INTEGER NOT NULL DEFAULT 0,
+        lease_expires    REAL,
+        attempt          INTEGER NOT NULL DEFAULT 0,
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        due_at           REAL,
+        seq              INTEGER,
+        outcome          TEXT,
+        settled_at       REAL,
+        UNIQUE (group_key, seq),
+        UNIQUE (group_key, position)
+    )""",
+    """CREATE INDEX IF NOT EXISTS eh_children_unfinished
+        ON eh_children (lease_expires) WHERE state <> 'settled'""",
+    """CREATE INDEX IF NOT EXISTS eh_children_owner
+        ON eh_children (lease_owner) WHERE state = 'claimed'""",
+    """CREATE INDEX IF NOT EXISTS eh_children_timers
+        ON eh_children (due_at) WHERE state <> 'settled' AND kind = 'sleep'""",
+    """CREATE TABLE IF NOT EXISTS eh_retired (
+        group_key  TEXT PRIMARY KEY,
+        effective  TEXT NOT NULL,
+        retired_at REAL NOT NULL
+    )""",
+]
+
+_CHILD_COLUMNS = (
+    "c.replay_key, c.group_key, c.position, c.kind, c.name, c.envelope, c.envelope_hash, "
+    "c.state, c.lease_owner, c.fence, "
+    f"(c.lease_owner IS NULL OR c.lease_expires < {NOW}), "
+    "c.attempt, c.cancel_requested, c.due_at, c.seq"
+)
+
+
+def _child(row: Any, effective: str = "", group_state: str = "") -> ChildRow:
+    return ChildRow(
+        replay_key=row[0],
+        group_key=row[1],
+        position=row[2],
+        kind=row[3],
+        name=row[4],
+        envelope=row[5],
+        envelope_hash=row[6],
+        state=row[7],
+        lease_owner=row[8],
+        fence=row[9],
+        lease_expired=bool(row[10]),
+        attempt=row[11],
+        cancel_requested=bool(row[12]),
+        due_at=row[13],
+        seq=row[14],
+        effective=effective,
+        group_state=group_state,
+    )
+
+
+_GROUP_COLUMNS = (
+    "group_key, wake, disposition, effective, child_count, counter, state, created_at, closed_at"
+)
+
+
+def _group(row: Any) -> GroupRow:
+    return GroupRow(*row)
+
+
+class SqliteStore(Store):
+    """SQLite file store. ``busy_timeout`` is in seconds."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        busy_timeout: float = 30.0,
+        fault: Callable[[str], None] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.busy_timeout = busy_timeout
+        self.fault = fault
+        self._pool: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        assert self._pool is not None and self._conn is not None, "store not started"
+        conn = self._conn
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, fn, conn)
+
+    def _fault(self, point: str) -> None:
+        if self.fault is not None:
+            self.fault(point)
+
+    @staticmethod
+    def _tx(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = body(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    async def start(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="effecthost-sqlite")
+        loop = asyncio.get_running_loop()
+
+        def connect() -> sqlite3.Connection:
+            conn = sqlite3.connect(
+                str(self.path),
+                timeout=self.busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+            return conn
+
+        self._conn = await loop.run_in_executor(self._pool, connect)
+        try:
+            await self._run(self._schema)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    def _schema(self, conn: sqlite3.Connection) -> None:
+        def body(c: sqlite3.Connection) -> None:
+            c.execute("CREATE TABLE IF NOT EXISTS eh_schema (version INTEGER NOT NULL)")
+            row = c.execute("SELECT max(version) FROM eh_schema").fetchone()
+            if row[0] is None:
+                for statement in DDL:
+                    c.execute(statement)
+                c.execute("INSERT INTO eh_schema (version) VALUES (?)", (SCHEMA_VERSION,))
+            elif row[0] != SCHEMA_VERSION:
+                raise SchemaVersionError(int(row[0]))
+
+        self._tx(conn, body)
+
+    async def aclose(self) -> None:
+        pool, conn = self._pool, self._conn
+        self._pool = self._conn = None
+        if pool is None:
+            return
+        if conn is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(pool, conn.close)
+        pool.shutdown(wait=True)
+
+    # -- reads --------------------------------------------------------------------------
+
+    async def now(self) -> float:
+        return await self._run(lambda c: float(c.execute(f"SELECT {NOW}").fetchone()[0]))
+
+    async def get_group(self, group_key: str) -> GroupRow | None:
+        def read(c: sqlite3.Connection) -> GroupRow | None:
+            row = c.execute(
+                f"SELECT {_GROUP_COLUMNS} FROM eh_groups WHERE group_key = ?", (group_key,)
+            ).fetchone()
+            return _group(row) if row else None
+
+        return await self._run(read)
+
+    async def retired(self, group_key: str) -> str | None:
+        def read(c: sqlite3.Connection) -> str | None:
+            row = c.execute(
+                "SELECT effective FROM eh_retired WHERE group_key = ?", (group_key,)
+            ).fetchone()
+            return str(row[0]) if row else None
+
+        return await self._run(read)
+
+    async def children(self, group_key: str) -> list[ChildRow]:
+        def read(c: sqlite3.Connection) -> list[ChildRow]:
+            rows = c.execute(
+                f"SELECT {_CHILD_COLUMNS} FROM eh_children c WHERE c.group_key = ? "
+                "ORDER BY c.position",
+                (group_key,),
+            ).fetchall()
+            return [_child(r) for r in rows]
+
+        return await self._run(read)
+
+    async def read_rank(self, group_key: str, seq: int) -> RankRead | None:
+        def read(c: sqlite3.Connection) -> RankRead | None:
+            row = c.execute(
+                f"SELECT {', '.join('g.' + col for col in _GROUP_COLUMNS.split(', '))}, "
+                "c.position, c.replay_key, c.outcome FROM eh_groups g "
+                "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq = ? "
+                "WHERE g.group_key = ?",
+                (seq, group_key),
+            ).fetchone()
+            if row is None:
+                return None
+            return RankRead(_group(row[:9]), row[9], row[10], row[11])
+
+        return await self._run(read)
+
+    async def settlement_order(self, group_key: str) -> list[int]:
+        def read(c: sqlite3.Connection) -> list[int]:
+            rows = c.execute(
+                "SELECT position FROM eh_children WHERE group_key = ? AND seq IS NOT NULL "
+                "ORDER BY seq",
+                (group_key,),
+            ).fetchall()
+            return [int(r[0]) for r in rows]
+
+        return await self._run(read)
+
+    async def open_groups(self) -> list[OpenGroup]:
+        def read(c: sqlite3.Connection) -> list[OpenGroup]:
+            rows = c.execute(
+                f"SELECT group_key, {NOW} - created_at, child_count, counter, wake, effective "
+                "FROM eh_groups WHERE state = 'open' ORDER BY group_key"
+            ).fetchall()
+            return [OpenGroup(*r) for r in rows]
+
+        return await self._run(read)
+
+    async def unfinished(self) -> list[ChildRow]:
+        def read(c: sqlite3.Connection) -> list[ChildRow]:
+            rows = c.execute(
+                f"SELECT {_CHILD_COLUMNS}, g.effective, g.state FROM eh_children c "
+                "JOIN eh_groups g ON g.group_key = c.group_key "
+                "WHERE c.state <> 'settled' ORDER BY c.group_key, c.position"
+            ).fetchall()
+            return [_child(r[:15], r[15], r[16]) for r in rows]
+
+        return await self._run(read)
+
+    async def next_due(self) -> float | None:
+        def read(c: sqlite3.Connection) -> float | None:
+            row = c.execute(
+                "SELECT min(due_at) FROM eh_children WHERE state <> 'settled' AND kind = 'sleep' "
+                f"AND (lease_owner IS NULL OR lease_expires < {NOW})"
+            ).fetchone()
+            return None if row[0] is None else float(row[0])
+
+        return await self._run(read)
+
+    async def due_sleeps(self) -> list[ChildRow]:
+        def read(c: sqlite3.Connection) -> list[ChildRow]:
+            rows = c.execute(
+                f"SELECT {_CHILD_COLUMNS} FROM eh_children c WHERE c.state <> 'settled' "
+                f"AND c.kind = 'sleep' AND c.due_at <= {NOW} "
+                f"AND (c.lease_owner IS NULL OR c.lease_expires < {NOW}) ORDER BY c.due_at"
+            ).fetchall()
+            return [_child(r) for r in rows]
+
+        return await self._run(read)
+
+    async def max_lease_expiry(self, owner: str) -> float | None:
+        def read(c: sqlite3.Connection) -> float | None:
+            row = c.execute(
+                "SELECT max(lease_expires) FROM eh_children "
+                "WHERE lease_owner = ? AND state = 'claimed'",
+                (owner,),
+            ).fetchone()
+            return None if row[0] is None else float(row[0])
+
+        return await self._run(read)
+
+    # -- writes -------------------------------------------------------------------------
+
+    async def create_group(
+        self, group_key: str, wake: str, disposition: str, child_count: int
+    ) -> tuple[bool, GroupRow]:
+        def write(c: sqlite3.Connection) -> tuple[bool, GroupRow]:
+            def body(c: sqlite3.Connection) -> tuple[bool, GroupRow]:
+                cur = c.execute(
+                    "INSERT INTO eh_groups (group_key, wake, disposition, effective, "
+                    f"child_count, created_at) VALUES (?, ?, ?, ?, ?, {NOW}) "
+                    "ON CONFLICT (group_key) DO NOTHING",
+                    (group_key, wake, disposition, disposition, child_count),
+                )
+                row = c.execute(
+                    f"SELECT {_GROUP_COLUMNS} FROM eh_groups WHERE group_key = ?", (group_key,)
+                ).fetchone()
+                return cur.rowcount == 1, _group(row)
+
+            return self._tx(c, body)
+
+        return await self._run(write)
+
+    async def insert_children(
+        self, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
+    ) -> list[str]:
+        def write(c: sqlite3.Connection) -> list[str]:
+            def body(c: sqlite3.Connection) -> list[str]:
+                inserted: list[str] = []
+                for s in specs:
+                    cur = c.execute(
+                        "INSERT INTO eh_children (replay_key, group_key, position, kind, name, "
+                        "envelope, envelope_hash, state, lease_owner, fence, lease_expires, "
+                        "attempt, due_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                        f"CASE WHEN ? THEN {NOW} + ? END, ?, "
+                        f"CASE WHEN ? IS NOT NULL THEN {NOW} + ? END) "
+                        "ON CONFLICT DO NOTHING",
+                        (
+                            s.replay_key,
+                            group_key,
+                            s.position,
+                            s.kind,
+                            s.name,
+                            s.envelope,
+                            s.envelope_hash,
+                            "claimed" if s.claim else "pending",
+                            owner if s.claim else None,
+                            1 if s.claim else 0,
+                            s.claim,
+                            ttl,
+                            1 if s.claim else 0,
+                            s.sleep_seconds,
+                            s.sleep_seconds,
+                        ),
+                    )
+                    if cur.rowcount == 1:
+                        inserted.append(s.replay_key)
+                return inserted
+
+            return self._tx(c, body)
+
+        return await self._run(write)
+
+    @staticmethod
+    def _claim_sql(c: sqlite3.Connection, replay_key: str, owner: str, ttl: float) -> Any:
+        return c.execute(
+            f"UPDATE eh_children SET lease_owner = ?, fence = fence + 1, "
+            f"lease_expires = {NOW} + ?, attempt = attempt + 1, state = 'claimed' "
+            "WHERE replay_key = ? AND state <> 'settled' "
+            f"AND (lease_owner IS NULL OR lease_expires < {NOW}) "
+            "RETURNING fence, attempt, cancel_requested, lease_expires",
+            (owner, ttl, replay_key),
+        ).fetchone()
+
+    async def claim(self, replay_key: str, owner: str, ttl: float) -> Claim | None:
+        def write(c: sqlite3.Connection) -> Claim | None:
+            def body(c: sqlite3.Connection) -> Claim | None:
+                row = self._claim_sql(c, replay_key, owner, ttl)
+                self._fault("claim")
+                if row is None:
+                    return None
+                return Claim(replay_key, int(row[0]), int(row[1]), bool(row[2]), float(row[3]))
+
+            return self._tx(c, body)
+
+        return await self._run(write)
+
+    async def renew(self, owner: str, ttl: float) -> list[Renewal]:
+        def write(c: sqlite3.Connection) -> list[Renewal]:
+            def body(c: sqlite3.Connection) -> list[Renewal]:
+                rows = c.execute(
+                    f"UPDATE eh_children SET lease_expires = {NOW} + ? "
+                    f"WHERE lease_owner = ? AND state = 'claimed' AND lease_expires >= {NOW} "
+                    "RETURNING replay_key, fence, cancel_requested",
+                    (ttl, owner),
+                ).fetchall()
+                return [Renewal(r[0], int(r[1]), bool(r[2])) for r in rows]
+
+            return self._tx(c, body)
+
+        return await self._run(write)
+
+    def _finalize_body(
+        self,
+        c: sqlite3.Connection,
+        replay_key: str,
+        envelope_hash: str,
+        owner: str,
+        fence: int,
+        outcome: str,
+    ) -> int | None:
+        # (1) the fenced UPDATE on all five fence columns
+        row = c.execute(
+            "UPDATE eh_children SET state = 'settled', outcome = ?, lease_owner = NULL, "
+            f"lease_expires = NULL, settled_at = {NOW} "
+            "WHERE replay_key = ? AND envelope_hash = ? AND lease_owner = ? AND fence = ? "
+            "AND state = 'claimed' RETURNING group_key",
+            (outcome, replay_key, envelope_hash, owner, fence),
+        ).fetchone()
+        if row is None:
+            # (2) rowcount 0: the caller rolls back; no counter bump
+            return None
+        self._fault("finalize:after_update")
+        # (3) rowcount 1: bump the counter in the statement that reads it
+        seq = c.execute(
+            "UPDATE eh_groups SET counter = counter + 1 WHERE group_key = ? RETURNING counter",
+            (row[0],),
+        ).fetchone()[0]
+        c.execute("UPDATE eh_children SET seq = ? WHERE replay_key = ?", (seq, replay_key))
+        self._fault("finalize:before_commit")
+        return int(seq)
+
+    async def finalize(
+        self, replay_key: str, envelope_hash: str, owner: str, fence: int, outcome: str
+    ) -> int | None:
+        def write(c: sqlite3.Connection) -> int | None:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                seq = self._finalize_body(c, replay_key, envelope_hash, owner, fence, outcome)
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            c.execute("ROLLBACK" if seq is None else "COMMIT")
+            if seq is not None:
+                self._fault("finalize:after_commit")
+            return seq
+
+        return await self._run(write)
+
+    async def settle_free(self, replay_key: str, owner: str, outcome: str) -> int | None:
+        def write(c: sqlite3.Connection) -> int | None:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                claim = self._claim_sql(c, replay_key, owner, 60.0)
+                seq = None
+                if claim is not None:
+                    digest = c.execute(
+                        "SELECT envelope_hash FROM eh_children WHERE replay_key = ?",
+                        (replay_key,),
+                    ).fetchone()[0]
+                    seq = self._finalize_body(c, replay_key, digest, owner, int(claim[0]), outcome)
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            c.execute("ROLLBACK" if seq is None else "COMMIT")
+            return seq
+
+        return await self._run(write)
+
+    async def close(self, group_key: str, effective: str) -> bool:
+        def write(c: sqlite3.Connection) -> bool:
+            def body(c: sqlite3.Connection) -> bool:
+                if effective == "cancel":  # child rows first, then the group row
+                    c.execute(
+                        "UPDATE eh_children SET cancel_requested = 1 "
+                        "WHERE group_key = ? AND state <> 'settled'",
+                        (group_key,),
+                    )
+                cur = c.execute(
+                    "UPDATE eh_groups SET effective = ?, state = 'closed', "
+                    f"closed_at = coalesce(closed_at, {NOW}) WHERE group_key = ?",
+                    (effective, group_key),
+                )
+                self._fault("close:before_commit")
+                return cur.rowcount == 1
+
+            return self._tx(c, body)
+
+        return await self._run(write)
+
+    async def retire(self, group_key: str) -> bool:
+        def write(c: sqlite3.Connection) -> bool:
+            def body(c: sqlite3.Connection) -> bool:
+                unsettled = c.execute(
+                    "SELECT count(*) FROM eh_children WHERE group_key = ? AND state <> 'settled'",
+                    (group_key,),
+                ).fetchone()[0]
+                if unsettled:
+                    return False
+                row = c.execute(
+                    "DELETE FROM eh_groups WHERE group_key = ? AND state = 'closed' "
+                    "RETURNING effective",
+                    (group_key,),
+                ).fetchone()
+                if row is None:
+                    return False
+                c.execute("DELETE FROM eh_children WHERE group_key = ?", (group_key,))
+                c.execute(
+                    "INSERT INTO eh_retired (group_key, effective, retired_at) "
+                    f"VALUES (?, ?, {NOW}) ON CONFLICT DO NOTHING",
+                    (group_key, row[0]),
+                )
+                return True
+
+            return self._tx(c, body)
+
+        return await self._run(write)

@@ -1,0 +1,239 @@
+"""The substrate seam of the SQL tier: one design, two stores (SQLite, PostgreSQL).
+
+A store owns its DDL and runs each operation below as one short transaction. The host
+(:mod:`._host`) holds every decision that is the same on both substrates.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+"""The schema this code reads and writes. Another version in the database is refused."""
+
+
+class SchemaVersionError(RuntimeError):
+    """The database holds a schema version this code does not know (a newer release or a
+    foreign layout). Raised at start-up; nothing is migrated silently.
+
+    Attributes:
+        found: the version recorded in the database.
+        expected: :data:`SCHEMA_VERSION`.
+    """
+
+    def __init__(self, found: int, expected: int = SCHEMA_VERSION) -> None:
+        super().__init__(
+            f"the database records effecthost SQL schema version {found}; this release reads "
+            f"version {expected} only and does not migrate: upgrade effecthost or use another "
+            "database"
+        )
+        self.found = found
+        self.expected = expected
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """One row of the groups table."""
+
+    group_key: str
+    wake: str
+    disposition: str
+    effective: str
+    child_count: int
+    counter: int
+    state: str  # open | closed
+    created_at: float
+    closed_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """A child row to insert at open."""
+
+    replay_key: str
+    position: int
+    kind: str
+    name: str
+    envelope: str  # canonical JSON of the envelope
+    envelope_hash: str
+    claim: bool  # inserted already leased to the opener
+    sleep_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class ChildRow:
+    """One row of the children table (the fields the host reads)."""
+
+    replay_key: str
+    group_key: str
+    position: int
+    kind: str
+    name: str
+    envelope: str
+    envelope_hash: str
+    state: str  # pending | claimed | settled
+    lease_owner: str | None
+    fence: int
+    lease_expired: bool
+    attempt: int
+    cancel_requested: bool
+    due_at: float | None
+    seq: int | None
+    effective: str = ""  # the group's disposition in force (drain reads)
+    group_state: str = ""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A lease won on a child: the fence token the finalize must match."""
+
+    replay_key: str
+    fence: int
+    attempt: int
+    cancel_requested: bool
+    lease_expires: float
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """A lease this owner still holds after a renewal."""
+
+    replay_key: str
+    fence: int
+    cancel_requested: bool
+
+
+@dataclass(frozen=True)
+class RankRead:
+    """The group row and, when recorded, the child holding sequence ``seq``."""
+
+    group: GroupRow
+    position: int | None
+    replay_key: str | None
+    outcome: str | None
+
+
+@dataclass(frozen=True)
+class OpenGroup:
+    """An open group as ``open_groups`` lists it (G-30)."""
+
+    group_key: str
+    age_seconds: float
+    child_count: int
+    settled: int
+    wake: str
+    effective: str
+
+
+class Store(ABC):
+    """One substrate. Every method is one transaction (or a read)."""
+
+    wakes_across_processes: bool = False
+    """True when another process's commit wakes this process without polling."""
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Connect and create or check the schema.
+
+        Raises:
+            SchemaVersionError: the database records another schema version.
+        """
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Close every connection; writes nothing."""
+
+    @abstractmethod
+    async def now(self) -> float:
+        """The database clock, seconds since the epoch. Leases and timers use only it."""
+
+    @abstractmethod
+    async def get_group(self, group_key: str) -> GroupRow | None: ...
+
+    @abstractmethod
+    async def retired(self, group_key: str) -> str | None:
+        """The disposition in force when the group retired, or ``None``."""
+
+    @abstractmethod
+    async def create_group(
+        self, group_key: str, wake: str, disposition: str, child_count: int
+    ) -> tuple[bool, GroupRow]:
+        """Insert the group row in its own committed transaction (G-32). Returns
+        ``(created, row)``; ``created`` is false when the key was already recorded."""
+
+    @abstractmethod
+    async def insert_children(
+        self, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
+    ) -> list[str]:
+        """Insert missing child rows (one transaction, children only); rows with
+        ``claim`` are inserted leased to ``owner`` with fence 1. Returns the replay keys
+        inserted (an existing row is left as it is)."""
+
+    @abstractmethod
+    async def children(self, group_key: str) -> list[ChildRow]: ...
+
+    @abstractmethod
+    async def claim(self, replay_key: str, owner: str, ttl: float) -> Claim | None:
+        """Conditional takeover: lease an unsettled child whose lease is absent or expired
+        on the database clock, bumping the fence (G-33). ``None`` when a live lease (or a
+        settlement) is in the way."""
+
+    @abstractmethod
+    async def renew(self, owner: str, ttl: float) -> list[Renewal]:
+        """Extend every lease ``owner`` holds (one statement); returns those still held."""
+
+    @abstractmethod
+    async def finalize(
+        self, replay_key: str, envelope_hash: str, owner: str, fence: int, outcome: str
+    ) -> int | None:
+        """The fenced finalize of G-31, one transaction: the fenced UPDATE of the child row
+        on all five fence columns; rowcount 0 → roll back, no counter bump, ``None``;
+        rowcount 1 → ``counter = counter + 1 … RETURNING`` on the group row, written as
+        the child's sequence; commit. Returns the sequence."""
+
+    @abstractmethod
+    async def settle_free(self, replay_key: str, owner: str, outcome: str) -> int | None:
+        """Claim an unleased (or expired) child and finalize it, in one transaction: how
+        timers fire, events are delivered and free children are cancelled."""
+
+    @abstractmethod
+    async def read_rank(self, group_key: str, seq: int) -> RankRead | None:
+        """The group row and the child holding sequence ``seq`` (a point lookup on
+        ``UNIQUE(group_key, seq)``), or ``None`` when the group is not recorded."""
+
+    @abstractmethod
+    async def settlement_order(self, group_key: str) -> list[int]: ...
+
+    @abstractmethod
+    async def close(self, group_key: str, effective: str) -> bool:
+        """Close (idempotent): under ``cancel`` mark every unsettled child
+        ``cancel_requested`` (child rows first), then the group row. False when the group
+        is not recorded."""
+
+    @abstractmethod
+    async def retire(self, group_key: str) -> bool:
+        """Delete a closed group whose children are all settled, with its children, in
+        one transaction, leaving a tombstone (G-36). False when it cannot retire yet."""
+
+    @abstractmethod
+    async def open_groups(self) -> list[OpenGroup]: ...
+
+    @abstractmethod
+    async def unfinished(self) -> list[ChildRow]:
+        """Every unsettled child of a recorded group, with the group's disposition."""
+
+    @abstractmethod
+    async def next_due(self) -> float | None:
+        """The earliest due time of an unsettled ``sleep`` child nobody holds."""
+
+    @abstractmethod
+    async def due_sleeps(self) -> list[ChildRow]:
+        """Unsettled, unleased (or expired) ``sleep`` children whose due time passed."""
+
+    @abstractmethod
+    async def max_lease_expiry(self, owner: str) -> float | None:
+        """The latest lease expiry ``owner`` holds (restart tooling and tests)."""
+
+    async def listen(self, callback: object) -> None:  # noqa: B027 - optional
+        """Deliver cross-process wake-ups to ``callback(kind, group_key)``."""

@@ -1,0 +1,41 @@
+"""Fixtures of the SQL tier tests: one throwaway PostgreSQL server for the whole test run
+(started on first use, stopped at the end), or the server named by
+``EFFECTHOST_POSTGRES_DSN``; a fresh schema per test."""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import pytest
+
+from effecthost.hosts.sql.testing import PostgresServer, find_pg_bin
+
+_server: PostgresServer | None = None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _server
+    if _server is not None:
+        _server.stop()
+        _server = None
+
+
+@pytest.fixture
+def pg_dsn() -> str:
+    global _server
+    dsn = os.environ.get("EFFECTHOST_POSTGRES_DSN")
+    if dsn:
+        return dsn
+    if _server is None:
+        if find_pg_bin("initdb") is None:
+            pytest.fail("PostgreSQL binaries not found: run scripts/install-sql.sh")
+        server = PostgresServer()
+        server.start()
+        _server = server
+    return _server.dsn
+
+
+@pytest.fixture
+def pg_schema() -> str:
+    return f"ehtest_{secrets.token_hex(4)}"

@@ -1,0 +1,147 @@
+"""G-31 / G-33 against real PostgreSQL: a stalled driver whose lease was taken over
+cannot advance the counter or write its outcome."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from effecthost.contract import (
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    LoserPolicy,
+    Outcome,
+    ToolRegistry,
+    WakePolicy,
+)
+from effecthost.hosts.sql import PostgresStore, SchemaVersionError, SqlEffectHost
+from effecthost.hosts.sql._store import ChildSpec
+
+pytestmark = pytest.mark.anyio
+
+
+def _spec(key: str) -> ChildSpec:
+    return ChildSpec(
+        replay_key=key,
+        position=0,
+        kind="tool_call",
+        name="t",
+        envelope="{}",
+        envelope_hash="h",
+        claim=False,
+    )
+
+
+async def test_G31_taken_over_finalize_is_a_no_op_without_a_counter_bump(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    await store.start()
+    try:
+        await store.create_group("g", "all", "run_to_completion", 1)
+        await store.insert_children("g", [_spec("c")], "nobody", 1.0)
+        # A claims with a lease that is already expired (a driver stalled past its TTL)
+        a = await store.claim("c", "node-a:1", -1.0)
+        assert a is not None and a.fence == 1
+        b = await store.claim("c", "node-b:2", 30.0)  # takeover bumps the fence (G-33)
+        assert b is not None and b.fence == 2
+        assert await store.claim("c", "node-c:3", 30.0) is None  # unexpired: never taken
+        stale = await store.finalize("c", "h", "node-a:1", a.fence, '{"status":"success"}')
+        assert stale is None
+        group = await store.get_group("g")
+        assert group is not None and group.counter == 0  # no burned number
+        seq = await store.finalize(
+            "c", "h", "node-b:2", b.fence, Outcome.success("B").model_dump_json()
+        )
+        assert seq == 1
+        read = await store.read_rank("g", 1)
+        assert read is not None and read.replay_key == "c"
+        assert read.outcome is not None and Outcome.model_validate_json(read.outcome).value == "B"
+        again = await store.finalize("c", "h", "node-a:1", a.fence, '{"status":"success"}')
+        assert again is None
+        group = await store.get_group("g")
+        assert group is not None and group.counter == 1
+    finally:
+        await store.aclose()
+
+
+async def test_G31_G33_stalled_host_driver_loses_to_a_drain_takeover(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def stall(_value: object) -> str:
+        started.set()
+        await release.wait()
+        return "A"
+
+    async def quick(_value: object) -> str:
+        return "B"
+
+    a = SqlEffectHost(
+        PostgresStore(pg_dsn, schema=pg_schema),
+        ToolRegistry({"t": stall}),
+        node_id="a",
+        lease_ttl=0.6,
+        renew_every=0.1,
+    )
+    b = SqlEffectHost(
+        PostgresStore(pg_dsn, schema=pg_schema),
+        ToolRegistry({"t": quick}),
+        node_id="b",
+        lease_ttl=0.6,
+        renew_every=0.1,
+    )
+    await a.start()
+    await b.start()
+    try:
+        group = EffectGroup(
+            key="s:group:g:0",
+            wake=WakePolicy.FIRST,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[EffectEnvelope(replay_key="s.c", kind=EffectKind.TOOL_CALL, name="t")],
+        )
+        handle = await a.open_effect_group(group)
+        await started.wait()
+        driver = a._drivers["s.c"]
+        stalled = asyncio.Event()
+
+        async def stuck_renew(owner: str, ttl: float) -> list[object]:
+            await stalled.wait()  # the store stalls for A: no renewal is confirmed
+            return []
+
+        a.store.renew = stuck_renew  # type: ignore[method-assign,assignment]
+        while True:  # the lease expires on the database clock
+            rows = await b.store.children(group.key)
+            if rows[0].lease_expired:
+                break
+            await asyncio.sleep(0.05)
+        report = await b.drain().run_pass()
+        assert report.resumed == ((group.key, "s.c"),)
+        settlement = await asyncio.wait_for(b.await_next_settlement(handle), 10)
+        assert settlement.outcome.value == "B"
+        release.set()  # the stalled driver wakes up past its self-fencing deadline
+        assert driver.task is not None
+        await asyncio.wait_for(asyncio.gather(driver.task, return_exceptions=True), 10)
+        # and even a write that ignored the deadline would match no row
+        stale = await a.store.finalize("s.c", driver.envelope_hash, a.owner, driver.fence, "{}")
+        assert stale is None
+        record = await b.store.get_group(group.key)
+        assert record is not None and record.counter == 1
+        read = await b.store.read_rank(group.key, 1)
+        assert read is not None and read.outcome is not None
+        assert Outcome.model_validate_json(read.outcome).value == "B"
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_newer_schema_version_is_refused_at_start_up(pg_dsn: str, pg_schema: str) -> None:
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    await store.start()
+    await store._pool.execute("UPDATE eh_schema SET version = version + 1")
+    await store.aclose()
+    with pytest.raises(SchemaVersionError):
+        await PostgresStore(pg_dsn, schema=pg_schema).start()
