@@ -1,4 +1,4 @@
-"""The ``effecthost`` command: ``conformance``, ``inspect`` and ``demo``."""
+"""The ``effecthost`` command: ``conformance``, ``inspect``, ``drain`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from effecthost.contract import EffectController
+from effecthost.contract import EffectController, GroupExecutors
 
 
 async def _load_controller(spec: str) -> EffectController:
@@ -51,21 +51,95 @@ def _conformance(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def _inspect(args: argparse.Namespace) -> int:
+async def _open_host(args: argparse.Namespace, resolver: GroupExecutors | None) -> EffectController:
+    """The host named by ``--sqlite FILE``, ``--postgres DSN`` or ``--host MODULE:ATTR``."""
+    if args.sqlite or args.postgres:
+        from effecthost.hosts.sql import postgres_host, sqlite_host
+
+        if args.sqlite:
+            return await sqlite_host(args.sqlite, resolver)
+        return await postgres_host(args.postgres, resolver, schema=args.schema)
     spec = args.host or os.environ.get("EFFECTHOST_HOST")
     if not spec:
-        print("effecthost inspect: give --host MODULE:ATTR or set EFFECTHOST_HOST", file=sys.stderr)
-        return 2
+        print(
+            "effecthost: name a host with --sqlite FILE, --postgres DSN or --host MODULE:ATTR "
+            "(or set EFFECTHOST_HOST)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    return await _load_controller(spec)
 
-    async def main() -> list[str]:
-        controller = await _load_controller(spec)
-        return await controller.open_group_keys()
 
-    keys = asyncio.run(main())
-    for key in keys:
-        print(key)
-    print(f"{len(keys)} open group(s)", file=sys.stderr)
-    return 0
+async def _close(controller: EffectController) -> None:
+    aclose = getattr(controller, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        controller = await _open_host(args, None)
+        try:
+            listing = getattr(controller, "open_groups", None)
+            if listing is not None:
+                groups = await listing()
+                for g in groups:
+                    print(
+                        f"{g.group_key}  age={g.age_seconds:.0f}s  settled={g.settled}/"
+                        f"{g.child_count}  wake={g.wake}  losers={g.effective}"
+                    )
+                count = len(groups)
+            else:
+                keys = await controller.open_group_keys()
+                for key in keys:
+                    print(key)
+                count = len(keys)
+        finally:
+            await _close(controller)
+        print(f"{count} open group(s)", file=sys.stderr)
+        return 0
+
+    return asyncio.run(main())
+
+
+def _drain(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        resolver = _load_resolver(args.resolver) if args.resolver else None
+        controller = await _open_host(args, resolver)
+        drain = controller.drain()
+        try:
+            passes = 0
+            while True:
+                passes += 1
+                report = await drain.run_pass()
+                print(
+                    f"pass {passes}: resumed {len(report.resumed)}, cancelled "
+                    f"{len(report.cancelled)}, no executor {len(report.no_executor)}",
+                    flush=True,
+                )
+                for missing in report.no_executor:
+                    print(f"  no executor: {missing.group_key} {missing.replay_key}", flush=True)
+                if args.once or (args.passes and passes >= args.passes):
+                    return 0
+                await asyncio.sleep(args.interval)  # the drain's cadence, not an ordering
+        finally:
+            await _close(controller)
+
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        return 130
+
+
+def _load_resolver(spec: str) -> GroupExecutors:
+    module_name, sep, attribute = spec.partition(":")
+    if not sep:
+        raise SystemExit(f"effecthost: resolver must be given as MODULE:ATTR, got {spec!r}")
+    target = getattr(importlib.import_module(module_name), attribute)
+    made = target if isinstance(target, GroupExecutors) else target()
+    if not isinstance(made, GroupExecutors):
+        raise SystemExit(f"effecthost: {spec} did not give a GroupExecutors resolver")
+    return made
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -88,17 +162,40 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.add_argument("--list", action="store_true", help="list the checks and exit")
     conformance.set_defaults(run=_conformance)
 
-    inspect_ = commands.add_parser("inspect", help="list the open group keys of a host")
-    inspect_.add_argument(
-        "--host", metavar="MODULE:ATTR", help="a controller, or a callable returning one"
-    )
+    inspect_ = commands.add_parser("inspect", help="list the open groups of a host")
+    _host_options(inspect_)
     inspect_.set_defaults(run=_inspect)
+
+    drain = commands.add_parser(
+        "drain", help="finish children whose caller or process is gone (SQL tiers)"
+    )
+    _host_options(drain)
+    drain.add_argument(
+        "--resolver",
+        metavar="MODULE:ATTR",
+        help="the GroupExecutors (or a callable returning one); without it every unfinished "
+        "child is reported as NoExecutor",
+    )
+    drain.add_argument("--once", action="store_true", help="one pass, then exit")
+    drain.add_argument("--passes", type=int, default=0, help="stop after N passes")
+    drain.add_argument("--interval", type=float, default=5.0, help="seconds between passes")
+    drain.set_defaults(run=_drain)
 
     demo = commands.add_parser("demo", help="a race against a deadline and an all, traced")
     demo.add_argument("--slow", type=float, default=2.0, help="seconds the slow tool takes")
     demo.add_argument("--deadline", type=float, default=0.3, help="the race's deadline")
     demo.set_defaults(run=_demo)
     return parser
+
+
+def _host_options(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--sqlite", metavar="FILE", help="a SQLite host's database file")
+    where.add_argument("--postgres", metavar="DSN", help="a PostgreSQL host's DSN")
+    where.add_argument(
+        "--host", metavar="MODULE:ATTR", help="a controller, or a callable returning one"
+    )
+    parser.add_argument("--schema", default="effecthost", help="PostgreSQL schema")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

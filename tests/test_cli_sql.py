@@ -1,0 +1,84 @@
+"""``effecthost inspect`` and ``effecthost drain`` against a real SQLite host whose opener
+went away (G-12, G-30, G-34)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effecthost.contract import EffectEnvelope, EffectGroup, LoserPolicy, ToolRegistry, WakePolicy
+from effecthost.hosts.sql import sqlite_host
+
+TESTS = Path(__file__).parent
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "effecthost.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+
+
+async def abandoned_group(db: Path) -> str:
+    """Open a two-child group whose tools never return, then stop the host the way a
+    dying process does; its short leases expire on the database clock."""
+    never = asyncio.Event()
+
+    async def hold(value: Any) -> Any:
+        await never.wait()
+
+    host = await sqlite_host(db, ToolRegistry({"hold": hold}), lease_ttl=0.6, renew_every=0.1)
+    key = "cli:group:abandoned:0"
+    group = EffectGroup(
+        key=key,
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[
+            EffectEnvelope(replay_key=f"{key}:{i}", kind="tool_call", name="hold", input=i)
+            for i in range(2)
+        ],
+    )
+    await host.open_effect_group(group)
+    await host.aclose()
+    return key
+
+
+def drain_until(db: Path, *args: str, expect: str) -> str:
+    """Drain passes are refused children under a live lease; repeat (bounded) until the
+    dead opener's leases have expired and the pass acts."""
+    for _ in range(40):
+        result = cli("drain", "--sqlite", str(db), "--once", *args)
+        assert result.returncode == 0, result.stderr
+        if expect in result.stdout:
+            return result.stdout
+    raise AssertionError(f"no drain pass reported {expect!r}: {result.stdout}")
+
+
+@pytest.mark.anyio
+async def test_inspect_and_drain_a_gone_opener(tmp_path: Path) -> None:
+    db = tmp_path / "effects.sqlite3"
+    key = await abandoned_group(db)
+
+    listed = cli("inspect", "--sqlite", str(db))
+    assert listed.returncode == 0, listed.stderr
+    assert key in listed.stdout and "settled=0/2" in listed.stdout
+    assert "1 open group(s)" in listed.stderr
+
+    report = drain_until(db, expect="no executor 2")
+    assert f"no executor: {key} {key}:0" in report
+
+    drain_until(db, "--resolver", "cli_tools:registry", expect="resumed 2")
