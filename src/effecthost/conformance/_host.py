@@ -5,8 +5,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from effecthost.contract import EffectController, EffectGroup
+
+if TYPE_CHECKING:
+    from effecthost.payloads import StoredOutcome
+
+KeySetting = Literal["none", "wrong", "right"]
+"""The key stores :meth:`HostUnderTest.reader` configures a reader with."""
 
 
 @dataclass(frozen=True)
@@ -21,11 +28,20 @@ class HostCapabilities:
         durable_timers: a ``sleep`` child fires at its recorded due time after a restart.
         unroutable_children: the host can open a group whose child targets a handler no
             deployment binds (:meth:`HostUnderTest.open_unroutable`, G-14).
+        payload_refs: outcomes above the inline threshold (below 64 KiB) are recorded by
+            reference in a payload store, and :meth:`HostUnderTest.stored_outcome`
+            returns the recorded form (G-47).
+        sealing: outcomes are sealed (AES-256-GCM, bound to their slot) and the host
+            implements :meth:`HostUnderTest.reader`, :meth:`HostUnderTest.stored_outcome`,
+            :meth:`HostUnderTest.transplant_outcome` and :meth:`HostUnderTest.destroy_keys`
+            (G-48…G-50).
     """
 
     restart: bool = False
     durable_timers: bool = False
     unroutable_children: bool = False
+    payload_refs: bool = False
+    sealing: bool = False
 
     def declared(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name)]
@@ -66,6 +82,32 @@ class HostUnderTest(ABC):
         """Open ``group`` whose first child targets a handler no deployment binds (G-14).
         Only called when ``capabilities.unroutable_children``."""
         raise NotImplementedError(f"{type(self).__name__} declares no unroutable children")
+
+    async def reader(self, *, keys: KeySetting) -> EffectController:
+        """A wired controller over this host's recorded state (another process of the same
+        deployment) whose payload settings differ only in the key store: ``"none"`` no
+        key store at all, ``"wrong"`` a key store that never held this host's keys,
+        ``"right"`` this host's own key store. It may share the recorded state but must
+        not change it by reading. Only called when ``capabilities.sealing``."""
+        raise NotImplementedError(f"{type(self).__name__} declares no sealing")
+
+    async def stored_outcome(self, group_key: str, replay_key: str) -> StoredOutcome:
+        """The recorded form of the settled child ``replay_key`` of ``group_key``, exactly as
+        the rank record holds it. Only called when ``capabilities.payload_refs`` or
+        ``capabilities.sealing``."""
+        raise NotImplementedError(f"{type(self).__name__} declares no payload references")
+
+    async def transplant_outcome(self, *, source: tuple[str, str], target: tuple[str, str]) -> None:
+        """Overwrite the recorded outcome of the settled child ``target`` (group key,
+        replay key) with the recorded outcome of the settled child ``source``, byte for
+        byte (what an attacker with write access to the records could do; G-48). Only
+        called when ``capabilities.sealing``."""
+        raise NotImplementedError(f"{type(self).__name__} declares no sealing")
+
+    async def destroy_keys(self, group_key: str) -> None:
+        """Destroy, in this host's own key store, every key of the scope ``group_key``
+        belongs to (crypto-erasure, G-50). Only called when ``capabilities.sealing``."""
+        raise NotImplementedError(f"{type(self).__name__} declares no sealing")
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, nothing to stop by default
         """Stop whatever the factory started."""

@@ -1,5 +1,5 @@
 """The registered checks; importing this package registers them all."""
 
-from . import closing, combinators, identity, kinds, lifecycle
+from . import closing, combinators, identity, kinds, lifecycle, payloads
 
-__all__ = ["closing", "combinators", "identity", "kinds", "lifecycle"]
+__all__ = ["closing", "combinators", "identity", "kinds", "lifecycle", "payloads"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,13 @@ from effecthost.contract import (
     normalize_json,
     sleep_seconds,
 )
+from effecthost.payloads import (
+    PayloadPolicy,
+    StoredOutcome,
+    decode_outcome,
+    encode_outcome,
+    encode_outcome_inline,
+)
 
 DEFAULT_MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
 
@@ -57,6 +65,7 @@ class _Child:
     fence: int = 0
     seq: int | None = None
     outcome: Outcome | None = None
+    stored: StoredOutcome | None = None  # instead of ``outcome`` when a payload policy is set
     cancel_requested: bool = False
     due_at: float | None = None
     event: tuple[Any] | None = None
@@ -89,6 +98,12 @@ class MemoryEffectHost(EffectController):
 
     Ranks are served as the ``rank``-th smallest settlement sequence (G-16); this host's
     sequences happen to be dense, but nothing relies on that.
+
+    With ``payloads`` (G-47…G-50) each outcome is recorded as the
+    :class:`~effecthost.payloads.StoredOutcome` of :func:`~effecthost.payloads.encode_outcome`
+    (inline or by reference, sealed or not) and served through
+    :func:`~effecthost.payloads.decode_outcome`; a retired group's payloads are deleted.
+    Without it (the default) outcomes are recorded as they are.
     """
 
     def __init__(
@@ -96,12 +111,23 @@ class MemoryEffectHost(EffectController):
         resolver: GroupExecutors | None = None,
         *,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        payloads: PayloadPolicy | None = None,
     ) -> None:
         self._resolver = resolver
         self._max_payload_bytes = max_payload_bytes
         self._groups: dict[str, _Group] = {}
         self._retired: dict[str, LoserPolicy] = {}
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._payloads = payloads
+        self._encoded: dict[tuple[str, str, int], StoredOutcome] = {}
+        self._deletions: set[asyncio.Task[None]] = set()
+
+    def with_payloads(self, payloads: PayloadPolicy | None) -> MemoryEffectHost:
+        """Another controller over the same recorded state, configured with other payload
+        settings: what a second process with another key store sees (G-49)."""
+        view = copy.copy(self)
+        view._payloads = payloads
+        return view
 
     # -- wiring -------------------------------------------------------------------------
 
@@ -247,7 +273,29 @@ class MemoryEffectHost(EffectController):
             outcome = Outcome.cancelled()
         except EffectHostError as exc:
             outcome = Outcome.failure(type(exc).__name__, str(exc))
-        await self._deliver(record, child, fence, self._bounded(record, child, outcome))
+        outcome = self._bounded(record, child, outcome)
+        if self._payloads is not None:
+            await self._encode(self._payloads, record, child, fence, outcome)
+        await self._deliver(record, child, fence, outcome)
+
+    async def _encode(
+        self, policy: PayloadPolicy, record: _Group, child: _Child, fence: int, outcome: Outcome
+    ) -> None:
+        """Encode before delivering: the rank authority records only the stored form. A
+        close's cancel arriving meanwhile does not lose an outcome already computed; a
+        store failure leaves the child unsettled (a drain pass runs it again)."""
+        pending = asyncio.ensure_future(
+            encode_outcome(policy, record.key, child.replay_key, outcome)
+        )
+        while True:
+            try:
+                stored = await asyncio.shield(pending)
+                break
+            except asyncio.CancelledError:
+                if not child.cancel_requested:
+                    pending.cancel()
+                    raise
+        self._encoded[(record.key, child.replay_key, fence)] = stored
 
     def _bounded(self, record: _Group, child: _Child, outcome: Outcome) -> Outcome:
         """An outcome over the size limit is recorded as a ``PayloadTooLarge`` failure."""
@@ -266,11 +314,17 @@ class MemoryEffectHost(EffectController):
 
     def _finalize(self, record: _Group, child: _Child, fence: int, outcome: Outcome) -> bool:
         """The rank authority: fence first, bump only on a match (G-31's order, G-17)."""
+        encoded = self._encoded.pop((record.key, child.replay_key, fence), None)
         if child.state == "settled" or child.fence != fence:
             return False
         record.counter = self._next_sequence(record)
         child.seq = record.counter
-        child.outcome = outcome
+        if self._payloads is None:
+            child.outcome = outcome
+        else:
+            child.stored = encoded or encode_outcome_inline(
+                self._payloads, record.key, child.replay_key, outcome
+            )
         child.state = "settled"
         bisect.insort(record.settled, child, key=lambda c: c.seq or 0)
         self._notify(record)
@@ -294,6 +348,11 @@ class MemoryEffectHost(EffectController):
         if record.closed and len(record.settled) == record.child_count:
             self._groups.pop(record.key, None)
             self._retired[record.key] = record.effective
+            store = self._payloads.store if self._payloads is not None else None
+            if store is not None:
+                task = asyncio.get_running_loop().create_task(store.delete_group(record.key))
+                self._deletions.add(task)
+                task.add_done_callback(self._deletions.discard)
 
     # -- consume ------------------------------------------------------------------------
 
@@ -321,6 +380,21 @@ class MemoryEffectHost(EffectController):
         return record
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        """As :meth:`EffectController.await_next_settlement`; with a payload policy the
+        recorded outcome is decoded before the handle advances.
+
+        Raises:
+            EffectGroupUnsupported, CursorExhausted, HandleMismatch, UnknownGroup,
+                GroupClosed: as the contract says.
+            SealedPayloadUnreadable: the rank's outcome is sealed and cannot be opened
+                with this controller's payload policy (no key store, no such key, unknown
+                cipher, wrong slot, tampered); the handle does not advance and nothing
+                recorded changes (G-49).
+            PayloadShredded: the key of the outcome's scope was destroyed (G-50); the
+                handle does not advance.
+            PayloadMissing: the outcome is stored by reference and the payload is gone
+                (G-47); the handle does not advance.
+        """
         self._require_wired(handle.group_key)
         record = self._lookup(handle)
         if record.closed:
@@ -338,9 +412,16 @@ class MemoryEffectHost(EffectController):
             await changed.wait()
             if record.closed:
                 raise GroupClosed(f"group {record.key!r} was closed", group_key=record.key)
-        assert child.outcome is not None
+        if child.stored is not None:
+            # A refusal raises here: nothing recorded changes and the handle stays (G-49).
+            outcome = await decode_outcome(
+                self._payloads, record.key, child.replay_key, child.stored, rank=rank
+            )
+        else:
+            assert child.outcome is not None
+            outcome = child.outcome
         settlement = Settlement(
-            rank=rank, position=child.position, replay_key=child.replay_key, outcome=child.outcome
+            rank=rank, position=child.position, replay_key=child.replay_key, outcome=outcome
         )
         handle.consumed = rank
         return settlement
@@ -445,6 +526,7 @@ class MemoryEffectHost(EffectController):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*list(self._deletions), return_exceptions=True)
 
 
 class _HostKindExecutor(EffectExecutor):

@@ -1,0 +1,209 @@
+"""Payload references and sealed settlements: G-47…G-50.
+
+The checks need the host's help to look at and tamper with what it recorded, through
+:class:`~effecthost.conformance.HostUnderTest` hooks (``stored_outcome``,
+``transplant_outcome``, ``reader``, ``destroy_keys``); a host that does not declare
+``payload_refs`` or ``sealing`` skips them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from effecthost.contract import (
+    EffectController,
+    EffectGroup,
+    EffectHostError,
+    GroupHandle,
+    LoserPolicy,
+    PayloadShredded,
+    SealedPayloadUnreadable,
+    WakePolicy,
+    group_key,
+)
+
+from .._context import CheckContext
+from .._registry import check
+
+LARGE_BYTES = 64 * 1024
+"""An outcome this large is above any inline threshold a ``payload_refs`` host may use."""
+
+
+def _large(marker: str) -> dict[str, Any]:
+    return {"marker": marker, "blob": "L" * LARGE_BYTES}
+
+
+async def _settled(t: CheckContext, ctl: EffectController, key: str, count: int) -> None:
+    """Wait until ``count`` children of ``key`` have settled, without consuming a rank."""
+    await t.eventually(
+        lambda: ctl.settlement_order(key),
+        lambda order: len(order) >= count,
+        f"{count} settlement(s) of {key!r}",
+    )
+
+
+def _leaks(error: EffectHostError, *secrets: str) -> bool:
+    """True if the error's text or attributes carry any of ``secrets``."""
+    text = f"{error!s} {error!r} {vars(error)!r}"
+    return any(secret in text for secret in secrets)
+
+
+@check("G-47", requires=("payload_refs",))
+async def check_large_outcomes_round_trip_by_reference(t: CheckContext) -> None:
+    """An outcome above the inline threshold is recorded as a reference and served whole;
+    a small one stays in the rank record; a second cursor reads the same value again."""
+    ctl = await t.ctl()
+    large = _large(t.tag("large-marker"))
+    group = t.group("g", [t.step("large", result=large), t.step("small", result="s")])
+    handle = await t.open(ctl, group)
+    t.release("large")
+    first = await t.next_is(ctl, handle, "large")
+    t.expect(first.outcome.value == large, "the large outcome did not round-trip")
+    stored = await t.host.stored_outcome(group.key, t.tag("large"))
+    t.expect(stored.form == "ref", f"a {LARGE_BYTES}-byte outcome is recorded {stored.form}")
+    t.expect(
+        t.tag("large-marker") not in stored.model_dump_json(),
+        "the rank record of a by-reference outcome carries the value",
+    )
+    t.release("small")
+    await t.next_is(ctl, handle, "small")
+    small = await t.host.stored_outcome(group.key, t.tag("small"))
+    t.expect(small.form != "ref", "a one-character outcome went by reference")
+    again = await t.next(ctl, group.handle())
+    t.expect(again.outcome.value == large, "rank 1 read again differs")
+
+
+@check("G-48", requires=("sealing",))
+async def check_a_sealed_outcome_is_bound_to_its_slot(t: CheckContext) -> None:
+    """A sealed outcome copied into another slot of its group, or into the same replay
+    key of another group, fails with SealedPayloadUnreadable; the original still opens."""
+    ctl = await t.ctl()
+    refs = t.host.capabilities.payload_refs
+    x_value: Any = _large(t.tag("x-secret")) if refs else t.tag("x-secret")
+    a = t.group(
+        "a",
+        [t.step("x", result=x_value), t.step("y", result=t.tag("y-secret")), t.step("z")],
+    )
+    handle_a = await t.open(ctl, a)
+    for count, label in enumerate(("x", "y", "z"), start=1):
+        t.release(label)
+        await _settled(t, ctl, a.key, count)
+    b = t.group("b", [t.step("x", gate=False), t.step("y", gate=False)])
+    handle_b = await t.open(ctl, b)
+    await _settled(t, ctl, b.key, 2)
+
+    await t.host.transplant_outcome(source=(a.key, t.tag("y")), target=(a.key, t.tag("z")))
+    await t.host.transplant_outcome(source=(a.key, t.tag("x")), target=(b.key, t.tag("x")))
+    await t.host.transplant_outcome(source=(a.key, t.tag("y")), target=(b.key, t.tag("y")))
+
+    first = await t.next_is(ctl, handle_a, "x")
+    t.expect(first.outcome.value == x_value, "the sealed outcome of x did not open in its slot")
+    second = await t.next_is(ctl, handle_a, "y")
+    t.expect(second.outcome.value == t.tag("y-secret"), "y did not open in its slot")
+    error = await t.refuses(
+        SealedPayloadUnreadable,
+        ctl.await_next_settlement(handle_a),
+        "y's sealed outcome copied into z's slot of the same group",
+    )
+    t.expect(handle_a.consumed == 2, f"a refusal advanced the handle to {handle_a.consumed}")
+    t.expect(not _leaks(error, t.tag("y-secret")), "the refusal carries plaintext")
+    for consumed, what in ((0, "rank 1"), (1, "rank 2")):
+        cursor = handle_b.copy_cursor()
+        cursor.consumed = consumed
+        await t.refuses(
+            SealedPayloadUnreadable,
+            ctl.await_next_settlement(cursor),
+            f"{what} of a group whose outcomes were copied from another group",
+        )
+        t.expect(cursor.consumed == consumed, "a refusal advanced the handle")
+
+
+@check("G-49", requires=("sealing",))
+async def check_an_unopenable_outcome_is_refused_and_changes_nothing(t: CheckContext) -> None:
+    """A reader with no key store, or the wrong one, gets SealedPayloadUnreadable (ids
+    only), its handle stays, the record is unchanged; the right reader then reads the same
+    rank."""
+    ctl = await t.ctl()
+    secret = t.tag("the-secret")
+    labels = ["small", "large"] if t.host.capabilities.payload_refs else ["small"]
+    values: dict[str, Any] = {"small": {"secret": secret}, "large": _large(secret)}
+    group = t.group("g", [t.step(label, gate=False, result=values[label]) for label in labels])
+    handle = await t.open(ctl, group)
+    await _settled(t, ctl, group.key, len(labels))
+    order = await ctl.settlement_order(group.key)
+    before = {label: await t.host.stored_outcome(group.key, t.tag(label)) for label in labels}
+    for label, stored in before.items():
+        t.expect(stored.sealed, f"{label}'s outcome is recorded unsealed ({stored.form})")
+        t.expect(secret not in stored.model_dump_json(), f"{label}'s record carries plaintext")
+
+    for keys in ("none", "wrong"):
+        reader = await t.host.reader(keys=keys)
+        for consumed in range(len(labels)):
+            cursor = handle.copy_cursor()
+            cursor.consumed = consumed
+            error = await t.refuses(
+                SealedPayloadUnreadable,
+                reader.await_next_settlement(cursor),
+                f"rank {consumed + 1} read with key store {keys!r}",
+            )
+            t.expect(cursor.consumed == consumed, f"a refusal ({keys}) advanced the handle")
+            t.expect(error.group_key == group.key, "the refusal does not name the group key")
+            t.expect(not _leaks(error, secret), f"the refusal ({keys}) carries plaintext")
+        after = {label: await t.host.stored_outcome(group.key, t.tag(label)) for label in labels}
+        t.expect(after == before, f"a refusal ({keys}) changed the recorded outcomes")
+        t.expect(await ctl.settlement_order(group.key) == order, "a refusal changed the ranks")
+
+    right = await t.host.reader(keys="right")
+    seen = {}
+    for _ in labels:
+        settlement = await t.next(right, handle)
+        seen[settlement.replay_key] = settlement.outcome.value
+    t.expect(
+        seen == {t.tag(label): values[label] for label in labels},
+        "the correctly keyed reader did not read the refused ranks",
+    )
+
+
+@check("G-50", requires=("sealing",))
+async def check_a_destroyed_key_shreds_its_scope(t: CheckContext) -> None:
+    """After the scope's keys are destroyed its outcomes fail with PayloadShredded (the
+    handle stays); a reader that never held the key still says SealedPayloadUnreadable;
+    another scope is untouched."""
+    ctl = await t.ctl()
+    secret = t.tag("erased")
+    group = t.group("g", [t.step("gone", gate=False, result=secret)])
+    other = EffectGroup(
+        key=group_key(f"{t.scope}kept", "b", 0),
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[t.step("kept", gate=False, result="still here")],
+    )
+    handle = await t.open(ctl, group)
+    kept = await t.open(ctl, other)
+    await _settled(t, ctl, group.key, 1)
+    await _settled(t, ctl, other.key, 1)
+    await t.host.destroy_keys(group.key)
+
+    right = await t.host.reader(keys="right")
+    error = await _refused(t, PayloadShredded, right, handle, "a rank whose key was destroyed")
+    t.expect(not _leaks(error, secret), "PayloadShredded carries plaintext")
+    for keys in ("none", "wrong"):
+        reader = await t.host.reader(keys=keys)
+        await _refused(
+            t, SealedPayloadUnreadable, reader, handle, f"key store {keys!r} never held the key"
+        )
+    settlement = await t.next(right, kept)
+    t.expect(settlement.outcome.value == "still here", "destroying one scope touched another")
+
+
+async def _refused(
+    t: CheckContext,
+    error: type[EffectHostError],
+    controller: EffectController,
+    handle: GroupHandle,
+    what: str,
+) -> EffectHostError:
+    cursor = handle.copy_cursor()
+    raised = await t.refuses(error, controller.await_next_settlement(cursor), what)
+    t.expect(cursor.consumed == handle.consumed, f"{what}: the refusal advanced the handle")
+    return raised
