@@ -67,7 +67,7 @@ from effecthost.contract import (
     sleep_seconds,
 )
 
-from ._store import ChildRow, ChildSpec, GroupRow, OpenGroup, Store
+from ._store import ChildRow, ChildSpec, Finalize, GroupRow, OpenGroup, RankRead, Store
 
 log = logging.getLogger("effecthost.sql")
 
@@ -76,6 +76,9 @@ DEFAULT_RENEW_EVERY = 10.0
 DEFAULT_MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
 
 _CANCEL = LoserPolicy.CANCEL.value
+READ_AHEAD = 64
+"""Ranks a waiter reads in one range scan; the committed ones past its own are kept for
+the next call on that group (dropped when the group closes)."""
 
 
 @dataclass(eq=False)
@@ -152,6 +155,11 @@ class SqlEffectHost(EffectController):
         self.max_payload_bytes = max_payload_bytes
         self.fault = fault
         self._drivers: dict[str, _Driver] = {}
+        # the batched finalize: per group, children waiting to finalize, and the task
+        # that drains them (whatever is pending when a transaction ends goes in the next)
+        self._pending: dict[str, list[tuple[_Driver, str, asyncio.Future[int | None]]]] = {}
+        self._flushers: dict[str, asyncio.Task[None]] = {}
+        self._ahead: dict[str, dict[int, RankRead]] = {}  # ranks read ahead, per group
         self._changed: dict[str, asyncio.Event] = {}
         self._timer_changed = asyncio.Event()
         self._keeper_changed = asyncio.Event()
@@ -212,7 +220,7 @@ class SqlEffectHost(EffectController):
         anything (leases simply expire), then close the connections."""
         self._closed = True
         tasks = [d.task for d in self._drivers.values() if d.task is not None]
-        tasks += self._background
+        tasks += self._background + list(self._flushers.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -268,6 +276,8 @@ class SqlEffectHost(EffectController):
     def _on_remote(self, kind: str, group_key: str) -> None:
         """A commit in any process (PostgreSQL LISTEN/NOTIFY)."""
         self._notify(group_key)
+        if kind == "c":
+            self._ahead.pop(group_key, None)
         if kind == "c" and any(d.group_key == group_key for d in self._drivers.values()):
             self._urgent = True  # a close: learn of cancels now, not at the next tick
             self._keeper_changed.set()
@@ -480,20 +490,83 @@ class SqlEffectHost(EffectController):
             if driver.lost or time.monotonic() >= driver.deadline:
                 log.warning("lease on %s lost or past its deadline: not finalizing", driver)
                 return  # self-fenced: write nothing (G-33)
-            seq = await self.store.finalize(
-                driver.replay_key,
-                driver.envelope_hash,
-                self.owner,
-                driver.fence,
-                outcome.model_dump_json(),
-            )
+            seq = await self._finalize(driver, outcome.model_dump_json())
             if seq is not None:
                 self._fault("wake")
                 self._notify(driver.group_key)
-                await self._maybe_retire(driver.group_key)
         finally:
             if self._drivers.get(driver.replay_key) is driver:
                 del self._drivers[driver.replay_key]
+
+    async def _finalize(self, driver: _Driver, outcome: str) -> int | None:
+        """Queue the child's finalize with its group's and wait for the sequence. Children
+        of one group that settle while a finalize of that group is being written go
+        together in the next transaction (:meth:`_flush`)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int | None] = loop.create_future()
+        self._pending.setdefault(driver.group_key, []).append((driver, outcome, future))
+        if driver.group_key not in self._flushers:
+            self._flushers[driver.group_key] = loop.create_task(
+                self._flush(driver.group_key), name=f"effecthost-finalize:{driver.group_key}"
+            )
+        return await future
+
+    async def _flush(self, group_key: str) -> None:
+        """Drain a group's pending finalizes, one transaction per round: a lone child
+        through the single-child finalize, several through the batched one (each child
+        still through its own fenced update; one counter bump for those that matched).
+        The self-fencing deadline is checked again when the round is taken."""
+        try:
+            while batch := self._pending.pop(group_key, None):
+                live = []
+                now = time.monotonic()
+                for entry in batch:
+                    driver, _outcome, future = entry
+                    if self._dead or driver.lost or now >= driver.deadline:
+                        if not self._dead:
+                            log.warning("lease on %s lost or past its deadline", driver)
+                        if not future.done():
+                            future.set_result(None)  # self-fenced: write nothing (G-33)
+                    else:
+                        live.append(entry)
+                if not live:
+                    continue
+                try:
+                    if len(live) == 1:
+                        driver, outcome, _future = live[0]
+                        seqs = [
+                            await self.store.finalize(
+                                driver.replay_key,
+                                driver.envelope_hash,
+                                self.owner,
+                                driver.fence,
+                                outcome,
+                            )
+                        ]
+                    else:
+                        seqs = await self.store.finalize_many(
+                            self.owner,
+                            [
+                                Finalize(d.replay_key, d.envelope_hash, d.fence, o)
+                                for d, o, _ in live
+                            ],
+                        )
+                except Exception as exc:
+                    for _driver, _outcome, future in live:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_driver, _outcome, future), seq in zip(live, seqs, strict=True):
+                    if not future.done():
+                        future.set_result(seq)
+                if any(seq is not None for seq in seqs) and not self._dead:
+                    await self._maybe_retire(group_key)  # once per transaction
+        finally:
+            if self._flushers.get(group_key) is asyncio.current_task():
+                del self._flushers[group_key]
+            if group_key not in self._flushers:
+                for _driver, _outcome, future in self._pending.pop(group_key, []):
+                    future.cancel()
 
     def _cancel_driver(self, driver: _Driver) -> None:
         """Cancel the child's task once: a second ``cancel()`` would interrupt the
@@ -619,7 +692,7 @@ class SqlEffectHost(EffectController):
         while True:
             event = self._event(handle.group_key)  # taken before the read: no lost wake-up
             # rank n is sequence n: dense, commit-ordered sequences (see the module doc)
-            read = await self.store.read_rank(handle.group_key, rank)
+            read = await self._read_rank(handle.group_key, rank)
             if read is None:
                 raise await self._missing(handle.group_key)
             if not checked:
@@ -648,6 +721,28 @@ class SqlEffectHost(EffectController):
                 return settlement
             bound = self.poll_interval * (10 if self.store.wakes_across_processes else 1)
             await _wait(event, bound)
+
+    async def _read_rank(self, group_key: str, rank: int) -> RankRead | None:
+        """Rank ``rank`` (sequence ``rank``): from what an earlier range scan read ahead,
+        else one range scan of up to :data:`READ_AHEAD` sequences. A settled rank never
+        changes (G-15), so a rank read ahead is what a later point lookup would return;
+        what was read ahead is dropped when the group closes."""
+        ahead = self._ahead.get(group_key)
+        if ahead is not None:
+            read = ahead.pop(rank, None)
+            if not ahead:
+                del self._ahead[group_key]
+            if read is not None:
+                return read
+        got = await self.store.read_ranks(group_key, rank, READ_AHEAD)
+        if got is None:
+            return None
+        group, found = got
+        reads = {seq: RankRead(group, pos, key, out) for seq, pos, key, out in found}
+        read = reads.pop(rank, None) or RankRead(group, None, None, None)
+        if reads and group.state == "open":
+            self._ahead.setdefault(group_key, {}).update(reads)
+        return read
 
     async def settlement_order(self, group_key: str) -> list[int]:
         self._require_wired(group_key)
@@ -689,6 +784,7 @@ class SqlEffectHost(EffectController):
             await self._maybe_retire(record.group_key)
             return  # idempotent
         await self.store.close(record.group_key, target.value)
+        self._ahead.pop(record.group_key, None)
         self._notify(record.group_key)
         if target is LoserPolicy.CANCEL:
             await self._cancel_unsettled(record.group_key)

@@ -9,7 +9,9 @@ The finalize is one round trip: the plpgsql function ``eh_finalize`` runs the no
 order of G-31 (fenced UPDATE of the child row; no counter bump when it matched nothing;
 ``counter = counter + 1 … RETURNING`` on the group row, written back as the child's
 sequence) inside the caller's single-statement transaction, and ``pg_notify`` wakes
-waiters in every process at commit (G-21).
+waiters in every process at commit (G-21). ``eh_finalize_many`` is the batched form for
+several children of one group: every fenced UPDATE first, then one counter bump for those
+that matched, also one round trip.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ._store import (
     ChildRow,
     ChildSpec,
     Claim,
+    Finalize,
     GroupRow,
     OpenGroup,
     RankRead,
@@ -108,6 +111,51 @@ DDL = [
             PERFORM pg_notify(p_channel, 's:' || g);
             RETURN s;
         END $$""",
+    f"""CREATE OR REPLACE FUNCTION eh_finalize_many(
+            p_keys text[], p_hashes text[], p_owner text, p_fences bigint[],
+            p_outcomes text[], p_channel text)
+        RETURNS bigint[] LANGUAGE plpgsql AS $$
+        DECLARE
+            n integer := coalesce(array_length(p_keys, 1), 0);
+            seqs bigint[] := array_fill(NULL::bigint, ARRAY[n]);
+            matched integer[] := '{{}}';
+            m integer;
+            g text;
+            grp text;
+            top bigint;
+        BEGIN
+            -- (1) each child through its own fenced UPDATE, in the order given: every
+            -- child row is locked before the group row
+            FOR i IN 1..n LOOP
+                UPDATE eh_children SET state = 'settled', outcome = p_outcomes[i],
+                       lease_owner = NULL, lease_expires = NULL, settled_at = {NOW}
+                 WHERE replay_key = p_keys[i] AND envelope_hash = p_hashes[i]
+                   AND lease_owner = p_owner AND fence = p_fences[i] AND state = 'claimed'
+                RETURNING group_key INTO g;
+                IF FOUND THEN
+                    IF grp IS NULL THEN
+                        grp := g;
+                    ELSIF grp <> g THEN
+                        RAISE EXCEPTION 'eh_finalize_many: children of one group only';
+                    END IF;
+                    matched := matched || i;
+                END IF;
+            END LOOP;
+            -- (2) no fenced update matched: nothing written, no counter bump
+            m := coalesce(array_length(matched, 1), 0);
+            IF m = 0 THEN
+                RETURN seqs;
+            END IF;
+            -- (3) one bump for the m that matched; sequences in the order they matched
+            UPDATE eh_groups SET counter = counter + m WHERE group_key = grp
+            RETURNING counter INTO top;
+            FOR k IN 1..m LOOP
+                seqs[matched[k]] := top - m + k;
+                UPDATE eh_children SET seq = top - m + k WHERE replay_key = p_keys[matched[k]];
+            END LOOP;
+            PERFORM pg_notify(p_channel, 's:' || grp);
+            RETURN seqs;
+        END $$""",
     f"""CREATE OR REPLACE FUNCTION eh_claim(p_key text, p_owner text, p_ttl float8)
         RETURNS TABLE (fence bigint, attempt integer, cancel_requested boolean,
                        lease_expires float8)
@@ -171,6 +219,14 @@ def _group(r: Any) -> GroupRow:
     return GroupRow(*(r[name] for name in _GROUP_COLUMNS.split(", ")))
 
 
+_FUNCTION = re.compile(r"CREATE OR REPLACE FUNCTION (\w+)\(")
+
+
+def _function_name(statement: str) -> str | None:
+    found = _FUNCTION.search(statement)
+    return found.group(1) if found else None
+
+
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 
 
@@ -225,6 +281,15 @@ class PostgresStore(Store):
                 await conn.execute("INSERT INTO eh_schema (version) VALUES ($1)", SCHEMA_VERSION)
             elif found != SCHEMA_VERSION:
                 raise SchemaVersionError(int(found))
+            else:
+                # the version numbers the table layout; functions are code: a schema made
+                # by an earlier release of this version gets the ones it lacks (same
+                # signatures, same tables), under the advisory lock above
+                for statement in DDL:
+                    if _function_name(statement) and not await conn.fetchval(
+                        "SELECT to_regproc($1) IS NOT NULL", _function_name(statement)
+                    ):
+                        await conn.execute(statement)
 
     async def listen(self, callback: object) -> None:
         assert callable(callback)
@@ -287,6 +352,28 @@ class PostgresStore(Store):
         if row is None:
             return None
         return RankRead(_group(row), row["c_position"], row["c_key"], row["c_outcome"])
+
+    async def read_ranks(
+        self, group_key: str, seq: int, limit: int
+    ) -> tuple[GroupRow, list[tuple[int, int, str, str]]] | None:
+        cols = ", ".join("g." + col for col in _GROUP_COLUMNS.split(", "))
+        rows = await self._pool.fetch(
+            f"SELECT {cols}, c.seq AS c_seq, c.position AS c_position, c.replay_key AS c_key, "
+            "c.outcome AS c_outcome FROM eh_groups g "
+            "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq >= $1 "
+            "AND c.seq < $1 + $3 WHERE g.group_key = $2 ORDER BY c.seq",
+            seq,
+            group_key,
+            limit,
+        )
+        if not rows:
+            return None
+        found = [
+            (int(r["c_seq"]), r["c_position"], r["c_key"], r["c_outcome"])
+            for r in rows
+            if r["c_seq"] is not None and r["c_outcome"] is not None
+        ]
+        return _group(rows[0]), found
 
     async def settlement_order(self, group_key: str) -> list[int]:
         rows = await self._pool.fetch(
@@ -419,6 +506,18 @@ class PostgresStore(Store):
             self.channel,
         )
         return None if value is None else int(value)
+
+    async def finalize_many(self, owner: str, items: list[Finalize]) -> list[int | None]:
+        values = await self._pool.fetchval(
+            "SELECT eh_finalize_many($1, $2, $3, $4, $5, $6)",
+            [i.replay_key for i in items],
+            [i.envelope_hash for i in items],
+            owner,
+            [i.fence for i in items],
+            [i.outcome for i in items],
+            self.channel,
+        )
+        return [None if v is None else int(v) for v in values]
 
     async def settle_free(self, replay_key: str, owner: str, outcome: str) -> int | None:
         value = await self._pool.fetchval(

@@ -22,6 +22,7 @@ from ._store import (
     ChildRow,
     ChildSpec,
     Claim,
+    Finalize,
     GroupRow,
     OpenGroup,
     RankRead,
@@ -254,6 +255,28 @@ class SqliteStore(Store):
 
         return await self._run(read)
 
+    async def read_ranks(
+        self, group_key: str, seq: int, limit: int
+    ) -> tuple[GroupRow, list[tuple[int, int, str, str]]] | None:
+        def read(c: sqlite3.Connection) -> tuple[GroupRow, list[tuple[int, int, str, str]]] | None:
+            rows = c.execute(
+                f"SELECT {', '.join('g.' + col for col in _GROUP_COLUMNS.split(', '))}, "
+                "c.seq, c.position, c.replay_key, c.outcome FROM eh_groups g "
+                "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq >= ? "
+                "AND c.seq < ? WHERE g.group_key = ? ORDER BY c.seq",
+                (seq, seq + limit, group_key),
+            ).fetchall()
+            if not rows:
+                return None
+            found = [
+                (int(r[9]), r[10], r[11], r[12])
+                for r in rows
+                if r[9] is not None and r[12] is not None
+            ]
+            return _group(rows[0][:9]), found
+
+        return await self._run(read)
+
     async def settlement_order(self, group_key: str) -> list[int]:
         def read(c: sqlite3.Connection) -> list[int]:
             rows = c.execute(
@@ -463,6 +486,56 @@ class SqliteStore(Store):
             if seq is not None:
                 self._fault("finalize:after_commit")
             return seq
+
+        return await self._run(write)
+
+    async def finalize_many(self, owner: str, items: list[Finalize]) -> list[int | None]:
+        def write(c: sqlite3.Connection) -> list[int | None]:
+            seqs: list[int | None] = [None] * len(items)
+            matched: list[int] = []
+            group: str | None = None
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                # (1) each child through its own fenced UPDATE, in the order given
+                for index, item in enumerate(items):
+                    row = c.execute(
+                        "UPDATE eh_children SET state = 'settled', outcome = ?, "
+                        f"lease_owner = NULL, lease_expires = NULL, settled_at = {NOW} "
+                        "WHERE replay_key = ? AND envelope_hash = ? AND lease_owner = ? "
+                        "AND fence = ? AND state = 'claimed' RETURNING group_key",
+                        (item.outcome, item.replay_key, item.envelope_hash, owner, item.fence),
+                    ).fetchone()
+                    if row is None:
+                        continue
+                    if group is not None and row[0] != group:
+                        raise ValueError("finalize_many: children of one group only")
+                    group = row[0]
+                    matched.append(index)
+                    self._fault("finalize:after_update")
+                if group is not None:
+                    # (3) one bump for the children that matched, in the order they matched
+                    top = c.execute(
+                        "UPDATE eh_groups SET counter = counter + ? WHERE group_key = ? "
+                        "RETURNING counter",
+                        (len(matched), group),
+                    ).fetchone()[0]
+                    base = int(top) - len(matched)
+                    for k, index in enumerate(matched, 1):
+                        seqs[index] = base + k
+                    c.executemany(
+                        "UPDATE eh_children SET seq = ? WHERE replay_key = ?",
+                        [(seqs[index], items[index].replay_key) for index in matched],
+                    )
+                    for _index in matched:  # fault points count children, as unbatched
+                        self._fault("finalize:before_commit")
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            # (2) nothing matched: roll back, no counter bump
+            c.execute("ROLLBACK" if group is None else "COMMIT")
+            for _index in matched:
+                self._fault("finalize:after_commit")
+            return seqs
 
         return await self._run(write)
 

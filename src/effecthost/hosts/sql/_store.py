@@ -85,6 +85,17 @@ class ChildRow:
 
 
 @dataclass(frozen=True)
+class Finalize:
+    """One child of a batched finalize: its fence (with the batch's lease owner) and its
+    outcome."""
+
+    replay_key: str
+    envelope_hash: str
+    fence: int
+    outcome: str
+
+
+@dataclass(frozen=True)
 class Claim:
     """A lease won on a child: the fence token the finalize must match."""
 
@@ -193,6 +204,15 @@ class Store(ABC):
         the child's sequence; commit. Returns the sequence."""
 
     @abstractmethod
+    async def finalize_many(self, owner: str, items: list[Finalize]) -> list[int | None]:
+        """Several children of **one** group finalized in one transaction (the batched
+        finalize): each child through its own fenced UPDATE, in the order given (child
+        rows first); then, only when at least one matched, one ``counter = counter + m``
+        on the group row for the ``m`` that matched, their sequences handed out in the
+        order their fenced updates succeeded; commit. Returns each item's sequence, or
+        ``None`` for an item whose fenced update matched nothing (it bumped nothing)."""
+
+    @abstractmethod
     async def settle_free(self, replay_key: str, owner: str, outcome: str) -> int | None:
         """Claim an unleased (or expired) child and finalize it, in one transaction: how
         timers fire, events are delivered and free children are cancelled."""
@@ -201,6 +221,15 @@ class Store(ABC):
     async def read_rank(self, group_key: str, seq: int) -> RankRead | None:
         """The group row and the child holding sequence ``seq`` (a point lookup on
         ``UNIQUE(group_key, seq)``), or ``None`` when the group is not recorded."""
+
+    @abstractmethod
+    async def read_ranks(
+        self, group_key: str, seq: int, limit: int
+    ) -> tuple[GroupRow, list[tuple[int, int, str, str]]] | None:
+        """The group row and the recorded children holding sequences ``seq …
+        seq + limit - 1`` as ``(seq, position, replay_key, outcome)`` in sequence order (a
+        range scan on ``UNIQUE(group_key, seq)``), or ``None`` when the group is not
+        recorded. How a waiter reads ahead the ranks already committed."""
 
     @abstractmethod
     async def settlement_order(self, group_key: str) -> list[int]: ...

@@ -1,0 +1,144 @@
+"""The batched finalize (G-31, G-16): several children of one group finalized in one
+transaction, on both substrates. Each child goes through its own fenced update; the ones
+that match get dense, distinct sequences in the order they matched, and a fenced-off
+child in the batch writes nothing and bumps nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from effecthost.contract import (
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    LoserPolicy,
+    Outcome,
+    ToolRegistry,
+    WakePolicy,
+)
+from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
+from effecthost.hosts.sql._store import ChildSpec, Finalize
+
+pytestmark = pytest.mark.anyio
+
+
+def _spec(key: str, position: int) -> ChildSpec:
+    return ChildSpec(
+        replay_key=key,
+        position=position,
+        kind="tool_call",
+        name="t",
+        envelope="{}",
+        envelope_hash="h",
+        claim=True,
+    )
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str
+) -> AsyncIterator[Store]:
+    made: Store
+    if request.param == "sqlite":
+        made = SqliteStore(tmp_path / "batch.sqlite3")
+    else:
+        made = PostgresStore(request.getfixturevalue("pg_dsn"), schema=pg_schema)
+    await made.start()
+    try:
+        yield made
+    finally:
+        await made.aclose()
+
+
+def _ok(value: str) -> str:
+    return Outcome.success(value).model_dump_json()
+
+
+async def test_batch_gets_dense_distinct_ranks_and_a_fenced_off_child_bumps_nothing(
+    store: Store,
+) -> None:
+    keys = [f"c{i}" for i in range(5)]
+    await store.create_group("g", "all", "run_to_completion", len(keys))
+    await store.insert_children("g", [_spec(k, i) for i, k in enumerate(keys)], "a:1", 30.0)
+    # one child settled earlier through the single-child path: the batch continues from it
+    assert await store.finalize("c0", "h", "a:1", 1, _ok("c0")) == 1
+    batch = [
+        Finalize("c3", "h", 1, _ok("c3")),
+        Finalize("c1", "h", 1, _ok("c1")),
+        Finalize("c2", "h", 7, _ok("stale")),  # fenced off: wrong fence token
+        Finalize("c0", "h", 1, _ok("again")),  # already settled
+        Finalize("c4", "h", 1, _ok("c4")),
+    ]
+    seqs = await store.finalize_many("a:1", batch)
+    # ranks in the order the fenced updates succeeded, dense after the earlier one
+    assert seqs == [2, 3, None, None, 4]
+    group = await store.get_group("g")
+    assert group is not None and group.counter == 4  # nothing burned for the fenced-off
+    assert await store.settlement_order("g") == [0, 3, 1, 4]
+    rows = {r.replay_key: r for r in await store.children("g")}
+    assert rows["c2"].state == "claimed" and rows["c2"].seq is None
+    for rank, key in [(1, "c0"), (2, "c3"), (3, "c1"), (4, "c4")]:
+        read = await store.read_rank("g", rank)
+        assert read is not None and read.replay_key == key
+        assert read.outcome is not None
+        assert Outcome.model_validate_json(read.outcome).value == key
+    # a batch in which nothing matches writes nothing at all
+    assert await store.finalize_many("b:2", [Finalize("c2", "h", 1, _ok("x"))] * 2) == [
+        None,
+        None,
+    ]
+    group = await store.get_group("g")
+    assert group is not None and group.counter == 4
+    # the fenced-off child still finalizes under its own fence, as rank 5
+    assert await store.finalize_many("a:1", [Finalize("c2", "h", 1, _ok("c2"))]) == [5]
+
+
+async def test_host_batches_children_of_one_group_that_settle_together(tmp_path: Path) -> None:
+    """Children settling at once on one host share transactions: fewer finalize
+    transactions than children, and the ranks are still 1..n, each child once."""
+    release = asyncio.Event()
+
+    async def work(value: object) -> object:
+        await release.wait()
+        return value
+
+    store = SqliteStore(tmp_path / "host.sqlite3")
+    calls: list[int] = []
+    single, many = store.finalize, store.finalize_many
+
+    async def count_single(*args: object) -> int | None:
+        calls.append(1)
+        return await single(*args)  # type: ignore[arg-type]
+
+    async def count_many(owner: str, items: list[Finalize]) -> list[int | None]:
+        calls.append(len(items))
+        return await many(owner, items)
+
+    store.finalize = count_single  # type: ignore[method-assign,assignment]
+    store.finalize_many = count_many  # type: ignore[method-assign]
+    host = SqlEffectHost(store, ToolRegistry({"t": work}))
+    await host.start()
+    try:
+        n = 40
+        group = EffectGroup(
+            key="b:group:g:0",
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[
+                EffectEnvelope(replay_key=f"b.c{i}", kind=EffectKind.TOOL_CALL, name="t", input=i)
+                for i in range(n)
+            ],
+        )
+        handle = await host.open_effect_group(group)
+        release.set()
+        got = [await asyncio.wait_for(host.await_next_settlement(handle), 10) for _ in range(n)]
+        assert [s.rank for s in got] == list(range(1, n + 1))
+        assert sorted(s.position for s in got) == list(range(n))
+        assert all(s.outcome.value == s.position for s in got)
+        assert sum(calls) == n and len(calls) < n and max(calls) > 1
+    finally:
+        await host.aclose()
