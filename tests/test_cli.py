@@ -96,12 +96,15 @@ def test_conformance_without_a_factory_is_a_usage_error() -> None:
     assert "MODULE:FACTORY" in run.stderr
 
 
-def test_demo_traces_the_deadline_and_the_rank_order_rejection() -> None:
+def test_demo_survives_a_sigkill_with_the_same_ranks() -> None:
     run = effecthost("demo", "--slow", "1", "--deadline", "0.05")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "deadline won" in run.stdout
-    assert "the first rejection in rank order, not position order" in run.stdout
-    assert "open groups left: []" in run.stdout
+    out = run.stdout
+    assert "deadline won" in out
+    assert "the first rejection in rank order" in out
+    assert "SIGKILL -> worker" in out
+    assert "ranks 1-2 are byte-identical to what the killed worker read" in out
+    assert "settlement order by position: [0, 2, 1, 3]; group closed" in out
 
 
 def test_inspect_without_a_host_exits_2() -> None:
