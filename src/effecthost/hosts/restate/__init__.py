@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ._deploy import register_deployment, validate_registered, validate_services
     from ._endpoint import build_app, build_services
     from ._handler_controller import HandlerController
+    from ._policy import file_payload_policy
     from ._serve import serve
 
 _LAZY = {
@@ -23,6 +24,7 @@ _LAZY = {
     "RestateController": "._controller",
     "build_app": "._endpoint",
     "build_services": "._endpoint",
+    "file_payload_policy": "._policy",
     "register_deployment": "._deploy",
     "validate_registered": "._deploy",
     "validate_services": "._deploy",
@@ -49,6 +51,7 @@ __all__ = [
     "RestateController",
     "build_app",
     "build_services",
+    "file_payload_policy",
     "register_deployment",
     "serve",
     "validate_registered",

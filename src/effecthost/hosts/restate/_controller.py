@@ -33,6 +33,7 @@ from effecthost.contract import (
     normalize_json,
 )
 from effecthost.hosts import require
+from effecthost.payloads import PayloadPolicy, StoredOutcome, decode_outcome
 
 from ._wire import GROUP
 
@@ -63,6 +64,41 @@ def _raise_refusal(answer: Any) -> None:
         )
 
 
+async def _settlement(
+    answer: dict[str, Any], group_key: str, rank: int, payloads: PayloadPolicy | None
+) -> Settlement:
+    """The settlement of an ``await_rank`` answer; a stored form is decoded with
+    ``payloads`` (which changes nothing: the caller advances its handle only after).
+
+    Raises:
+        SealedPayloadUnreadable, PayloadShredded, PayloadMissing: see
+            :func:`~effecthost.payloads.decode_outcome`.
+    """
+    replay_key = answer["replay_key"]
+    if "stored" in answer:
+        stored = _stored_or_none(answer["stored"])
+        if stored is None:  # raised outside any handler: nothing quotes the record
+            raise PayloadMissing(
+                f"rank {rank} of group {group_key!r} ({replay_key!r}) is not a stored outcome",
+                group_key=group_key,
+                replay_key=replay_key,
+                rank=rank,
+            )
+        outcome = await decode_outcome(payloads, group_key, replay_key, stored, rank=rank)
+    else:
+        outcome = Outcome.model_validate(answer["outcome"])
+    return Settlement(
+        rank=rank, position=answer["position"], replay_key=replay_key, outcome=outcome
+    )
+
+
+def _stored_or_none(value: Any) -> StoredOutcome | None:
+    try:
+        return StoredOutcome.model_validate(value)
+    except ValueError:  # pydantic's ValidationError quotes its input: never let it out
+        return None
+
+
 def _handle_doc(handle: GroupHandle) -> dict[str, Any]:
     return {
         "child_count": handle.child_count,
@@ -89,6 +125,7 @@ class RestateController(EffectController):
         *,
         owner: str = "default",
         request_timeout: float = 30.0,
+        payloads: PayloadPolicy | None = None,
     ) -> None:
         (httpx,) = require("restate", "restate", "httpx")
         self._ingress = ingress_url.rstrip("/")
@@ -97,6 +134,7 @@ class RestateController(EffectController):
         self.owner = owner
         self.incarnation = uuid.uuid4().hex
         self._timeout = request_timeout
+        self.payloads = payloads
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout, read=None))
 
     # -- wiring -------------------------------------------------------------------------
@@ -192,12 +230,7 @@ class RestateController(EffectController):
             handle.group_key, "await_rank", {**_handle_doc(handle), "rank": rank}
         )
         _raise_refusal(answer)
-        settlement = Settlement(
-            rank=rank,
-            position=answer["position"],
-            replay_key=answer["replay_key"],
-            outcome=Outcome.model_validate(answer["outcome"]),
-        )
+        settlement = await _settlement(answer, handle.group_key, rank, self.payloads)
         handle.consumed = rank
         return settlement
 

@@ -7,7 +7,10 @@ Group object state (keyed by group key), beside nothing else:
 - ``shape``: child count, wake, declared and effective disposition, epoch, owner — the
   shape fence lives beside the counter (G-38);
 - ``children``: the recorded envelopes (position order) with their hashes;
-- ``counter``; ``rank:{n}`` → ``{position, replay_key, outcome | ref}`` (G-40);
+- ``counter``; ``rank:{n}`` → ``{position, replay_key, outcome | ref | stored}`` (G-40):
+  with a :class:`~effecthost.payloads.PayloadPolicy`, ``stored`` is the
+  :class:`~effecthost.payloads.StoredOutcome` the child encoded (inline, sealed or a
+  reference into the policy's store), never the plaintext of a sealed outcome (G-47);
 - ``settled:{replay_key}`` → rank (the state-level dedup);
 - ``inv:{replay_key}`` → the child's invocation id (for the cancels of G-41);
 - ``waiters`` → rank → awakeable ids of parked readers; ``evw:``/``evp:`` for events;
@@ -33,6 +36,7 @@ from effecthost.contract import (
     sleep_seconds,
 )
 from effecthost.hosts import require
+from effecthost.payloads import PayloadPolicy, encode_outcome
 
 from ._wire import CHILD, GROUP, INLINE_LIMIT, PAYLOAD, error, idempotency_key
 
@@ -75,12 +79,19 @@ def build_services(
     *,
     admin_url: str | None = None,
     retry_policy: Any = None,
+    payloads: PayloadPolicy | None = None,
 ) -> list[Any]:
     """The group object, child service and payload object, bound to ``resolver``.
 
     ``admin_url`` lets a routed child check that its target is bound (G-14).
     ``retry_policy``: a ``restate.InvocationRetryPolicy`` for all three (optional).
+    ``payloads``: the payload policy (store, inline threshold, sealer) every child encodes
+    its outcome with before it settles; the group object then records only that stored
+    form and close deletes the group's stored payloads (G-47…G-50). Callers must read with
+    a controller configured with the same store and keys. Without it, outcomes above
+    :data:`INLINE_LIMIT` go to the payload object and nothing is sealed.
     """
+    store = payloads.store if payloads is not None else None
     options: dict[str, Any] = {}
     if retry_policy is not None:
         options["invocation_retry_policy"] = retry_policy
@@ -101,6 +112,11 @@ def build_services(
     @payload.handler()
     async def clear(ctx: restate.ObjectContext) -> None:
         ctx.clear_all()
+
+    async def delete_payloads(group_key: str) -> None:
+        """Delete a closed group's payloads from the policy's store (idempotent)."""
+        if store is not None:
+            await store.delete_group(group_key)
 
     # -- group object -----------------------------------------------------------------
 
@@ -186,13 +202,21 @@ def build_services(
         one handler step (G-38)."""
         shape = await _get(ctx, "shape")
         if shape is None or req.get("epoch") != shape["epoch"]:
-            return  # closed (tombstone) or a stale epoch: harmless
+            # closed (tombstone) or a stale epoch: harmless, but a late child may have
+            # written a payload after close deleted the group's: delete again (the key
+            # can never be reopened, so nothing of the group is still referenced).
+            stored = req.get("stored")
+            if store is not None and isinstance(stored, dict) and stored.get("form") == "ref":
+                await ctx.run("delete late payload", delete_payloads, args=(ctx.key(),))
+            return
         rk = req["replay_key"]
         if await _get(ctx, f"settled:{rk}") is not None:
             return
         rank = int(await _get(ctx, "counter") or 0) + 1
         record = {"position": req["position"], "replay_key": rk}
-        if "ref" in req:
+        if "stored" in req:
+            record["stored"] = req["stored"]
+        elif "ref" in req:
             record["ref"] = req["ref"]
         else:
             record["outcome"] = req["outcome"]
@@ -341,6 +365,8 @@ def build_services(
         ctx.clear_all()
         ctx.set("tombstone", {"effective": target, "epoch": shape["epoch"]})
         ctx.object_send(clear, key, None)
+        if store is not None:
+            await ctx.run("delete payloads", delete_payloads, args=(key,))
         return {"ok": True, "cancelled": cancelled}
 
     @group.handler()
@@ -437,13 +463,32 @@ def build_services(
         raw = await ctx.generic_call(service, handler, canonical_json(envelope.input))
         return Outcome.success(json.loads(raw) if raw else None)
 
+    async def encode(group_key: str, replay_key: str, document: dict[str, Any]) -> dict[str, Any]:
+        """The stored form of an outcome under ``payloads`` (sealed, by reference)."""
+        assert payloads is not None
+        outcome = Outcome.model_validate(document)
+        stored = await encode_outcome(payloads, group_key, replay_key, outcome)
+        return stored.model_dump(mode="json")
+
+    async def encoded(ctx: restate.Context, group_key: str, rk: str, outcome: Outcome) -> Any:
+        """Encode inside ``ctx.run``: a fresh nonce and payload name per attempt, so the
+        journal must fix the one the settlement carries (a replay sends the same)."""
+        document = outcome.model_dump(mode="json")
+        return await ctx.run("encode outcome", encode, args=(group_key, rk, document))
+
     @child.handler()
     async def run(ctx: restate.Context, req: dict[str, Any]) -> dict[str, Any]:
-        """One child, run once: execute, store the outcome, send the settlement (G-37)."""
+        """One child, run once: execute, store the outcome, send the settlement (G-37).
+
+        With a payload policy the tool runs and its outcome is encoded in the same
+        ``ctx.run``, so the journal records only the stored form, never the plaintext of
+        a sealed outcome; the invocation's result is that stored form too."""
         envelope = EffectEnvelope.model_validate(req["envelope"])
         group_key, epoch, position = req["group_key"], req["epoch"], req["position"]
         rk = envelope.replay_key
         terminal: TerminalError | None = None
+        stored: Any = None
+        outcome: Outcome | None = None
         try:
             if req.get("target"):
                 outcome = await route(ctx, req["target"], envelope)
@@ -455,6 +500,12 @@ def build_services(
                 ctx.object_send(event_wait, group_key, {"replay_key": rk, "awakeable": aid})
                 event = await arrived
                 outcome = Outcome.success(event.get("v"))
+            elif payloads is not None:
+
+                async def sealed_action() -> dict[str, Any]:
+                    return await encode(group_key, rk, await execute_tool(envelope))
+
+                stored = await ctx.run("execute", sealed_action)
             else:
 
                 async def action() -> dict[str, Any]:
@@ -463,25 +514,35 @@ def build_services(
                 outcome = Outcome.model_validate(await ctx.run("execute", action))
         except TerminalError as exc:
             terminal = exc
+            stored = None
             if exc.status_code == CANCELLED_CODE:
                 outcome = Outcome.cancelled()
             else:
                 outcome = Outcome.failure("TerminalError", exc.message, code=exc.status_code)
-        document = outcome.model_dump(mode="json")
         message: dict[str, Any] = {
             "replay_key": rk,
             "position": position,
             "epoch": epoch,
         }
-        if len(canonical_json(document)) > INLINE_LIMIT:
-            await ctx.object_call(put, group_key, {"replay_key": rk, "outcome": document})
-            message["ref"] = {"object": PAYLOAD, "key": group_key, "replay_key": rk}
+        if payloads is not None:
+            if stored is None:
+                assert outcome is not None
+                stored = await encoded(ctx, group_key, rk, outcome)
+            message["stored"] = stored
+            result: dict[str, Any] = stored
         else:
-            message["outcome"] = document
+            assert outcome is not None
+            document = outcome.model_dump(mode="json")
+            if len(canonical_json(document)) > INLINE_LIMIT:
+                await ctx.object_call(put, group_key, {"replay_key": rk, "outcome": document})
+                message["ref"] = {"object": PAYLOAD, "key": group_key, "replay_key": rk}
+            else:
+                message["outcome"] = document
+            result = document
         ctx.object_send(settle, group_key, message)
         if terminal is not None:
             raise terminal
-        return document
+        return result
 
     return [group, child, payload]
 
@@ -492,9 +553,13 @@ def build_app(
     admin_url: str | None = None,
     retry_policy: Any = None,
     extra_services: list[Any] | None = None,
+    payloads: PayloadPolicy | None = None,
 ) -> Callable[..., Awaitable[None]]:
     """The ASGI endpoint binding the group object, the child service and the payload
-    object (G-42), plus ``extra_services`` (the user's own handlers)."""
-    services = build_services(resolver, admin_url=admin_url, retry_policy=retry_policy)
+    object (G-42), plus ``extra_services`` (the user's own handlers). ``payloads`` as in
+    :func:`build_services`."""
+    services = build_services(
+        resolver, admin_url=admin_url, retry_policy=retry_policy, payloads=payloads
+    )
     app: Callable[..., Awaitable[None]] = restate.app([*services, *(extra_services or [])])
     return app

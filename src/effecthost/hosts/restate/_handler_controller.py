@@ -14,15 +14,15 @@ from effecthost.contract import (
     GroupHandle,
     GroupShapeError,
     LoserPolicy,
-    Outcome,
     Settlement,
     UnknownGroup,
     canonical_json,
     is_host_kind,
     normalize_json,
 )
+from effecthost.payloads import PayloadPolicy
 
-from ._controller import _handle_doc, _raise_refusal
+from ._controller import _handle_doc, _raise_refusal, _settlement
 from ._wire import GROUP
 
 
@@ -34,12 +34,22 @@ class HandlerController(EffectController):
     object's exclusive ``settle`` resolves, so the wait never holds the object's lock
     (G-39); the caller invocation suspends meanwhile. Do not use it from a handler of the
     group object itself. The resolver must be the endpoint's (G-10).
+
+    ``payloads``: the endpoint's payload policy. The stored form is decoded after the
+    journaled call, locally, on every replay: the plaintext of a sealed outcome is never
+    journaled in the caller's invocation.
     """
 
     def __init__(
-        self, ctx: Any, resolver: GroupExecutors | None, *, owner: str = "handler"
+        self,
+        ctx: Any,
+        resolver: GroupExecutors | None,
+        *,
+        owner: str = "handler",
+        payloads: PayloadPolicy | None = None,
     ) -> None:
         self._ctx = ctx
+        self.payloads = payloads
         self._resolver = resolver
         self.owner = owner
 
@@ -92,12 +102,7 @@ class HandlerController(EffectController):
             handle.group_key, "await_rank", {**_handle_doc(handle), "rank": rank}
         )
         _raise_refusal(answer)
-        settlement = Settlement(
-            rank=rank,
-            position=answer["position"],
-            replay_key=answer["replay_key"],
-            outcome=Outcome.model_validate(answer["outcome"]),
-        )
+        settlement = await _settlement(answer, handle.group_key, rank, self.payloads)
         handle.consumed = rank
         return settlement
 

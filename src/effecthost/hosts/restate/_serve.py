@@ -2,7 +2,10 @@
 
 ``--resolver MODULE:CALLABLE`` names the resolver (or a factory called with the
 ``--resolver-arg`` values); the endpoint binds the group object, the child service and the
-payload object for it, validated before serving (G-42).
+payload object for it, validated before serving (G-42). ``--payload-dir`` (and
+``--key-dir`` to seal) configure the payload policy of
+:func:`~effecthost.hosts.restate.file_payload_policy`; give the callers' controllers the
+same directories.
 """
 
 from __future__ import annotations
@@ -61,15 +64,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resolver-arg", action="append", default=[])
     parser.add_argument("--admin-url", default=None, help="lets routed children check targets")
     parser.add_argument("--fast-retries", action="store_true")
+    parser.add_argument(
+        "--payload-dir", default=None, help="payload store directory (enables the policy)"
+    )
+    parser.add_argument("--key-dir", default=None, help="key directory: seal every outcome")
+    parser.add_argument("--inline-threshold", type=int, default=None)
     options = parser.parse_args(argv)
+    if options.payload_dir is None and (
+        options.key_dir is not None or options.inline_threshold is not None
+    ):
+        parser.error("--key-dir and --inline-threshold need --payload-dir")
     from ._deploy import validate_services
     from ._endpoint import build_services
+    from ._policy import file_payload_policy
 
+    payloads = None
+    if options.payload_dir is not None:
+        threshold: dict[str, int] = {}
+        if options.inline_threshold is not None:
+            threshold["inline_threshold"] = options.inline_threshold
+        payloads = file_payload_policy(options.payload_dir, options.key_dir, **threshold)
     restate = require("restate", "restate", "restate")[0]
     services = build_services(
         load_resolver(options.resolver, options.resolver_arg),
         admin_url=options.admin_url,
         retry_policy=fast_retries() if options.fast_retries else None,
+        payloads=payloads,
     )
     validate_services(services)
     asyncio.run(serve(restate.app(services), options.bind))

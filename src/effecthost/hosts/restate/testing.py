@@ -6,19 +6,23 @@ where ``scripts/install-restate.sh`` puts it) on free loopback ports in the fact
 dir, serves the endpoint with hypercorn in a separate process and registers it. With
 ``EFFECTHOST_RESTATE_ADMIN_URL`` and ``EFFECTHOST_RESTATE_INGRESS_URL`` set it uses that
 server instead and starts only the endpoint. Every process is stopped by its PID.
+
+``sealed_factory`` does the same with a payload policy on both sides (a payload directory
+and a key directory in the work dir): payload references and sealing (G-47…G-50).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from effecthost.conformance import (
     FactoryEnv,
@@ -28,9 +32,18 @@ from effecthost.conformance import (
 )
 from effecthost.contract import EffectController, EffectGroup, GroupExecutors
 from effecthost.hosts import require
+from effecthost.payloads import (
+    AesGcmSealer,
+    FileKeyStore,
+    PayloadPolicy,
+    StoredOutcome,
+    default_scope,
+)
 
 from ._controller import RestateController
 from ._deploy import register_deployment
+from ._policy import file_payload_policy
+from ._wire import GROUP
 
 SERVER_ENV = "EFFECTHOST_RESTATE_SERVER"
 ADMIN_ENV = "EFFECTHOST_RESTATE_ADMIN_URL"
@@ -118,8 +131,10 @@ class LocalRestate:
         *,
         admin_url: str | None = None,
         ingress_url: str | None = None,
+        endpoint_args: list[str] | None = None,
     ) -> None:
         self.work_dir = Path(work_dir)
+        self.endpoint_args = list(endpoint_args or [])
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.resolver_spec = resolver_spec
         self.resolver_args = list(resolver_args or [])
@@ -192,6 +207,7 @@ class LocalRestate:
         ]
         for arg in self.resolver_args:
             command += ["--resolver-arg", arg]
+        command += self.endpoint_args
         self.endpoint = _spawn(command, self._log("endpoint"))
 
         async def listening() -> bool:
@@ -225,8 +241,16 @@ class LocalRestate:
             log.close()
         self._logs.clear()
 
-    def controller(self, resolver: GroupExecutors | None, *, owner: str) -> RestateController:
-        return RestateController(self.ingress_url, self.admin_url, resolver, owner=owner)
+    def controller(
+        self,
+        resolver: GroupExecutors | None,
+        *,
+        owner: str,
+        payloads: PayloadPolicy | None = None,
+    ) -> RestateController:
+        return RestateController(
+            self.ingress_url, self.admin_url, resolver, owner=owner, payloads=payloads
+        )
 
 
 class RestateHostUnderTest(HostUnderTest):
@@ -235,7 +259,9 @@ class RestateHostUnderTest(HostUnderTest):
     capabilities = HostCapabilities(restart=True, durable_timers=True, unroutable_children=True)
     timeout = 20.0
 
-    def __init__(self, env: FactoryEnv) -> None:
+    payloads: PayloadPolicy | None = None
+
+    def __init__(self, env: FactoryEnv, endpoint_args: list[str] | None = None) -> None:
         self.env = env
         self.local = LocalRestate(
             env.work_dir,
@@ -243,6 +269,7 @@ class RestateHostUnderTest(HostUnderTest):
             [str(env.lab_path)],
             admin_url=os.environ.get(ADMIN_ENV),
             ingress_url=os.environ.get(INGRESS_ENV),
+            endpoint_args=endpoint_args,
         )
         self._controllers: list[RestateController] = []
 
@@ -251,7 +278,12 @@ class RestateHostUnderTest(HostUnderTest):
 
     async def controller(self, *, wired: bool = True) -> EffectController:
         resolver = conformance_resolver(self.env.lab_path) if wired else None
-        controller = self.local.controller(resolver, owner="conformance")
+        return self._track(resolver, self.payloads)
+
+    def _track(
+        self, resolver: GroupExecutors | None, payloads: PayloadPolicy | None
+    ) -> RestateController:
+        controller = self.local.controller(resolver, owner="conformance", payloads=payloads)
         self._controllers.append(controller)
         return controller
 
@@ -273,11 +305,125 @@ class RestateHostUnderTest(HostUnderTest):
         await self.local.stop()
 
 
-async def factory(env: FactoryEnv) -> RestateHostUnderTest:
-    host = RestateHostUnderTest(env)
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+async def group_state(controller: RestateController, group_key: str) -> dict[str, bytes]:
+    """Every state entry of the group object ``group_key``, as the admin SQL API shows
+    it (key → value bytes)."""
+    rows = await controller.query(
+        f"SELECT key, value_utf8 FROM state WHERE service_name = {_sql_text(GROUP)} "
+        f"AND service_key = {_sql_text(group_key)}"
+    )
+    return {row["key"]: str(row["value_utf8"]).encode("utf-8") for row in rows}
+
+
+class SealedRestateHostUnderTest(RestateHostUnderTest):
+    """The Restate tier with a payload policy on the endpoint and every controller: a
+    :class:`~effecthost.payloads.FilesystemPayloadStore` and a
+    :class:`~effecthost.payloads.FileKeyStore` in the work dir (G-47…G-50).
+
+    ``stored_outcome`` reads the group object's state through the admin SQL API;
+    ``transplant_outcome`` rewrites it through the admin API's state modification (what an
+    operator with admin access could do); ``destroy_keys`` destroys the scope in the key
+    directory the endpoint reads.
+    """
+
+    capabilities = HostCapabilities(
+        restart=True,
+        durable_timers=True,
+        unroutable_children=True,
+        payload_refs=True,
+        sealing=True,
+    )
+
+    def __init__(self, env: FactoryEnv) -> None:
+        self.payload_dir = env.work_dir / "payloads"
+        self.key_dir = env.work_dir / "keys"
+        super().__init__(
+            env, ["--payload-dir", str(self.payload_dir), "--key-dir", str(self.key_dir)]
+        )
+        self.payloads = file_payload_policy(self.payload_dir, self.key_dir)
+        self._keys = FileKeyStore(self.key_dir)
+
+    async def reader(self, *, keys: Literal["none", "wrong", "right"]) -> EffectController:
+        policy = self.payloads
+        assert policy is not None
+        if keys == "none":
+            policy = PayloadPolicy(store=policy.store, inline_threshold=policy.inline_threshold)
+        elif keys == "wrong":
+            wrong = FileKeyStore(self.env.work_dir / "wrong-keys")
+            policy = PayloadPolicy(
+                store=policy.store,
+                inline_threshold=policy.inline_threshold,
+                sealer=AesGcmSealer(wrong),
+            )
+        return self._track(conformance_resolver(self.env.lab_path), policy)
+
+    def _admin(self) -> RestateController:
+        if not self._controllers:
+            self._track(None, None)
+        return self._controllers[0]
+
+    async def _record(self, group_key: str, replay_key: str) -> tuple[str, dict[str, Any]]:
+        """The rank-record key and record of a settled child (waits for the state view)."""
+        state: dict[str, bytes] = {}
+        for _ in range(50):
+            state = await group_state(self._admin(), group_key)
+            rank = state.get(f"settled:{replay_key}")
+            if rank is not None and f"rank:{int(rank)}" in state:
+                name = f"rank:{int(rank)}"
+                record: dict[str, Any] = json.loads(state[name])
+                return name, record
+            await asyncio.sleep(0.1)  # the SQL view of an engine fact, not ordering
+        raise LookupError(f"no rank record of {replay_key!r} in group {group_key!r}")
+
+    async def stored_outcome(self, group_key: str, replay_key: str) -> StoredOutcome:
+        _, record = await self._record(group_key, replay_key)
+        return StoredOutcome.model_validate(record["stored"])
+
+    async def transplant_outcome(self, *, source: tuple[str, str], target: tuple[str, str]) -> None:
+        (httpx,) = require("restate", "restate", "httpx")
+        _, origin = await self._record(*source)
+        name, record = await self._record(*target)
+        record["stored"] = origin["stored"]
+        wanted = json.dumps(record).encode("utf-8")
+        group = target[0]
+        state = await group_state(self._admin(), group)
+        state[name] = wanted
+        async with httpx.AsyncClient(timeout=30.0) as client:
+            answer = await client.post(
+                f"{self.local.admin_url}/services/{GROUP}/state",
+                json={"object_key": group, "new_state": {k: list(v) for k, v in state.items()}},
+            )
+            answer.raise_for_status()
+        for _ in range(100):  # applied asynchronously: wait until the state shows it
+            current = await group_state(self._admin(), group)
+            if json.loads(current.get(name, b"null")) == record:
+                return
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"the state modification of {group!r} was not applied")
+
+    async def destroy_keys(self, group_key: str) -> None:
+        self._keys.destroy(default_scope(group_key))
+
+
+async def _started(host: RestateHostUnderTest) -> RestateHostUnderTest:
     try:
         await host.start()
     except BaseException:
         await host.local.stop()
         raise
+    return host
+
+
+async def factory(env: FactoryEnv) -> RestateHostUnderTest:
+    return await _started(RestateHostUnderTest(env))
+
+
+async def sealed_factory(env: FactoryEnv) -> SealedRestateHostUnderTest:
+    """The tier with payload references and sealing declared (G-47…G-50)."""
+    host = SealedRestateHostUnderTest(env)
+    await _started(host)
     return host
