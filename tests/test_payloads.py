@@ -380,3 +380,26 @@ def test_key_stores_never_show_key_material() -> None:
 def test_payload_ref_rejects_unsafe_names() -> None:
     with pytest.raises(ValueError):
         PayloadRef(group_key=GROUP, replay_key="r", name="../x", size=1, digest="0" * 64)
+
+
+async def test_g49_an_envelope_in_a_plaintext_slot_is_refused_not_served() -> None:
+    from effecthost.contract import Outcome, SealedPayloadUnreadable
+    from effecthost.payloads import (
+        AesGcmSealer,
+        InMemoryKeyStore,
+        PayloadPolicy,
+        StoredOutcome,
+        decode_outcome,
+    )
+
+    sealer = AesGcmSealer(InMemoryKeyStore())
+    envelope = sealer.seal("s:group:g:0", "s:group:g:0:0", b'{"status":"success","value":1}')
+    smuggled = StoredOutcome(
+        form="inline", outcome=Outcome.success(envelope.model_dump(mode="json"))
+    )
+    with pytest.raises(SealedPayloadUnreadable) as caught:
+        await decode_outcome(
+            PayloadPolicy(sealer=sealer), "s:group:g:0", "s:group:g:0:0", smuggled, rank=1
+        )
+    assert caught.value.rank == 1
+    assert envelope.ciphertext not in str(caught.value)

@@ -172,6 +172,8 @@ async def _decode(
 ) -> Outcome:
     if stored.form == "inline":
         assert stored.outcome is not None
+        if looks_sealed(stored.outcome.value):
+            raise unreadable(group_key, replay_key, "a sealed envelope sits in a plaintext slot")
         return stored.outcome
     if stored.form == "sealed":
         assert stored.envelope is not None
