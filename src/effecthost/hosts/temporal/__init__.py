@@ -5,7 +5,9 @@ without ``temporalio`` raises :class:`effecthost.hosts.MissingExtra` with that h
 
 - :func:`create_worker` builds a worker with the group workflow and the child activity
   registered for a task queue and a resolver (G-46);
-- :class:`TemporalEffectHost` is the controller callers use (a client wrapper).
+- :class:`TemporalEffectHost` is the controller callers use (a client wrapper);
+- :class:`SealingCodec`, :func:`sealed_client`, :func:`connect_sealed`: the sealing
+  payload codec and the client helper (G-50).
 """
 
 from __future__ import annotations
@@ -14,6 +16,14 @@ from effecthost.hosts import require
 
 require("temporal", "temporal", "temporalio")
 
+from ._codec import (  # noqa: E402
+    CODEC_ENCODING,
+    CODEC_SCOPE,
+    SealingCodec,
+    connect_sealed,
+    sealed_client,
+    sealed_data_converter,
+)
 from ._controller import GroupTooWide, TemporalEffectHost  # noqa: E402
 from ._shared import (  # noqa: E402
     CHILD_ACTIVITY,
@@ -27,6 +37,8 @@ from ._workflow import EffectGroupWorkflow, assign_rank  # noqa: E402
 
 __all__ = [
     "CHILD_ACTIVITY",
+    "CODEC_ENCODING",
+    "CODEC_SCOPE",
     "INLINE_OUTCOME_BYTES",
     "MAX_CHILDREN",
     "MAX_SPEC_BYTES",
@@ -34,8 +46,12 @@ __all__ = [
     "ChildActivities",
     "EffectGroupWorkflow",
     "GroupTooWide",
+    "SealingCodec",
     "TemporalEffectHost",
     "assign_rank",
+    "connect_sealed",
     "create_worker",
+    "sealed_client",
+    "sealed_data_converter",
     "workflow_runner",
 ]

@@ -7,7 +7,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from effecthost.contract import (
@@ -30,14 +30,17 @@ from effecthost.contract import (
     LoserPolicy,
     NoExecutor,
     Outcome,
+    PayloadShredded,
     PayloadTooLarge,
     ReplayMismatch,
+    SealedPayloadUnreadable,
     Settlement,
     UnknownGroup,
     normalize_json,
     sleep_seconds,
 )
 from effecthost.hosts import require
+from effecthost.payloads import AesGcmSealer, KeyStore, PayloadPolicy, StoredOutcome, decode_outcome
 
 require("temporal", "temporal", "temporalio")
 
@@ -52,10 +55,14 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy  #
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError  # noqa: E402
 from temporalio.service import RPCError, RPCStatusCode  # noqa: E402
 
+from ._codec import is_sealed_payload_error, sealed_client  # noqa: E402
 from ._shared import (  # noqa: E402
+    AWAIT_UPDATE,
     MAX_CHILDREN,
     MAX_SPEC_BYTES,
     MEMO_STATE,
+    READ_QUERY,
+    SETTLED_QUERY,
     WORKFLOW_NAME,
     rank_update_id,
 )
@@ -90,6 +97,13 @@ class TemporalEffectHost(EffectController):
     ``supports_effect_groups()`` is true iff a resolver is registered (G-07). Register the
     same resolver here as on the worker: the first open resolves every child locally
     before anything is recorded (G-10); the worker resolves them again to run them.
+
+    Payloads (G-47…G-50): ``payloads`` decodes what the worker's child activity recorded
+    (the same store and keys as the worker's policy); a group opened with a store deletes
+    its stored payloads when it retires. ``keys`` wires the sealing codec into ``client``
+    (:func:`~._codec.sealed_client`) and, when ``payloads`` is not given, opens sealed
+    outcomes with ``AesGcmSealer(keys)``. ``test_hooks`` opens groups that accept the
+    record-tampering update of the conformance checks; never set it in production.
     """
 
     def __init__(
@@ -101,14 +115,26 @@ class TemporalEffectHost(EffectController):
         heartbeat_timeout: float = 5.0,
         start_to_close_timeout: float = 86400.0,
         visibility_wait: float = 10.0,
+        payloads: PayloadPolicy | None = None,
+        keys: KeyStore | None = None,
+        test_hooks: bool = False,
     ) -> None:
+        if keys is not None:
+            client = sealed_client(client, keys)
+            if payloads is None:
+                payloads = PayloadPolicy(sealer=AesGcmSealer(keys))
         self._client = client
         self._task_queue = task_queue
         self._resolver = resolver
-        self._options = {
+        self._payloads = payloads
+        self._options: dict[str, Any] = {
             "heartbeat_timeout": heartbeat_timeout,
             "start_to_close": start_to_close_timeout,
         }
+        if payloads is not None and payloads.store is not None:
+            self._options["payloads"] = True
+        if test_hooks:
+            self._options["test_hooks"] = True
         self._visibility_wait = visibility_wait
         self._expected: dict[str, bool] = {}
         self.incarnation = f"{uuid.uuid4().hex}"
@@ -271,9 +297,12 @@ class TemporalEffectHost(EffectController):
 
     # -- read ---------------------------------------------------------------------------
 
-    async def _query(self, key: str, query: str, *args: Any) -> dict[str, Any]:
+    async def _query(
+        self, key: str, query: str, *args: Any, rank: int | None = None
+    ) -> dict[str, Any]:
         try:
-            result: dict[str, Any] = await self._handle(key).query(query, args=list(args))
+            with _opened(key, rank):
+                result: dict[str, Any] = await self._handle(key).query(query, args=list(args))
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 raise UnknownGroup(f"no group is recorded under {key!r}", group_key=key) from None
@@ -297,7 +326,9 @@ class TemporalEffectHost(EffectController):
         key = handle.group_key
         self._require_wired(key)
         rank = handle.consumed + 1
-        state = await self._query(key, "read", rank)
+        # The rank is in the query's name: nothing for the worker to decode, so a caller
+        # with other codec keys fails here, caller-side, and records nothing (G-49).
+        state = await self._query(key, f"{READ_QUERY}{rank}", rank=rank)
         self._check_handle(handle, state["shape"])
         if state["closed"]:
             raise GroupClosed(f"group {key!r} was closed", group_key=key)
@@ -311,23 +342,40 @@ class TemporalEffectHost(EffectController):
         doc = state["settlement"]
         if doc is None:
             try:
-                doc = await self._update(
-                    key, EffectGroupWorkflow.await_rank, rank, id=rank_update_id(rank)
-                )
+                with _opened(key, rank):
+                    doc = await self._update(key, f"{AWAIT_UPDATE}{rank}", id=rank_update_id(rank))
             except WorkflowUpdateFailedError as exc:
                 _raise_from(exc.cause, key)
             except RPCError as exc:
                 if exc.status == RPCStatusCode.NOT_FOUND:
                     raise GroupClosed(f"group {key!r} was closed", group_key=key) from None
                 raise
+        replay_key = doc["replay_key"]
+        stored = _stored_form(key, replay_key, rank, doc["outcome"])
+        # Decoded before the handle advances: a refusal leaves the cursor (G-49).
+        outcome = await decode_outcome(self._payloads, key, replay_key, stored, rank=rank)
         settlement = Settlement(
-            rank=rank,
-            position=doc["position"],
-            replay_key=doc["replay_key"],
-            outcome=Outcome.model_validate(doc["outcome"]),
+            rank=rank, position=doc["position"], replay_key=replay_key, outcome=outcome
         )
         handle.consumed = rank
         return settlement
+
+    async def recorded_settlements(self, group_key: str) -> list[dict[str, Any]]:
+        """Every settlement of ``group_key`` as history records it (outcomes in their
+        stored form: a reference or an envelope when the worker has a policy). For
+        inspection and the conformance hooks; never decodes."""
+        result: Any = await self._query(group_key, SETTLED_QUERY)
+        return list(result)
+
+    async def overwrite_outcome(self, group_key: str, replay_key: str, outcome: Any) -> None:
+        """Test hook: replace the recorded outcome of a settled child (groups opened by a
+        controller with ``test_hooks=True`` only; the update is refused otherwise)."""
+        try:
+            await self._update(
+                group_key, EffectGroupWorkflow.overwrite_outcome, replay_key, outcome
+            )
+        except WorkflowUpdateFailedError as exc:
+            _raise_from(exc.cause, group_key)
 
     async def settlement_order(self, group_key: str) -> list[int]:
         self._require_wired(group_key)
@@ -470,6 +518,54 @@ class _TemporalDrain(GroupDrain):
             no_executor=tuple(missing),
             extra={"engine_owned": engine_owned},
         )
+
+
+@contextlib.contextmanager
+def _opened(key: str, rank: int | None) -> Iterator[None]:
+    """Turn a payload this client's codec cannot open (or, without a codec, a sealed
+    payload) into the typed error of the read, with the group's ids only."""
+    try:
+        yield
+    except PayloadShredded:
+        raise PayloadShredded(
+            f"a sealed payload of group {key!r} cannot be opened: its codec key was destroyed",
+            group_key=key,
+            rank=rank,
+        ) from None
+    except SealedPayloadUnreadable:
+        raise SealedPayloadUnreadable(
+            f"a sealed payload of group {key!r} cannot be opened here: this client's codec "
+            "keys are not the worker's",
+            group_key=key,
+            rank=rank,
+        ) from None
+    except KeyError as exc:
+        if not is_sealed_payload_error(exc):
+            raise
+        raise SealedPayloadUnreadable(
+            f"a sealed payload of group {key!r} cannot be opened here: no codec is "
+            "configured on this client",
+            group_key=key,
+            rank=rank,
+        ) from None
+
+
+def _stored_form(key: str, replay_key: str, rank: int, doc: Any) -> StoredOutcome:
+    """What the workflow recorded: a stored form from a worker with a policy, a plain
+    outcome otherwise (and for outcomes the workflow itself derives: a cancellation, an
+    activity failure, a timer, an event)."""
+    try:
+        if isinstance(doc, dict) and "form" in doc:
+            return StoredOutcome.model_validate(doc)
+        return StoredOutcome(form="inline", outcome=Outcome.model_validate(doc))
+    except ValueError:  # a ValidationError quotes its input: never chain it
+        pass
+    raise SealedPayloadUnreadable(
+        f"the recorded outcome of child {replay_key!r} in group {key!r} is malformed",
+        group_key=key,
+        replay_key=replay_key,
+        rank=rank,
+    )
 
 
 def _no_executor(key: str, child: dict[str, Any], why: str) -> NoExecutor:

@@ -11,6 +11,20 @@ WORKFLOW_NAME = "effecthost.EffectGroup"
 CHILD_ACTIVITY = "effecthost.child"
 """The one activity type every ``tool_call`` child runs as."""
 
+RETIRE_ACTIVITY = "effecthost.retire_payloads"
+"""Deletes a retired group's stored payloads (scheduled only for groups opened with a
+payload store, option ``payloads``)."""
+
+READ_QUERY = "read:"
+"""Prefix of the argument-less rank query ``read:<rank>`` (the rank is in the name, so a
+caller whose codec keys differ from the worker's sends nothing the worker must decode)."""
+
+AWAIT_UPDATE = "await_rank:"
+"""Prefix of the argument-less waiting update ``await_rank:<rank>``."""
+
+SETTLED_QUERY = "settled"
+"""Every recorded settlement as recorded (stored forms; inspection and tests)."""
+
 MEMO_STATE = "effecthost_state"
 """Memo key listing a group as ``open`` until a caller closes it (G-30)."""
 
@@ -25,8 +39,9 @@ MAX_SPEC_BYTES = 1_500_000
 may be at most 2 MiB."""
 
 INLINE_OUTCOME_BYTES = 256 * 1024
-"""Outcomes whose JSON is larger are refused by the activity as oversize failures
-rather than written into history (see docs/temporal.md)."""
+"""Without a payload store, outcomes whose recorded JSON is larger are refused by the
+activity as ``PayloadTooLarge`` failures rather than written into history; with one they
+go by reference above the policy's inline threshold (see docs/temporal.md)."""
 
 RANK_UPDATE_PREFIX = "rank-"
 

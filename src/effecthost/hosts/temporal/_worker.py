@@ -17,6 +17,7 @@ from effecthost.contract import (
     Outcome,
 )
 from effecthost.hosts import require
+from effecthost.payloads import AesGcmSealer, KeyStore, PayloadPolicy, encode_outcome
 
 require("temporal", "temporal", "temporalio")
 
@@ -29,7 +30,13 @@ from temporalio.worker.workflow_sandbox import (  # noqa: E402
     SandboxRestrictions,
 )
 
-from ._shared import CHILD_ACTIVITY, INLINE_OUTCOME_BYTES, error_details  # noqa: E402
+from ._codec import sealed_client  # noqa: E402
+from ._shared import (  # noqa: E402
+    CHILD_ACTIVITY,
+    INLINE_OUTCOME_BYTES,
+    RETIRE_ACTIVITY,
+    error_details,
+)
 from ._workflow import EffectGroupWorkflow  # noqa: E402
 
 HEARTBEAT_EVERY = 0.5
@@ -38,10 +45,28 @@ through a heartbeat, so this bounds how late a ``CANCEL`` close reaches a loser.
 
 
 class ChildActivities:
-    """Runs ``tool_call`` children through the worker's registered resolver (G-09)."""
+    """Runs ``tool_call`` children through the worker's registered resolver (G-09).
 
-    def __init__(self, resolver: GroupExecutors | None) -> None:
+    With a :class:`~effecthost.payloads.PayloadPolicy` the activity returns the outcome's
+    stored form (:func:`~effecthost.payloads.encode_outcome`): above the inline threshold
+    the bytes go to the policy's store and history carries the reference (G-47); with a
+    sealer the outcome is sealed for its slot (G-48). Without one it returns the plain
+    outcome and refuses one over :data:`INLINE_OUTCOME_BYTES` as a ``PayloadTooLarge``
+    failure.
+    """
+
+    def __init__(
+        self, resolver: GroupExecutors | None, payloads: PayloadPolicy | None = None
+    ) -> None:
         self._resolver = resolver
+        self._payloads = payloads
+
+    @activity.defn(name=RETIRE_ACTIVITY)
+    async def retire_payloads(self, group_key: str) -> None:
+        """Delete the stored payloads of a retired group (idempotent)."""
+        store = self._payloads.store if self._payloads is not None else None
+        if store is not None:
+            await store.delete_group(group_key)
 
     @activity.defn(name=CHILD_ACTIVITY)
     async def run_child(self, envelope_doc: dict[str, Any]) -> dict[str, Any]:
@@ -76,14 +101,31 @@ class ChildActivities:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
-        doc = outcome.model_dump(mode="json")
+        group_key = info.workflow_id or ids.get("group_key") or envelope.replay_key
+        return await self._record(group_key, envelope.replay_key, outcome)
+
+    async def _record(self, group_key: str, replay_key: str, outcome: Outcome) -> dict[str, Any]:
+        """What history carries for ``outcome``: the stored form with a policy (the
+        workflow id is the group key), the plain outcome without one."""
+        policy = self._payloads
+        if policy is None:
+            doc = outcome.model_dump(mode="json")
+        else:
+            stored = await encode_outcome(policy, group_key, replay_key, outcome)
+            doc = stored.model_dump(mode="json")
         size = len(json.dumps(doc))
         if size > INLINE_OUTCOME_BYTES:
-            doc = Outcome.failure(
+            # No store (or a threshold above the limit): a typed refusal, never an
+            # oversize history event.
+            refusal = Outcome.failure(
                 "PayloadTooLarge",
-                f"outcome of {envelope.replay_key!r} is {size} bytes, over the inline "
-                f"limit of {INLINE_OUTCOME_BYTES}",
-            ).model_dump(mode="json")
+                f"outcome of {replay_key!r} is {size} bytes recorded, over the inline "
+                f"limit of {INLINE_OUTCOME_BYTES}; configure a payload store",
+            )
+            if policy is None:
+                return refusal.model_dump(mode="json")
+            stored = await encode_outcome(policy, group_key, replay_key, refusal)
+            doc = stored.model_dump(mode="json")
         return doc
 
 
@@ -117,6 +159,8 @@ def create_worker(
     sticky_queue_schedule_to_start_timeout: timedelta = timedelta(seconds=1),
     max_heartbeat_throttle_interval: timedelta = timedelta(seconds=1),
     interceptors: Sequence[Any] = (),
+    payloads: PayloadPolicy | None = None,
+    keys: KeyStore | None = None,
     **worker_options: Any,
 ) -> Worker:
     """One call: a worker with the group workflow and the child activity registered for
@@ -125,12 +169,23 @@ def create_worker(
     Crash settings: a short sticky-queue schedule-to-start timeout, so the next workflow
     task of a group leaves a dead worker's sticky queue quickly; and a short heartbeat
     throttle, so a cancel reaches a running child quickly.
+
+    Payloads (G-47…G-50): ``payloads`` is how the child activity records outcomes (by
+    reference above its threshold, sealed with its sealer); callers need a policy with the
+    same store and keys. ``keys`` wires :class:`~._codec.SealingCodec` into the worker's
+    client (every payload in history sealed) and, when ``payloads`` is not given, seals
+    outcomes with ``AesGcmSealer(keys)`` (inline, no store).
     """
+    if keys is not None:
+        client = sealed_client(client, keys)
+        if payloads is None:
+            payloads = PayloadPolicy(sealer=AesGcmSealer(keys))
+    activities = ChildActivities(resolver, payloads)
     return Worker(
         client,
         task_queue=task_queue,
         workflows=[EffectGroupWorkflow],
-        activities=[ChildActivities(resolver).run_child],
+        activities=[activities.run_child, activities.retire_payloads],
         workflow_runner=workflow_runner(),
         sticky_queue_schedule_to_start_timeout=sticky_queue_schedule_to_start_timeout,
         max_heartbeat_throttle_interval=max_heartbeat_throttle_interval,

@@ -12,6 +12,7 @@ module loads inside the workflow sandbox.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -20,7 +21,7 @@ from effecthost.hosts import require
 require("temporal", "temporal", "temporalio")
 
 from temporalio import workflow  # noqa: E402
-from temporalio.common import RetryPolicy  # noqa: E402
+from temporalio.common import RawValue, RetryPolicy  # noqa: E402
 from temporalio.exceptions import (  # noqa: E402
     ActivityError,
     ApplicationError,
@@ -28,7 +29,16 @@ from temporalio.exceptions import (  # noqa: E402
     TimeoutError,
 )
 
-from ._shared import CHILD_ACTIVITY, MEMO_STATE, WORKFLOW_NAME, error_details  # noqa: E402
+from ._shared import (  # noqa: E402
+    AWAIT_UPDATE,
+    CHILD_ACTIVITY,
+    MEMO_STATE,
+    READ_QUERY,
+    RETIRE_ACTIVITY,
+    SETTLED_QUERY,
+    WORKFLOW_NAME,
+    error_details,
+)
 
 Json = dict[str, Any]
 
@@ -75,6 +85,15 @@ def _failure(exc: ActivityError) -> Json:
     }
 
 
+def _rank_of(name: str, prefix: str) -> int:
+    try:
+        return int(name[len(prefix) :])
+    except ValueError:
+        raise ApplicationError(
+            f"malformed rank in {name!r}", type="UnknownQuery", non_retryable=True
+        ) from None
+
+
 @workflow.defn(name=WORKFLOW_NAME)
 class EffectGroupWorkflow:
     """One group. Start argument: the group spec (see ``_controller._group_spec``)."""
@@ -107,6 +126,16 @@ class EffectGroupWorkflow:
                 and workflow.all_handlers_finished()
             )
         )
+        if self._options.get("payloads"):
+            # Retirement deletes the group's stored payloads (G-47). Only groups opened
+            # with a payload store schedule it, so older histories replay unchanged.
+            await workflow.execute_activity(
+                RETIRE_ACTIVITY,
+                self._key,
+                activity_id="retire",
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            )
         return {"ranks": [s["replay_key"] for s in self._settled]}
 
     async def _watch(self, position: int) -> None:
@@ -217,6 +246,16 @@ class EffectGroupWorkflow:
             "settlement": self._settled[rank - 1] if 0 < rank <= len(self._settled) else None,
         }
 
+    @workflow.query(dynamic=True)
+    def read_by_name(self, name: str, args: Sequence[RawValue]) -> Any:
+        """``read:<rank>`` (as :meth:`read`, argument-less) and ``settled`` (every
+        settlement as recorded). Unknown names fail the query; queries add no history."""
+        if name.startswith(READ_QUERY):
+            return self.read(_rank_of(name, READ_QUERY))
+        if name == SETTLED_QUERY:
+            return list(self._settled)
+        raise ApplicationError(f"unknown query {name!r}", type="UnknownQuery")
+
     @workflow.query(name="status")
     def status(self) -> Json:
         return {
@@ -234,6 +273,9 @@ class EffectGroupWorkflow:
 
     @workflow.update(name="await_rank")
     async def await_rank(self, rank: int) -> Json:
+        return await self._await_rank(rank)
+
+    async def _await_rank(self, rank: int) -> Json:
         await workflow.wait_condition(lambda: len(self._settled) >= rank or self._closed)
         if len(self._settled) >= rank:
             return self._settled[rank - 1]
@@ -250,6 +292,43 @@ class EffectGroupWorkflow:
                 "does not exist",
                 group_key=self._key,
                 rank=rank,
+            )
+
+    @workflow.update(dynamic=True)
+    async def await_rank_by_name(self, name: str, args: Sequence[RawValue]) -> Json:
+        """``await_rank:<rank>``: :meth:`await_rank` with the rank in the name, so the
+        update carries no argument the worker must decode."""
+        return await self._await_rank(_rank_of(name, AWAIT_UPDATE))
+
+    @await_rank_by_name.validator
+    def _validate_await_rank_by_name(self, name: str, args: Sequence[RawValue]) -> None:
+        if not name.startswith(AWAIT_UPDATE):
+            raise _refuse("UnknownUpdate", f"unknown update {name!r}", group_key=self._key)
+        self._validate_await_rank(_rank_of(name, AWAIT_UPDATE))
+
+    @workflow.update(name="overwrite_outcome")
+    async def overwrite_outcome(self, replay_key: str, outcome: Any) -> None:
+        """Test hook (groups opened with option ``test_hooks`` only): replace the recorded
+        outcome of the settled child ``replay_key`` as an attacker with write access to
+        the records could (the conformance check of G-48)."""
+        for settlement in self._settled:
+            if settlement["replay_key"] == replay_key:
+                settlement["outcome"] = outcome
+
+    @overwrite_outcome.validator
+    def _validate_overwrite_outcome(self, replay_key: str, outcome: Any) -> None:
+        if not self._options.get("test_hooks"):
+            raise _refuse(
+                "TestHooksDisabled",
+                f"group {self._key!r} was not opened with test hooks",
+                group_key=self._key,
+            )
+        if not any(s["replay_key"] == replay_key for s in self._settled):
+            raise _refuse(
+                "UnknownGroup",
+                f"no settled child {replay_key!r} in group {self._key!r}",
+                group_key=self._key,
+                replay_key=replay_key,
             )
 
     # -- close --------------------------------------------------------------------------

@@ -6,6 +6,10 @@ database in the run's work directory) unless ``EFFECTHOST_TEMPORAL_ADDRESS`` is 
 a worker in a separate process that registers ``conformance_resolver(lab_path)``.
 ``restart()`` SIGKILLs the worker and starts a new one; when the server is ours it is
 restarted too, on the same database file. Nothing is downloaded.
+
+``sealed_factory`` adds payload references and sealing (G-47…G-50): the worker process
+and the controllers share a ``FilesystemPayloadStore`` and a ``FileKeyStore`` in the run's
+work directory; the worker's client and the controllers' clients carry the sealing codec.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from effecthost.conformance import (
     FactoryEnv,
@@ -29,15 +33,26 @@ from effecthost.conformance import (
     HostUnderTest,
     conformance_resolver,
 )
-from effecthost.contract import EffectController, EffectGroup, GroupExecutors
+from effecthost.contract import EffectController, EffectGroup, GroupExecutors, UnknownGroup
 from effecthost.hosts import require
+from effecthost.payloads import (
+    AesGcmSealer,
+    FileKeyStore,
+    FilesystemPayloadStore,
+    InMemoryKeyStore,
+    KeyStore,
+    PayloadPolicy,
+    StoredOutcome,
+    default_scope,
+)
 
 require("temporal", "temporal", "temporalio")
 
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 
-from ._controller import TemporalEffectHost  # noqa: E402
+from ._codec import CODEC_SCOPE  # noqa: E402
+from ._controller import TemporalEffectHost, _stored_form  # noqa: E402
 
 ADDRESS_ENV = "EFFECTHOST_TEMPORAL_ADDRESS"
 NAMESPACE_ENV = "EFFECTHOST_TEMPORAL_NAMESPACE"
@@ -152,7 +167,13 @@ class WorkerProcess:
     """``python -m effecthost.hosts.temporal.worker`` in its own process."""
 
     def __init__(
-        self, address: str, namespace: str, task_queue: str, lab_path: Path, log_path: Path
+        self,
+        address: str,
+        namespace: str,
+        task_queue: str,
+        lab_path: Path,
+        log_path: Path,
+        extra_args: list[str] | None = None,
     ) -> None:
         self.argv = [
             sys.executable,
@@ -168,6 +189,7 @@ class WorkerProcess:
             "effecthost.conformance:conformance_resolver",
             "--resolver-arg",
             str(lab_path),
+            *(extra_args or []),
         ]
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
@@ -245,6 +267,10 @@ class TemporalHostUnderTest(HostUnderTest):
             self.client = await self.server.start()
         await self._start_worker()
 
+    def worker_args(self) -> list[str]:
+        """Extra command-line options of the worker process."""
+        return []
+
     async def _start_worker(self) -> None:
         self.worker = WorkerProcess(
             self.address,
@@ -252,15 +278,17 @@ class TemporalHostUnderTest(HostUnderTest):
             self.task_queue,
             self.env.lab_path,
             self.env.work_dir / "temporal-worker.log",
+            self.worker_args(),
         )
         await self.worker.start()
 
+    def _make_controller(self, resolver: GroupExecutors | None) -> TemporalEffectHost:
+        assert self.client is not None
+        return TemporalEffectHost(self.client, self.task_queue, resolver)
+
     async def controller(self, *, wired: bool = True) -> EffectController:
         if wired not in self._controllers:
-            assert self.client is not None
-            self._controllers[wired] = TemporalEffectHost(
-                self.client, self.task_queue, self.resolver() if wired else None
-            )
+            self._controllers[wired] = self._make_controller(self.resolver() if wired else None)
         return self._controllers[wired]
 
     async def restart(self) -> None:
@@ -292,10 +320,136 @@ class TemporalHostUnderTest(HostUnderTest):
             await self.server.stop()
 
 
+class SealedTemporalHostUnderTest(TemporalHostUnderTest):
+    """The Temporal tier with payload references and sealing (G-47…G-50).
+
+    The worker process records outcomes with a ``PayloadPolicy`` over a
+    ``FilesystemPayloadStore`` (default inline threshold) and ``AesGcmSealer`` over a
+    ``FileKeyStore``, both in the run's work directory, and its client carries the sealing
+    codec over the same key store; the controllers use the same store and keys.
+
+    Hooks: ``stored_outcome`` reads the recorded settlement through the ``settled`` query
+    (no history); ``transplant_outcome`` reads the source's recorded outcome by that query
+    and writes it into the target slot with the ``overwrite_outcome`` update, which only
+    groups opened with ``test_hooks`` accept (history is immutable: this update is how an
+    attacker's write is simulated, and it is itself recorded); ``destroy_keys`` destroys the
+    group's scope in the shared key store (the codec's scope is another one);
+    ``reader`` builds a controller whose policy and client codec use no key store, a fresh
+    in-memory one, or the shared one.
+    """
+
+    capabilities = HostCapabilities(
+        restart=True,
+        durable_timers=True,
+        unroutable_children=True,
+        payload_refs=True,
+        sealing=True,
+    )
+
+    def __init__(self, env: FactoryEnv, *, restart_server: bool = True) -> None:
+        super().__init__(env, restart_server=restart_server)
+        self.payload_dir = env.work_dir / "payloads"
+        self.key_dir = env.work_dir / "keys"
+        self.keys = FileKeyStore(self.key_dir)
+        self.keys.current(CODEC_SCOPE)  # one codec key before any process seals
+        self.policy = PayloadPolicy(
+            store=FilesystemPayloadStore(self.payload_dir), sealer=AesGcmSealer(self.keys)
+        )
+        self._readers: list[TemporalEffectHost] = []
+
+    def worker_args(self) -> list[str]:
+        return ["--payload-dir", str(self.payload_dir), "--key-dir", str(self.key_dir)]
+
+    def _make_controller(self, resolver: GroupExecutors | None) -> TemporalEffectHost:
+        assert self.client is not None
+        return TemporalEffectHost(
+            self.client,
+            self.task_queue,
+            resolver,
+            payloads=self.policy,
+            keys=self.keys,
+            test_hooks=True,
+        )
+
+    async def _sealed(self) -> TemporalEffectHost:
+        controller = await self.controller()
+        assert isinstance(controller, TemporalEffectHost)
+        return controller
+
+    async def reader(self, *, keys: Literal["none", "wrong", "right"]) -> EffectController:
+        assert self.client is not None
+        store = self.policy.store
+        key_store: KeyStore | None
+        if keys == "right":
+            key_store = self.keys
+        elif keys == "wrong":
+            key_store = InMemoryKeyStore()
+        else:
+            key_store = None
+        sealer = AesGcmSealer(key_store) if key_store is not None else None
+        reader = TemporalEffectHost(
+            self.client,
+            self.task_queue,
+            self.resolver(),
+            payloads=PayloadPolicy(store=store, sealer=sealer),
+            keys=key_store,
+        )
+        self._readers.append(reader)
+        return reader
+
+    async def _recorded(self, group_key: str, replay_key: str) -> Any:
+        controller = await self._sealed()
+        for settlement in await controller.recorded_settlements(group_key):
+            if settlement["replay_key"] == replay_key:
+                return settlement["outcome"]
+        raise UnknownGroup(
+            f"no settled child {replay_key!r} in group {group_key!r}", group_key=group_key
+        )
+
+    async def stored_outcome(self, group_key: str, replay_key: str) -> StoredOutcome:
+        doc = await self._recorded(group_key, replay_key)
+        return _stored_form(group_key, replay_key, 0, doc)
+
+    async def transplant_outcome(self, *, source: tuple[str, str], target: tuple[str, str]) -> None:
+        doc = await self._recorded(*source)
+        controller = await self._sealed()
+        await controller.overwrite_outcome(target[0], target[1], doc)
+
+    async def destroy_keys(self, group_key: str) -> None:
+        self.keys.destroy(default_scope(group_key))
+
+    async def restart(self) -> None:
+        await self._close_readers()
+        await super().restart()
+
+    async def _close_readers(self) -> None:
+        for reader in self._readers:
+            await reader.aclose()
+        self._readers.clear()
+
+    async def aclose(self) -> None:
+        await self._close_readers()
+        await super().aclose()
+
+
 async def factory(env: FactoryEnv, **options: Any) -> TemporalHostUnderTest:
     """The conformance factory: a dev server (unless ``EFFECTHOST_TEMPORAL_ADDRESS``
     is set) and a worker process registering ``conformance_resolver(env.lab_path)``."""
     host = TemporalHostUnderTest(env, **options)
+    try:
+        await host.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await host.aclose()
+        raise
+    return host
+
+
+async def sealed_factory(env: FactoryEnv, **options: Any) -> SealedTemporalHostUnderTest:
+    """The conformance factory with payload references and sealing (G-47…G-50): as
+    :func:`factory`, plus a shared payload store and key store, the sealing codec on every
+    client and the record-tampering test hook."""
+    host = SealedTemporalHostUnderTest(env, **options)
     try:
         await host.start()
     except BaseException:

@@ -1,9 +1,13 @@
 """Run a group worker: ``python -m effecthost.hosts.temporal.worker``.
 
     python -m effecthost.hosts.temporal.worker --address HOST:PORT --task-queue Q \\
-        --resolver mypackage.tools:registry [--resolver-arg ARG ...]
+        --resolver mypackage.tools:registry [--resolver-arg ARG ...] \\
+        [--payload-dir DIR] [--key-dir DIR] [--inline-threshold BYTES]
 
-``--resolver`` names a ``GroupExecutors`` object, or a callable returning one (called
+``--payload-dir`` stores outcomes above the inline threshold by reference in a
+``FilesystemPayloadStore`` (callers must read the same directory); ``--key-dir`` seals
+outcomes and every payload in history with the keys of a ``FileKeyStore`` (callers must
+use the same keys). ``--resolver`` names a ``GroupExecutors`` object, or a callable returning one (called
 with the ``--resolver-arg`` values). The process prints ``ready`` once it polls, and
 runs until it is terminated.
 """
@@ -19,6 +23,14 @@ from typing import Any
 
 from effecthost.contract import GroupExecutors
 from effecthost.hosts import require
+from effecthost.payloads import (
+    DEFAULT_INLINE_THRESHOLD,
+    AesGcmSealer,
+    FileKeyStore,
+    FilesystemPayloadStore,
+    KeyStore,
+    PayloadPolicy,
+)
 
 require("temporal", "temporal", "temporalio")
 
@@ -37,9 +49,33 @@ def load_resolver(spec: str, args: list[str]) -> GroupExecutors:
     return resolver
 
 
-async def serve(address: str, namespace: str, task_queue: str, resolver: GroupExecutors) -> None:
+def payload_settings(
+    payload_dir: str | None, key_dir: str | None, inline_threshold: int
+) -> tuple[PayloadPolicy | None, KeyStore | None]:
+    """The policy and key store the command-line options describe."""
+    keys = FileKeyStore(key_dir) if key_dir else None
+    if payload_dir is None and keys is None:
+        return None, None
+    return (
+        PayloadPolicy(
+            store=FilesystemPayloadStore(payload_dir) if payload_dir else None,
+            inline_threshold=inline_threshold,
+            sealer=AesGcmSealer(keys) if keys is not None else None,
+        ),
+        keys,
+    )
+
+
+async def serve(
+    address: str,
+    namespace: str,
+    task_queue: str,
+    resolver: GroupExecutors,
+    payloads: PayloadPolicy | None = None,
+    keys: KeyStore | None = None,
+) -> None:
     client = await Client.connect(address, namespace=namespace)
-    worker = create_worker(client, task_queue, resolver)
+    worker = create_worker(client, task_queue, resolver, payloads=payloads, keys=keys)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -56,9 +92,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task-queue", required=True)
     parser.add_argument("--resolver", required=True, help="MODULE:ATTR")
     parser.add_argument("--resolver-arg", action="append", default=[])
+    parser.add_argument("--payload-dir", help="a FilesystemPayloadStore directory")
+    parser.add_argument("--key-dir", help="a FileKeyStore directory (sealing and codec)")
+    parser.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD)
     ns = parser.parse_args(argv)
     resolver = load_resolver(ns.resolver, ns.resolver_arg)
-    asyncio.run(serve(ns.address, ns.namespace, ns.task_queue, resolver))
+    payloads, keys = payload_settings(ns.payload_dir, ns.key_dir, ns.inline_threshold)
+    asyncio.run(serve(ns.address, ns.namespace, ns.task_queue, resolver, payloads, keys))
 
 
 if __name__ == "__main__":
