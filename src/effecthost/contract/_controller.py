@@ -11,9 +11,11 @@ from ._errors import (
     EffectGroupUnsupported,
     EffectHostError,
     ExecutorConsumed,
+    GroupShapeError,
     MembershipUnsupported,
     NoExecutor,
 )
+from ._kinds import is_host_kind
 from ._types import (
     EffectEnvelope,
     EffectGroup,
@@ -286,6 +288,59 @@ class EffectController(ABC):  # noqa: B024 - loud defaults, nothing abstract (G-
 class _EmptyDrain(GroupDrain):
     async def run_pass(self) -> DrainReport:
         return DrainReport()
+
+
+class WiredController(EffectController):
+    """A controller whose group capability is exactly "a resolver is registered" (G-07).
+
+    Hosts inherit the wiring and the first-open resolution rule (G-10) from here, so every
+    tier answers these the same way.
+    """
+
+    _resolver: GroupExecutors | None = None
+
+    def register_executors(self, resolver: GroupExecutors | None) -> None:
+        """Register (or, with ``None``, unregister) the resolver (G-07, G-09)."""
+        self._resolver = resolver
+
+    def supports_effect_groups(self) -> bool:
+        return self._resolver is not None
+
+    def _require_wired(self, group_key: str) -> GroupExecutors:
+        """The registered resolver.
+
+        Raises:
+            EffectGroupUnsupported: none is registered; the caller records nothing (G-07).
+        """
+        if self._resolver is None:
+            raise EffectGroupUnsupported(
+                f"{type(self).__name__} has no GroupExecutors resolver registered",
+                group_key=group_key,
+            )
+        return self._resolver
+
+    def _first_unresolvable(
+        self, group: EffectGroup, *, skip: Callable[[int, EffectEnvelope], bool] | None = None
+    ) -> tuple[int, EffectEnvelope] | None:
+        """The first child the resolver cannot run, skipping the kinds the host runs itself
+        (and whatever ``skip`` excludes); ``None`` when every child resolves (G-10)."""
+        for position, child in enumerate(group.children):
+            if is_host_kind(child) or (skip is not None and skip(position, child)):
+                continue
+            if self._resolver is None or self._resolver.resolve(child) is None:
+                return position, child
+        return None
+
+
+def group_shape_error(group: EffectGroup, position: int, child: EffectEnvelope) -> GroupShapeError:
+    """The refusal of a first open whose child at ``position`` has no executor (G-10)."""
+    return GroupShapeError(
+        f"no executor for child {child.replay_key!r} at position {position} of group "
+        f"{group.key!r} ({child.kind} {child.name!r}); nothing recorded",
+        group_key=group.key,
+        replay_key=child.replay_key,
+        position=position,
+    )
 
 
 def refuse_membership(envelope: EffectEnvelope) -> None:

@@ -17,11 +17,9 @@ from effecthost.contract import (
     CursorExhausted,
     DispositionWidened,
     DrainReport,
-    EffectController,
     EffectEnvelope,
     EffectExecutor,
     EffectGroup,
-    EffectGroupUnsupported,
     EffectHostError,
     EffectKind,
     ExecutionInput,
@@ -29,7 +27,6 @@ from effecthost.contract import (
     GroupDrain,
     GroupExecutors,
     GroupHandle,
-    GroupShapeError,
     GroupShapeMismatch,
     HandleMismatch,
     LoserPolicy,
@@ -40,7 +37,9 @@ from effecthost.contract import (
     Settlement,
     UnknownGroup,
     WakePolicy,
+    WiredController,
     canonical_json,
+    group_shape_error,
     is_host_kind,
     normalize_json,
     sleep_seconds,
@@ -93,7 +92,7 @@ class _Group:
         return len(self.children)
 
 
-class MemoryEffectHost(EffectController):
+class MemoryEffectHost(WiredController):
     """Reference host. ``supports_effect_groups()`` is true iff a resolver is registered.
 
     Ranks are served as the ``rank``-th smallest settlement sequence (G-16); this host's
@@ -131,22 +130,8 @@ class MemoryEffectHost(EffectController):
 
     # -- wiring -------------------------------------------------------------------------
 
-    def register_executors(self, resolver: GroupExecutors | None) -> None:
-        """Register (or, with ``None``, unregister) the resolver (G-07, G-09)."""
-        self._resolver = resolver
-
     def supports_concurrent_effects(self) -> bool:
         return True
-
-    def supports_effect_groups(self) -> bool:
-        return self._resolver is not None
-
-    def _require_wired(self, group_key: str) -> None:
-        if self._resolver is None:
-            raise EffectGroupUnsupported(
-                "MemoryEffectHost has no GroupExecutors resolver registered",
-                group_key=group_key,
-            )
 
     # -- open ---------------------------------------------------------------------------
 
@@ -190,13 +175,7 @@ class MemoryEffectHost(EffectController):
         for position, child in enumerate(group.children):
             executor = self._resolve(child)
             if executor is None:
-                raise GroupShapeError(
-                    f"no executor for child {child.replay_key!r} at position {position} of "
-                    f"group {group.key!r} ({child.kind} {child.name!r}); nothing recorded",
-                    group_key=group.key,
-                    replay_key=child.replay_key,
-                    position=position,
-                )
+                raise group_shape_error(group, position, child)
             executors.append(executor)
         return executors
 

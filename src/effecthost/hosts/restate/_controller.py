@@ -10,16 +10,13 @@ from effecthost.contract import (
     CursorExhausted,
     DispositionWidened,
     DrainReport,
-    EffectController,
     EffectEnvelope,
     EffectGroup,
-    EffectGroupUnsupported,
     EffectHostError,
     GroupClosed,
     GroupDrain,
     GroupExecutors,
     GroupHandle,
-    GroupShapeError,
     GroupShapeMismatch,
     HandleMismatch,
     LoserPolicy,
@@ -29,6 +26,8 @@ from effecthost.contract import (
     ReplayMismatch,
     Settlement,
     UnknownGroup,
+    WiredController,
+    group_shape_error,
     is_host_kind,
     normalize_json,
 )
@@ -107,7 +106,7 @@ def _handle_doc(handle: GroupHandle) -> dict[str, Any]:
     }
 
 
-class RestateController(EffectController):
+class RestateController(WiredController):
     """An :class:`EffectController` talking to a Restate deployment of this tier through
     ingress, for callers outside Restate (a web process, a script, a test).
 
@@ -139,21 +138,8 @@ class RestateController(EffectController):
 
     # -- wiring -------------------------------------------------------------------------
 
-    def register_executors(self, resolver: GroupExecutors | None) -> None:
-        self._resolver = resolver
-
     def supports_concurrent_effects(self) -> bool:
         return True
-
-    def supports_effect_groups(self) -> bool:
-        return self._resolver is not None
-
-    def _require_wired(self, group_key: str) -> None:
-        if self._resolver is None:
-            raise EffectGroupUnsupported(
-                "RestateController has no GroupExecutors resolver registered",
-                group_key=group_key,
-            )
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -184,18 +170,11 @@ class RestateController(EffectController):
         """Open ``group`` with some children addressed to ``Service/handler`` targets of
         their own instead of the child service (their input is the envelope's input)."""
         self._require_wired(group.key)
-        miss = self._first_miss(group, targets)
+        miss = self._first_unresolvable(group, skip=lambda position, _child: position in targets)
         if miss is not None:
             described = await self._call(group.key, "describe")
             if not described.get("recorded") and not described.get("closed"):
-                position, child = miss
-                raise GroupShapeError(
-                    f"no executor for child {child.replay_key!r} at position {position} of "
-                    f"group {group.key!r} ({child.kind} {child.name!r}); nothing recorded",
-                    group_key=group.key,
-                    replay_key=child.replay_key,
-                    position=position,
-                )
+                raise group_shape_error(group, *miss)
         body = {
             "child_count": group.child_count,
             "wake": group.wake.value,
@@ -208,18 +187,6 @@ class RestateController(EffectController):
         }
         _raise_refusal(await self._call(group.key, "open", body))
         return group.handle()
-
-    def _first_miss(
-        self, group: EffectGroup, targets: dict[int, str]
-    ) -> tuple[int, EffectEnvelope] | None:
-        """First open: every child resolves here before anything is recorded (G-10)."""
-        assert self._resolver is not None
-        for position, child in enumerate(group.children):
-            if position in targets or is_host_kind(child):
-                continue
-            if self._resolver.resolve(child) is None:
-                return position, child
-        return None
 
     # -- consume ------------------------------------------------------------------------
 

@@ -7,17 +7,15 @@ import json
 from typing import Any
 
 from effecthost.contract import (
-    EffectController,
     EffectGroup,
-    EffectGroupUnsupported,
     GroupExecutors,
     GroupHandle,
-    GroupShapeError,
     LoserPolicy,
     Settlement,
     UnknownGroup,
+    WiredController,
     canonical_json,
-    is_host_kind,
+    group_shape_error,
     normalize_json,
 )
 from effecthost.payloads import PayloadPolicy
@@ -26,7 +24,7 @@ from ._controller import _handle_doc, _raise_refusal, _settlement
 from ._wire import GROUP
 
 
-class HandlerController(EffectController):
+class HandlerController(WiredController):
     """An :class:`EffectController` over a handler's ``ctx``.
 
     ``await_next_settlement`` calls the group object's shared ``await_rank`` handler: it
@@ -53,35 +51,17 @@ class HandlerController(EffectController):
         self._resolver = resolver
         self.owner = owner
 
-    def supports_effect_groups(self) -> bool:
-        return self._resolver is not None
-
-    def _require_wired(self, group_key: str) -> None:
-        if self._resolver is None:
-            raise EffectGroupUnsupported(
-                "HandlerController has no GroupExecutors resolver registered",
-                group_key=group_key,
-            )
-
     async def _call(self, group_key: str, handler: str, body: Any = None) -> Any:
         raw = await self._ctx.generic_call(GROUP, handler, canonical_json(body), key=group_key)
         return json.loads(raw) if raw else None
 
     async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
         self._require_wired(group.key)
-        assert self._resolver is not None
-        for position, child in enumerate(group.children):
-            if not is_host_kind(child) and self._resolver.resolve(child) is None:
-                described = await self._call(group.key, "describe")
-                if described.get("recorded") or described.get("closed"):
-                    break
-                raise GroupShapeError(
-                    f"no executor for child {child.replay_key!r} at position {position} of "
-                    f"group {group.key!r}; nothing recorded",
-                    group_key=group.key,
-                    replay_key=child.replay_key,
-                    position=position,
-                )
+        miss = self._first_unresolvable(group)
+        if miss is not None:
+            described = await self._call(group.key, "describe")
+            if not (described.get("recorded") or described.get("closed")):
+                raise group_shape_error(group, *miss)
         body = {
             "child_count": group.child_count,
             "wake": group.wake.value,

@@ -14,10 +14,8 @@ from effecthost.contract import (
     CursorExhausted,
     DispositionWidened,
     DrainReport,
-    EffectController,
     EffectEnvelope,
     EffectGroup,
-    EffectGroupUnsupported,
     EffectHostError,
     EffectKind,
     GroupClosed,
@@ -36,6 +34,8 @@ from effecthost.contract import (
     SealedPayloadUnreadable,
     Settlement,
     UnknownGroup,
+    WiredController,
+    group_shape_error,
     normalize_json,
     sleep_seconds,
 )
@@ -91,7 +91,7 @@ class GroupTooWide(GroupShapeError):
     """The group has more children than one workflow run can hold (:data:`MAX_CHILDREN`)."""
 
 
-class TemporalEffectHost(EffectController):
+class TemporalEffectHost(WiredController):
     """Opens groups as workflows of the ``EffectGroup`` type on ``task_queue``.
 
     ``supports_effect_groups()`` is true iff a resolver is registered (G-07). Register the
@@ -142,14 +142,8 @@ class TemporalEffectHost(EffectController):
 
     # -- wiring -------------------------------------------------------------------------
 
-    def register_executors(self, resolver: GroupExecutors | None) -> None:
-        self._resolver = resolver
-
     def supports_concurrent_effects(self) -> bool:
         return True
-
-    def supports_effect_groups(self) -> bool:
-        return self._resolver is not None
 
     @property
     def client(self) -> Client:
@@ -163,13 +157,6 @@ class TemporalEffectHost(EffectController):
         """Mark this caller gone: a drain may now apply the declared ``CANCEL`` of the
         groups it opened and left unclosed."""
         _LIVE_OPENERS.discard(self.incarnation)
-
-    def _require_wired(self, group_key: str) -> None:
-        if self._resolver is None:
-            raise EffectGroupUnsupported(
-                "TemporalEffectHost has no GroupExecutors resolver registered",
-                group_key=group_key,
-            )
 
     def _handle(self, key: str) -> WorkflowHandle[Any, Any]:
         return self._client.get_workflow_handle(key)
@@ -202,16 +189,9 @@ class TemporalEffectHost(EffectController):
         self._require_wired(group.key)
         spec = self._group_spec(group)
         if check_routes:
-            miss = self._first_miss(group)
+            miss = self._first_unresolvable(group)
             if miss is not None and not await self._exists(group.key):
-                position, child = miss
-                raise GroupShapeError(
-                    f"no executor for child {child.replay_key!r} at position {position} of "
-                    f"group {group.key!r} ({child.kind} {child.name!r}); nothing recorded",
-                    group_key=group.key,
-                    replay_key=child.replay_key,
-                    position=position,
-                )
+                raise group_shape_error(group, *miss)
         fence = {
             "count": group.child_count,
             "wake": group.wake.value,
@@ -276,15 +256,6 @@ class TemporalEffectHost(EffectController):
                 group_key=group.key,
             )
         return spec
-
-    def _first_miss(self, group: EffectGroup) -> tuple[int, EffectEnvelope] | None:
-        """First open resolves every child before anything is recorded (G-10)."""
-        for position, child in enumerate(group.children):
-            if child.kind in (EffectKind.SLEEP, EffectKind.AWAIT_EVENT):
-                continue
-            if self._resolver is None or self._resolver.resolve(child) is None:
-                return position, child
-        return None
 
     async def _exists(self, key: str) -> bool:
         try:
