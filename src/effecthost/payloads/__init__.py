@@ -1,14 +1,16 @@
 """Payload references and sealed settlements (SPEC §6, G-47…G-50).
 
-- :class:`PayloadStore` (:class:`MemoryPayloadStore`, :class:`FilesystemPayloadStore`):
-  outcomes above an inline threshold are stored by reference.
+- :class:`PayloadStore` (:class:`MemoryPayloadStore`, :class:`FilesystemPayloadStore`,
+  :class:`PostgresPayloadStore`): outcomes above an inline threshold are stored by
+  reference.
 - :class:`AesGcmSealer` with a :class:`KeyStore` (:class:`InMemoryKeyStore`,
   :class:`FileKeyStore`): AES-256-GCM bound to the slot (format tag, group key, replay key).
 - :class:`PayloadPolicy` with :func:`encode_outcome` / :func:`decode_outcome`: what every
   host calls before recording and before serving a settlement.
 
 Imports only the standard library, pydantic and the contract; ``cryptography`` is loaded
-when a sealer is built (extra ``sealing``).
+when a sealer is built (extra ``sealing``), asyncpg when a :class:`PostgresPayloadStore`
+is first used (extra ``postgres``).
 """
 
 from ._keys import KEY_BYTES, FileKeyStore, InMemoryKeyStore, KeyStore, new_key_id
@@ -20,6 +22,7 @@ from ._policy import (
     encode_outcome,
     encode_outcome_inline,
 )
+from ._postgres import PostgresPayloadStore
 from ._sealing import (
     AES_256_GCM,
     SEALED_FORMAT,
@@ -52,6 +55,7 @@ __all__ = [
     "PayloadPolicy",
     "PayloadRef",
     "PayloadStore",
+    "PostgresPayloadStore",
     "SealedEnvelope",
     "Sealer",
     "StoredOutcome",

@@ -75,8 +75,9 @@ async def check_large_outcomes_round_trip_by_reference(t: CheckContext) -> None:
 
 @check("G-48", requires=("sealing",))
 async def check_a_sealed_outcome_is_bound_to_its_slot(t: CheckContext) -> None:
-    """A sealed outcome copied into another slot of its group, or into the same replay
-    key of another group, fails with SealedPayloadUnreadable; the original still opens."""
+    """A sealed outcome copied into another slot of its group, or into a slot of another
+    group, fails with SealedPayloadUnreadable; the original still opens. (Replay keys are
+    unique across groups on some tiers, so the other group has its own.)"""
     ctl = await t.ctl()
     refs = t.host.capabilities.payload_refs
     x_value: Any = _large(t.tag("x-secret")) if refs else t.tag("x-secret")
@@ -88,13 +89,13 @@ async def check_a_sealed_outcome_is_bound_to_its_slot(t: CheckContext) -> None:
     for count, label in enumerate(("x", "y", "z"), start=1):
         t.release(label)
         await _settled(t, ctl, a.key, count)
-    b = t.group("b", [t.step("x", gate=False), t.step("y", gate=False)])
+    b = t.group("b", [t.step("bx", gate=False), t.step("by", gate=False)])
     handle_b = await t.open(ctl, b)
     await _settled(t, ctl, b.key, 2)
 
     await t.host.transplant_outcome(source=(a.key, t.tag("y")), target=(a.key, t.tag("z")))
-    await t.host.transplant_outcome(source=(a.key, t.tag("x")), target=(b.key, t.tag("x")))
-    await t.host.transplant_outcome(source=(a.key, t.tag("y")), target=(b.key, t.tag("y")))
+    await t.host.transplant_outcome(source=(a.key, t.tag("x")), target=(b.key, t.tag("bx")))
+    await t.host.transplant_outcome(source=(a.key, t.tag("y")), target=(b.key, t.tag("by")))
 
     first = await t.next_is(ctl, handle_a, "x")
     t.expect(first.outcome.value == x_value, "the sealed outcome of x did not open in its slot")

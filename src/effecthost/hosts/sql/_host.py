@@ -22,6 +22,15 @@ last confirmed claim or renewal (``sent`` on the local monotonic clock, taken be
 statement went out); past it the driver is cancelled and writes nothing. A takeover of an
 expired lease bumps the fence token, so the old driver's finalize matches no row and bumps
 no counter (G-31).
+
+Payloads (G-47…G-50). With ``payloads=PayloadPolicy(...)`` every outcome is encoded with
+:func:`~effecthost.payloads.encode_outcome` before the finalize, and the child row's
+``outcome`` column holds only the :class:`~effecthost.payloads.StoredOutcome` (inline
+plaintext, inline sealed envelope, or a reference). A policy without a store gets this
+database's ``eh_payloads`` table, which the retirement transaction empties with the group.
+Every read goes through :func:`~effecthost.payloads.decode_outcome` before the handle
+advances, so a refusal (no key, wrong key, a value moved to another slot, a shredded key)
+raises the typed error and changes nothing. Child envelopes (inputs) stay plaintext.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from effecthost.contract import (
@@ -65,6 +74,12 @@ from effecthost.contract import (
     UnknownGroup,
     normalize_json,
     sleep_seconds,
+)
+from effecthost.payloads import (
+    PayloadPolicy,
+    StoredOutcome,
+    decode_outcome,
+    encode_outcome,
 )
 
 from ._store import ChildRow, ChildSpec, Finalize, GroupRow, OpenGroup, RankRead, Store
@@ -126,6 +141,9 @@ class SqlEffectHost(EffectController):
             wake-up from this process (cross-process commits on SQLite; a safety net for
             lost notifications on PostgreSQL).
         drain_every: when set, this host's timer loop also runs a drain pass this often.
+        payloads: payload references and sealing (G-47…G-50); a policy whose ``store`` is
+            ``None`` gets this database's payload table (``eh_payloads``). ``None`` (the
+            default) records every outcome inline as plain JSON, as before.
         fault: a test hook called with named points (``claim``, ``finalize:after_update``,
             ``finalize:after_commit``, ``close:before_commit``, ``wake``…).
     """
@@ -141,6 +159,7 @@ class SqlEffectHost(EffectController):
         poll_interval: float = 0.5,
         drain_every: float | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        payloads: PayloadPolicy | None = None,
         fault: Callable[[str], None] | None = None,
     ) -> None:
         if not 0 < renew_every < lease_ttl - lease_ttl / 6:
@@ -153,6 +172,9 @@ class SqlEffectHost(EffectController):
         self.poll_interval = poll_interval
         self.drain_every = drain_every
         self.max_payload_bytes = max_payload_bytes
+        if payloads is not None and payloads.store is None:
+            payloads = replace(payloads, store=store.payload_store())
+        self.payloads = payloads
         self.fault = fault
         self._drivers: dict[str, _Driver] = {}
         # the batched finalize: per group, children waiting to finalize, and the task
@@ -490,7 +512,10 @@ class SqlEffectHost(EffectController):
             if driver.lost or time.monotonic() >= driver.deadline:
                 log.warning("lease on %s lost or past its deadline: not finalizing", driver)
                 return  # self-fenced: write nothing (G-33)
-            seq = await self._finalize(driver, outcome.model_dump_json())
+            recorded = await self._encode(driver.group_key, driver.replay_key, outcome)
+            if self._dead or driver.lost or time.monotonic() >= driver.deadline:
+                return  # self-fenced while encoding: write nothing (G-33)
+            seq = await self._finalize(driver, recorded)
             if seq is not None:
                 self._fault("wake")
                 self._notify(driver.group_key)
@@ -652,7 +677,8 @@ class SqlEffectHost(EffectController):
             await _wait(self._timer_changed, wait)
 
     async def _settle_free(self, group_key: str, replay_key: str, outcome: Outcome) -> bool:
-        seq = await self.store.settle_free(replay_key, self.owner, outcome.model_dump_json())
+        recorded = await self._encode(group_key, replay_key, outcome)
+        seq = await self.store.settle_free(replay_key, self.owner, recorded)
         if seq is None:
             return False
         self._notify(group_key)
@@ -663,6 +689,33 @@ class SqlEffectHost(EffectController):
         record = await self.store.get_group(group_key)
         if record is not None and record.state == "closed" and await self.store.retire(group_key):
             self._notify(group_key)
+
+    # -- payloads (G-47…G-50) ----------------------------------------------------------------
+
+    async def _encode(self, group_key: str, replay_key: str, outcome: Outcome) -> str:
+        """What the child row's ``outcome`` column records: the outcome's JSON without a
+        payload policy (unchanged), else its :class:`StoredOutcome` (sealed when the policy
+        seals; above the threshold the bytes go to the payload store first)."""
+        if self.payloads is None:
+            return outcome.model_dump_json()
+        stored = await encode_outcome(self.payloads, group_key, replay_key, outcome)
+        return stored.model_dump_json()
+
+    async def _decode(self, group_key: str, replay_key: str, rank: int, recorded: str) -> Outcome:
+        """The outcome a child row records, opened with this host's policy. Reads only.
+
+        Raises:
+            SealedPayloadUnreadable, PayloadShredded, PayloadMissing: as
+                :func:`~effecthost.payloads.decode_outcome` (ids only).
+        """
+        encoded = recorded.startswith('{"form"')  # a StoredOutcome (a policy wrote it)
+        if not encoded and self.payloads is None:
+            return Outcome.model_validate_json(recorded)  # the default path, unchanged
+        if encoded:
+            stored = StoredOutcome.model_validate_json(recorded)
+        else:  # a plain outcome read under a policy: still shape-guarded (ADR 0130 D2)
+            stored = StoredOutcome(form="inline", outcome=Outcome.model_validate_json(recorded))
+        return await decode_outcome(self.payloads, group_key, replay_key, stored, rank=rank)
 
     # -- consume --------------------------------------------------------------------------
 
@@ -711,11 +764,13 @@ class SqlEffectHost(EffectController):
                 )
             if read.replay_key is not None and read.outcome is not None:
                 assert read.position is not None
+                # decoded before the handle advances: a refusal leaves it (G-49)
+                outcome = await self._decode(handle.group_key, read.replay_key, rank, read.outcome)
                 settlement = Settlement(
                     rank=rank,
                     position=read.position,
                     replay_key=read.replay_key,
-                    outcome=Outcome.model_validate_json(read.outcome),
+                    outcome=outcome,
                 )
                 handle.consumed = rank
                 return settlement

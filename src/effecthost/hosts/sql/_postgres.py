@@ -85,6 +85,15 @@ DDL = [
         effective  text NOT NULL,
         retired_at float8 NOT NULL
     )""",
+    """CREATE TABLE IF NOT EXISTS eh_payloads (
+        group_key  text NOT NULL,
+        name       text NOT NULL,
+        replay_key text NOT NULL,
+        data       bytea NOT NULL,
+        digest     text NOT NULL,
+        created_at float8 NOT NULL,
+        PRIMARY KEY (group_key, name)
+    )""",
     f"""CREATE OR REPLACE FUNCTION eh_finalize(
             p_key text, p_hash text, p_owner text, p_fence bigint, p_outcome text,
             p_channel text)
@@ -562,6 +571,7 @@ class PostgresStore(Store):
             if effective is None:
                 return False
             await conn.execute("DELETE FROM eh_children WHERE group_key = $1", group_key)
+            await conn.execute("DELETE FROM eh_payloads WHERE group_key = $1", group_key)
             await conn.execute(
                 "INSERT INTO eh_retired (group_key, effective, retired_at) "
                 f"VALUES ($1, $2, {NOW}) ON CONFLICT DO NOTHING",
@@ -569,3 +579,27 @@ class PostgresStore(Store):
                 effective,
             )
             return True
+
+    # -- the payload table ----------------------------------------------------------------
+
+    async def payload_put(
+        self, group_key: str, name: str, replay_key: str, data: bytes, digest: str
+    ) -> None:
+        await self._pool.execute(
+            "INSERT INTO eh_payloads (group_key, name, replay_key, data, digest, created_at) "
+            f"VALUES ($1, $2, $3, $4, $5, {NOW})",
+            group_key,
+            name,
+            replay_key,
+            data,
+            digest,
+        )
+
+    async def payload_get(self, group_key: str, name: str) -> bytes | None:
+        value = await self._pool.fetchval(
+            "SELECT data FROM eh_payloads WHERE group_key = $1 AND name = $2", group_key, name
+        )
+        return None if value is None else bytes(value)
+
+    async def payload_delete_group(self, group_key: str) -> None:
+        await self._pool.execute("DELETE FROM eh_payloads WHERE group_key = $1", group_key)

@@ -80,6 +80,15 @@ DDL = [
         effective  TEXT NOT NULL,
         retired_at REAL NOT NULL
     )""",
+    """CREATE TABLE IF NOT EXISTS eh_payloads (
+        group_key  TEXT NOT NULL,
+        name       TEXT NOT NULL,
+        replay_key TEXT NOT NULL,
+        data       BLOB NOT NULL,
+        digest     TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (group_key, name)
+    )""",
 ]
 
 _CHILD_COLUMNS = (
@@ -597,6 +606,7 @@ class SqliteStore(Store):
                 if row is None:
                     return False
                 c.execute("DELETE FROM eh_children WHERE group_key = ?", (group_key,))
+                c.execute("DELETE FROM eh_payloads WHERE group_key = ?", (group_key,))
                 c.execute(
                     "INSERT INTO eh_retired (group_key, effective, retired_at) "
                     f"VALUES (?, ?, {NOW}) ON CONFLICT DO NOTHING",
@@ -607,3 +617,39 @@ class SqliteStore(Store):
             return self._tx(c, body)
 
         return await self._run(write)
+
+    # -- the payload table ----------------------------------------------------------------
+
+    async def payload_put(
+        self, group_key: str, name: str, replay_key: str, data: bytes, digest: str
+    ) -> None:
+        def write(c: sqlite3.Connection) -> None:
+            def body(c: sqlite3.Connection) -> None:
+                c.execute(
+                    "INSERT INTO eh_payloads (group_key, name, replay_key, data, digest, "
+                    f"created_at) VALUES (?, ?, ?, ?, ?, {NOW})",
+                    (group_key, name, replay_key, data, digest),
+                )
+
+            self._tx(c, body)
+
+        await self._run(write)
+
+    async def payload_get(self, group_key: str, name: str) -> bytes | None:
+        def read(c: sqlite3.Connection) -> bytes | None:
+            row = c.execute(
+                "SELECT data FROM eh_payloads WHERE group_key = ? AND name = ?",
+                (group_key, name),
+            ).fetchone()
+            return None if row is None else bytes(row[0])
+
+        return await self._run(read)
+
+    async def payload_delete_group(self, group_key: str) -> None:
+        def write(c: sqlite3.Connection) -> None:
+            self._tx(
+                c,
+                lambda c: c.execute("DELETE FROM eh_payloads WHERE group_key = ?", (group_key,)),
+            )
+
+        await self._run(write)

@@ -9,8 +9,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 1
-"""The schema this code reads and writes. Another version in the database is refused."""
+from effecthost.payloads import PayloadRef, PayloadStore
+from effecthost.payloads._store import _check, _make_ref, _missing
+
+SCHEMA_VERSION = 2
+"""The schema this code reads and writes. Another version in the database is refused.
+
+Version 2 added the payload table ``eh_payloads`` (G-47); a database recording version 1
+is refused like any other version (nothing is migrated)."""
 
 
 class SchemaVersionError(RuntimeError):
@@ -264,5 +270,55 @@ class Store(ABC):
     async def max_lease_expiry(self, owner: str) -> float | None:
         """The latest lease expiry ``owner`` holds (restart tooling and tests)."""
 
+    # -- the payload table (G-47): bytes by reference, deleted with the group ----------------
+
+    @abstractmethod
+    async def payload_put(
+        self, group_key: str, name: str, replay_key: str, data: bytes, digest: str
+    ) -> None:
+        """Insert one payload row (its own committed transaction)."""
+
+    @abstractmethod
+    async def payload_get(self, group_key: str, name: str) -> bytes | None:
+        """The bytes of payload ``name`` of ``group_key``, or ``None``."""
+
+    @abstractmethod
+    async def payload_delete_group(self, group_key: str) -> None:
+        """Delete every payload row of ``group_key`` (idempotent). :meth:`retire` deletes
+        them too, in the retirement transaction."""
+
+    def payload_store(self) -> PayloadStore:
+        """This database's payload table as a :class:`~effecthost.payloads.PayloadStore`
+        (usable once the store is started)."""
+        return TablePayloadStore(self)
+
     async def listen(self, callback: object) -> None:  # noqa: B027 - optional
         """Deliver cross-process wake-ups to ``callback(kind, group_key)``."""
+
+
+class TablePayloadStore(PayloadStore):
+    """The ``eh_payloads`` table of a SQL store as a payload store: one row per payload
+    (group key, name, replay key, bytes, sha256 digest), in the same database as the rank
+    records, deleted by the group's retirement transaction. It stores what it is given (an
+    envelope when the policy seals), never interprets it."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def put(self, group_key: str, replay_key: str, data: bytes) -> PayloadRef:
+        ref = _make_ref(group_key, replay_key, bytes(data))
+        await self.store.payload_put(group_key, ref.name, replay_key, bytes(data), ref.digest)
+        return ref
+
+    async def get(self, ref: PayloadRef) -> bytes:
+        """Raises:
+        PayloadMissing: no row under ``ref`` (the group retired, or never written), or
+            not the bytes it names.
+        """
+        data = await self.store.payload_get(ref.group_key, ref.name)
+        if data is None:
+            raise _missing(ref, "is not in the payload table")
+        return _check(ref, data)
+
+    async def delete_group(self, group_key: str) -> None:
+        await self.store.payload_delete_group(group_key)

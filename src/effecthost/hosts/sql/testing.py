@@ -1,7 +1,9 @@
 """Conformance factories and a throwaway PostgreSQL server for the SQL tier.
 
 ``effecthost conformance effecthost.hosts.sql.testing:sqlite_factory`` and
-``…:postgres_factory``. The PostgreSQL factory uses ``EFFECTHOST_POSTGRES_DSN`` when set
+``…:postgres_factory``; ``…:sqlite_sealed_factory`` and ``…:postgres_sealed_factory`` add
+payload references (the database's ``eh_payloads`` table) and sealing (a
+:class:`~effecthost.payloads.FileKeyStore` in the work dir), G-47…G-50. The PostgreSQL factory uses ``EFFECTHOST_POSTGRES_DSN`` when set
 (each run in a fresh schema) and otherwise starts its own server with
 :class:`PostgresServer`: ``initdb`` and ``postgres`` in a temp dir, the unix socket in that
 dir, a free TCP port on 127.0.0.1, run as the unprivileged ``postgres`` user when this
@@ -18,12 +20,13 @@ import pwd
 import secrets
 import shutil
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from effecthost.conformance import (
     FactoryEnv,
@@ -31,7 +34,15 @@ from effecthost.conformance import (
     HostUnderTest,
     conformance_resolver,
 )
-from effecthost.contract import EffectController, GroupExecutors
+from effecthost.contract import EffectController, GroupExecutors, UnknownGroup
+from effecthost.hosts import require
+from effecthost.payloads import (
+    AesGcmSealer,
+    FileKeyStore,
+    PayloadPolicy,
+    StoredOutcome,
+    default_scope,
+)
 
 from ._host import SqlEffectHost
 from ._postgres import PostgresStore
@@ -191,8 +202,10 @@ class SqlHostUnderTest(HostUnderTest):
         lease_ttl: float = TEST_LEASE_TTL,
         renew_every: float = TEST_RENEW_EVERY,
         on_close: list[object] | None = None,
+        payloads: PayloadPolicy | None = None,
     ) -> None:
         self._make_store = make_store
+        self._payloads = payloads
         self._resolver = resolver
         self._lease_ttl = lease_ttl
         self._renew_every = renew_every
@@ -200,7 +213,7 @@ class SqlHostUnderTest(HostUnderTest):
         self._hosts: dict[bool, SqlEffectHost] = {}
         self._orphans: list[asyncio.Task[None]] = []
 
-    def _build(self, wired: bool) -> SqlEffectHost:
+    def _build(self, wired: bool, payloads: PayloadPolicy | None = None) -> SqlEffectHost:
         return SqlEffectHost(
             self._make_store(),
             self._resolver if wired else None,
@@ -208,6 +221,7 @@ class SqlHostUnderTest(HostUnderTest):
             lease_ttl=self._lease_ttl,
             renew_every=self._renew_every,
             poll_interval=0.1,
+            payloads=payloads or self._payloads,
         )
 
     async def controller(self, *, wired: bool = True) -> EffectController:
@@ -217,11 +231,15 @@ class SqlHostUnderTest(HostUnderTest):
         await host.start()
         return host
 
+    def _all_hosts(self) -> list[SqlEffectHost]:
+        return list(self._hosts.values())
+
     async def restart(self) -> None:
-        owners = [h.owner for h in self._hosts.values()]
-        for host in self._hosts.values():
+        owners = [h.owner for h in self._all_hosts()]
+        for host in self._all_hosts():
             self._orphans += await host.abandon()
         self._hosts.clear()
+        self._forget_extra_hosts()
         probe = self._make_store()
         await probe.start()
         try:
@@ -236,10 +254,14 @@ class SqlHostUnderTest(HostUnderTest):
         finally:
             await probe.aclose()
 
+    def _forget_extra_hosts(self) -> None:
+        """Hosts built besides the wired and unwired ones (readers) are forgotten here."""
+
     async def aclose(self) -> None:
-        for host in self._hosts.values():
+        for host in self._all_hosts():
             await host.aclose()
         self._hosts.clear()
+        self._forget_extra_hosts()
         for task in self._orphans:
             task.cancel()
         if self._orphans:
@@ -269,5 +291,148 @@ def postgres_factory(env: FactoryEnv) -> SqlHostUnderTest:
     return SqlHostUnderTest(
         lambda: PostgresStore(chosen, schema=schema, pool_size=4),
         conformance_resolver(env.lab_path),
+        on_close=closers,
+    )
+
+
+# -- payload references and sealing (G-47…G-50) ---------------------------------------------
+
+
+class SealedSqlHostUnderTest(SqlHostUnderTest):
+    """A SQL host with a payload policy: outcomes above the default inline threshold in the
+    database's own ``eh_payloads`` table, every outcome sealed (AES-256-GCM) with keys of a
+    :class:`~effecthost.payloads.FileKeyStore` in the work dir (it survives ``restart``).
+
+    ``reader`` builds another wired host over the same database whose policy differs only
+    in the key store; ``stored_outcome`` reads the child row's ``outcome`` column;
+    ``transplant_outcome`` copies one child row's ``outcome`` column into another with one
+    SQL ``UPDATE`` (what someone with write access to the database could do);
+    ``destroy_keys`` destroys the scope in the key directory.
+    """
+
+    capabilities = HostCapabilities(
+        restart=True, durable_timers=True, payload_refs=True, sealing=True
+    )
+
+    def __init__(
+        self,
+        env: FactoryEnv,
+        make_store: StoreMaker,
+        sql: Callable[[str, tuple[Any, ...]], Any],
+        *,
+        on_close: list[object] | None = None,
+    ) -> None:
+        self._keys = FileKeyStore(env.work_dir / "keys")
+        self._wrong_keys = FileKeyStore(env.work_dir / "wrong-keys")
+        super().__init__(
+            make_store,
+            conformance_resolver(env.lab_path),
+            on_close=on_close,
+            payloads=PayloadPolicy(sealer=AesGcmSealer(self._keys)),
+        )
+        self._sql = sql
+        self._readers: list[SqlEffectHost] = []
+
+    def _all_hosts(self) -> list[SqlEffectHost]:
+        return [*self._hosts.values(), *self._readers]
+
+    def _forget_extra_hosts(self) -> None:
+        self._readers = []
+
+    async def reader(self, *, keys: Literal["none", "wrong", "right"]) -> EffectController:
+        sealer = {
+            "none": None,
+            "wrong": AesGcmSealer(self._wrong_keys),
+            "right": AesGcmSealer(self._keys),
+        }[keys]
+        host = self._build(True, PayloadPolicy(sealer=sealer))
+        self._readers.append(host)
+        await host.start()
+        return host
+
+    _SELECT = (
+        "SELECT outcome FROM eh_children WHERE group_key = {0} AND replay_key = {1} "
+        "AND state = 'settled'"
+    )
+
+    async def _outcome(self, group_key: str, replay_key: str) -> str:
+        rows = await self._sql(self._SELECT, (group_key, replay_key))
+        if not rows or rows[0][0] is None:
+            raise UnknownGroup(
+                f"no settled child {replay_key!r} in group {group_key!r}", group_key=group_key
+            )
+        return str(rows[0][0])
+
+    async def stored_outcome(self, group_key: str, replay_key: str) -> StoredOutcome:
+        return StoredOutcome.model_validate_json(await self._outcome(group_key, replay_key))
+
+    async def transplant_outcome(self, *, source: tuple[str, str], target: tuple[str, str]) -> None:
+        await self._outcome(*source)
+        await self._outcome(*target)
+        await self._sql(
+            "UPDATE eh_children SET outcome = (SELECT outcome FROM eh_children "
+            "WHERE group_key = {0} AND replay_key = {1}) "
+            "WHERE group_key = {2} AND replay_key = {3} AND state = 'settled'",
+            (*source, *target),
+        )
+
+    async def destroy_keys(self, group_key: str) -> None:
+        self._keys.destroy(default_scope(group_key))
+
+
+def sqlite_sql(path: Path) -> Callable[[str, tuple[Any, ...]], Any]:
+    """Run one statement (placeholders ``{0}``, ``{1}``…) on the SQLite file at ``path``
+    through a connection of its own (as another process would) and return its rows."""
+
+    async def run(statement: str, args: tuple[Any, ...]) -> list[Any]:
+        def go() -> list[Any]:
+            conn = sqlite3.connect(str(path), timeout=30, isolation_level=None)
+            try:
+                sql = statement.format(*(["?"] * len(args)))
+                return conn.execute(sql, args).fetchall()
+            finally:
+                conn.close()
+
+        return await asyncio.to_thread(go)
+
+    return run
+
+
+def postgres_sql(dsn: str, schema: str) -> Callable[[str, tuple[Any, ...]], Any]:
+    """As :func:`sqlite_sql`, over a fresh asyncpg connection in ``schema``."""
+
+    async def run(statement: str, args: tuple[Any, ...]) -> list[Any]:
+        (asyncpg,) = require("postgres", "postgres", "asyncpg")
+        conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+        try:
+            sql = statement.format(*(f"${i}" for i in range(1, len(args) + 1)))
+            return list(await conn.fetch(sql, *args))
+        finally:
+            await conn.close()
+
+    return run
+
+
+def sqlite_sealed_factory(env: FactoryEnv) -> SealedSqlHostUnderTest:
+    """The SQLite host with payload references and sealing (G-47…G-50)."""
+    path = env.work_dir / "effecthost.sqlite3"
+    return SealedSqlHostUnderTest(env, lambda: SqliteStore(path), sqlite_sql(path))
+
+
+def postgres_sealed_factory(env: FactoryEnv) -> SealedSqlHostUnderTest:
+    """The PostgreSQL host with payload references and sealing (G-47…G-50):
+    ``EFFECTHOST_POSTGRES_DSN`` or its own server."""
+    dsn = os.environ.get("EFFECTHOST_POSTGRES_DSN")
+    closers: list[object] = []
+    if not dsn:
+        server = PostgresServer()
+        dsn = server.start()
+        closers.append(server.stop)
+    schema = f"ehconf_{secrets.token_hex(4)}"
+    chosen = dsn
+    return SealedSqlHostUnderTest(
+        env,
+        lambda: PostgresStore(chosen, schema=schema, pool_size=4),
+        postgres_sql(chosen, schema),
         on_close=closers,
     )

@@ -1,0 +1,287 @@
+"""Payload references and sealed settlements on the SQL tier (G-47…G-50), both substrates.
+
+Nothing sealed appears in plaintext in the SQLite file (nor its WAL) or in any text/bytea
+column of the library's PostgreSQL tables, while a keyed reader gets the value; a reader
+without the key (or with the wrong one) is refused and the rows stay byte-identical; a
+retired group's payload rows are gone; an older schema version is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effecthost.contract import (
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    LoserPolicy,
+    SealedPayloadUnreadable,
+    ToolRegistry,
+    WakePolicy,
+    group_key,
+)
+from effecthost.hosts.sql import (
+    PostgresStore,
+    SchemaVersionError,
+    SqlEffectHost,
+    SqliteStore,
+    Store,
+)
+from effecthost.hosts.sql.testing import postgres_sql, sqlite_sql
+from effecthost.payloads import AesGcmSealer, InMemoryKeyStore, PayloadPolicy, StoredOutcome
+
+pytestmark = pytest.mark.anyio
+
+TABLES = ("eh_groups", "eh_children", "eh_payloads", "eh_retired", "eh_schema")
+LARGE = 64 * 1024
+
+
+def _registry(secret: str) -> ToolRegistry:
+    async def reveal(size: Any) -> Any:
+        if size == "large":
+            return {"secret": secret, "blob": "L" * LARGE}
+        return {"secret": secret}
+
+    return ToolRegistry({"reveal": reveal})
+
+
+def _group(scope: str) -> EffectGroup:
+    key = group_key(scope, "g", 0)
+    return EffectGroup(
+        key=key,
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[
+            EffectEnvelope(
+                replay_key=f"{key}.{size}", kind=EffectKind.TOOL_CALL, name="reveal", input=size
+            )
+            for size in ("small", "large")
+        ],
+    )
+
+
+@dataclass
+class Substrate:
+    name: str
+    make_store: Callable[[], Store]
+    sql: Callable[[str, tuple[Any, ...]], Awaitable[list[Any]]]
+    path: Path | None = None  # the SQLite file
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def substrate(
+    request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str
+) -> AsyncIterator[Substrate]:
+    if request.param == "sqlite":
+        path = tmp_path / "sealed.sqlite3"
+        yield Substrate("sqlite", lambda: SqliteStore(path), sqlite_sql(path), path)
+    else:
+        dsn = request.getfixturevalue("pg_dsn")
+        yield Substrate(
+            "postgres",
+            lambda: PostgresStore(dsn, schema=pg_schema, pool_size=2),
+            postgres_sql(dsn, pg_schema),
+        )
+
+
+def _host(sub: Substrate, resolver: ToolRegistry, payloads: PayloadPolicy | None) -> SqlEffectHost:
+    return SqlEffectHost(
+        sub.make_store(), resolver, lease_ttl=3.0, renew_every=0.5, poll_interval=0.05,
+        payloads=payloads,
+    )  # fmt: skip
+
+
+async def _settle(host: SqlEffectHost, group: EffectGroup) -> None:
+    await host.open_effect_group(group)
+    for _ in range(400):
+        if len(await host.settlement_order(group.key)) == group.child_count:
+            return
+        await asyncio.sleep(0.01)  # waiting for the children to run, not ordering
+    raise AssertionError("the children did not settle")
+
+
+async def _dump(sub: Substrate) -> list[Any]:
+    """Every row of the library's tables, in a fixed order, as raw values."""
+    out = []
+    for table in TABLES:
+        rows = (
+            await sub.sql(f"SELECT * FROM {table} ORDER BY 1, 2", ())
+            if table != ("eh_schema")
+            else await sub.sql("SELECT * FROM eh_schema", ())
+        )
+        out.append((table, [tuple(r) for r in rows]))
+    return out
+
+
+async def _postgres_columns(sub: Substrate) -> list[bytes]:
+    """Every text and bytea value of the library's tables in the test schema."""
+    columns = await sub.sql(
+        "SELECT table_name, column_name, data_type FROM information_schema.columns "
+        "WHERE table_schema = current_schema() AND data_type IN ('text', 'bytea')",
+        (),
+    )
+    assert {c[0] for c in columns} >= {"eh_children", "eh_payloads", "eh_groups"}
+    values: list[bytes] = []
+    for table, column, kind in columns:
+        for (value,) in await sub.sql(f"SELECT {column} FROM {table}", ()):
+            if value is not None:
+                values.append(bytes(value) if kind == "bytea" else str(value).encode())
+    return values
+
+
+def _sqlite_bytes(path: Path) -> list[bytes]:
+    files = [path, path.with_name(path.name + "-wal")]
+    return [f.read_bytes() for f in files if f.exists()]
+
+
+async def test_nothing_sealed_is_stored_in_plaintext_and_a_keyed_reader_reads_it(
+    substrate: Substrate,
+) -> None:
+    secret = f"plain-{secrets.token_hex(8)}"
+    keys = InMemoryKeyStore()
+    policy = PayloadPolicy(sealer=AesGcmSealer(keys))
+    group = _group(f"t{secrets.token_hex(4)}")
+    host = _host(substrate, _registry(secret), policy)
+    reader = _host(substrate, _registry("unused"), PayloadPolicy(sealer=AesGcmSealer(keys)))
+    try:
+        await _settle(host, group)
+        forms = {
+            key: StoredOutcome.model_validate_json(row[0]).form
+            for key in (f"{group.key}.small", f"{group.key}.large")
+            for row in await substrate.sql(
+                "SELECT outcome FROM eh_children WHERE replay_key = {0}", (key,)
+            )
+        }
+        assert forms == {f"{group.key}.small": "sealed", f"{group.key}.large": "ref"}
+        handle = group.handle()
+        values = [(await reader.await_next_settlement(handle)).outcome.value for _ in range(2)]
+        assert {v["secret"] for v in values} == {secret}
+        assert any(v.get("blob") == "L" * LARGE for v in values)
+
+        needles = (secret.encode(), b"L" * 256)
+        if substrate.path is not None:
+            before = _sqlite_bytes(substrate.path)  # the WAL holds every page written
+            await substrate.sql("PRAGMA wal_checkpoint(FULL)", ())
+            after = _sqlite_bytes(substrate.path)  # the checkpointed file
+            assert len(after) == 2 and after[0]
+            for blob in before + after:
+                assert not any(needle in blob for needle in needles)
+        else:
+            values_ = await _postgres_columns(substrate)
+            assert any(b"effecthost.sealed/1" in v for v in values_)
+            for blob in values_:
+                assert not any(needle in blob for needle in needles)
+    finally:
+        await host.aclose()
+        await reader.aclose()
+
+
+async def test_without_a_policy_the_same_outcome_is_plaintext_in_the_sqlite_file(
+    tmp_path: Path,
+) -> None:
+    """The control of the test above: the search does find an unsealed outcome."""
+    secret = f"plain-{secrets.token_hex(8)}"
+    path = tmp_path / "plain.sqlite3"
+    sub = Substrate("sqlite", lambda: SqliteStore(path), sqlite_sql(path), path)
+    host = _host(sub, _registry(secret), None)
+    try:
+        group = _group("control")
+        await _settle(host, group)
+        row = await sub.sql("SELECT outcome FROM eh_children WHERE replay_key = {0}", (
+            f"{group.key}.small",
+        ))  # fmt: skip
+        assert row[0][0].startswith('{"status"')  # the default form, unchanged
+        assert any(secret.encode() in blob for blob in _sqlite_bytes(path))
+    finally:
+        await host.aclose()
+
+
+async def test_a_reader_without_the_key_is_refused_and_the_rows_are_byte_identical(
+    substrate: Substrate,
+) -> None:
+    secret = f"plain-{secrets.token_hex(8)}"
+    keys = InMemoryKeyStore()
+    group = _group(f"t{secrets.token_hex(4)}")
+    host = _host(substrate, _registry(secret), PayloadPolicy(sealer=AesGcmSealer(keys)))
+    none = _host(substrate, _registry("unused"), PayloadPolicy())
+    wrong = _host(substrate, _registry("unused"), PayloadPolicy(sealer=AesGcmSealer(
+        InMemoryKeyStore()
+    )))  # fmt: skip
+    plain = _host(substrate, _registry("unused"), None)  # no policy at all
+    right = _host(substrate, _registry("unused"), PayloadPolicy(sealer=AesGcmSealer(keys)))
+    try:
+        await _settle(host, group)
+        before = await _dump(substrate)
+        for reader in (none, wrong, plain):
+            for consumed in (0, 1):
+                cursor = group.handle()
+                cursor.consumed = consumed
+                with pytest.raises(SealedPayloadUnreadable) as raised:
+                    await reader.await_next_settlement(cursor)
+                assert cursor.consumed == consumed
+                assert raised.value.group_key == group.key
+                assert secret not in f"{raised.value!s} {raised.value!r} {vars(raised.value)!r}"
+        assert await _dump(substrate) == before
+        handle = group.handle()
+        got = [(await right.await_next_settlement(handle)).outcome.value for _ in range(2)]
+        assert {v["secret"] for v in got} == {secret}
+    finally:
+        for h in (host, none, wrong, plain, right):
+            await h.aclose()
+
+
+async def test_a_sealed_outcome_moved_to_another_group_fails_and_retirement_deletes_payloads(
+    substrate: Substrate,
+) -> None:
+    """The SQL tier keys child rows by replay key, so the other slot is another group's
+    child: the associated data (group key and replay key) no longer matches."""
+    keys = InMemoryKeyStore()
+    host = _host(substrate, _registry("s"), PayloadPolicy(sealer=AesGcmSealer(keys)))
+    a, b = _group(f"a{secrets.token_hex(4)}"), _group(f"b{secrets.token_hex(4)}")
+    try:
+        await _settle(host, a)
+        await _settle(host, b)
+        for size in ("small", "large"):
+            await substrate.sql(
+                "UPDATE eh_children SET outcome = (SELECT outcome FROM eh_children "
+                "WHERE replay_key = {0}) WHERE replay_key = {1}",
+                (f"{a.key}.{size}", f"{b.key}.{size}"),
+            )
+        for consumed in (0, 1):
+            cursor = b.handle()
+            cursor.consumed = consumed
+            with pytest.raises(SealedPayloadUnreadable):
+                await host.await_next_settlement(cursor)
+            assert cursor.consumed == consumed
+
+        count = "SELECT count(*) FROM eh_payloads WHERE group_key = {0}"
+        assert (await substrate.sql(count, (a.key,)))[0][0] == 1
+        handle = a.handle()
+        for _ in range(2):
+            await host.await_next_settlement(handle)
+        await host.close_effect_group(handle)  # every child ranked: the group retires
+        assert (await substrate.sql(count, (a.key,)))[0][0] == 0
+        assert await substrate.sql("SELECT 1 FROM eh_retired WHERE group_key = {0}", (a.key,))
+    finally:
+        await host.aclose()
+
+
+async def test_a_version_1_database_is_refused_with_schema_version_error(tmp_path: Path) -> None:
+    path = tmp_path / "v1.sqlite3"
+    store = SqliteStore(path)
+    await store.start()
+    await store.aclose()
+    with sqlite3.connect(path) as conn:  # what a release before the payload table recorded
+        conn.execute("UPDATE eh_schema SET version = 1")
+    conn.close()
+    with pytest.raises(SchemaVersionError) as raised:
+        await SqliteStore(path).start()
+    assert (raised.value.found, raised.value.expected) == (1, 2)
