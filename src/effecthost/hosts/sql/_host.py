@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import socket
@@ -309,23 +310,26 @@ class SqlEffectHost(EffectController):
     async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
         self._require_wired(group.key)
         await self._ready()
-        self._check_sizes(group)
-        record = await self.store.get_group(group.key)
+        canonical = self._check_sizes(group)
+        record, retired = await self.store.lookup(group.key)
         executors: list[EffectExecutor | None] | None = None
+        created = False
         if record is None:
-            if await self.store.retired(group.key) is not None:
+            if retired is not None:
                 raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key)
             executors = list(self._resolve_all(group))
-            _created, record = await self.store.create_group(
+            created, record = await self.store.create_group(
                 group.key, group.wake.value, group.disposition.value, group.child_count
             )
         self._fence_shape(record, group)
-        await self._ensure_children(group, executors)
+        await self._ensure_children(group, executors, canonical, created)
         return group.handle()
 
-    def _check_sizes(self, group: EffectGroup) -> None:
+    def _check_sizes(self, group: EffectGroup) -> list[bytes]:
+        """Every child's canonical bytes (encoded once per open), each within the limit."""
+        canonical = [child.canonical_bytes() for child in group.children]
         for position, child in enumerate(group.children):
-            size = len(child.canonical_bytes())
+            size = len(canonical[position])
             if size > self.max_payload_bytes:
                 raise PayloadTooLarge(
                     f"child {child.replay_key!r} of group {group.key!r} encodes to {size} "
@@ -334,6 +338,7 @@ class SqlEffectHost(EffectController):
                     replay_key=child.replay_key,
                     position=position,
                 )
+        return canonical
 
     def _resolve_all(self, group: EffectGroup) -> list[EffectExecutor | None]:
         """First open: resolve every child before recording anything (G-10)."""
@@ -375,17 +380,25 @@ class SqlEffectHost(EffectController):
             )
 
     async def _ensure_children(
-        self, group: EffectGroup, executors: list[EffectExecutor | None] | None
+        self,
+        group: EffectGroup,
+        executors: list[EffectExecutor | None] | None,
+        canonical: list[bytes],
+        created: bool = False,
     ) -> None:
         """Insert missing child rows (the first open inserts them all, leased to this
         host), check recorded hashes (G-02), and dispatch what this host can run: a
-        reopen resolves only what it dispatches and refuses nothing (G-11)."""
-        rows = {row.position: row for row in await self.store.children(group.key)}
+        reopen resolves only what it dispatches and refuses nothing (G-11). A group row
+        this call just created has no child rows to read yet (a row another process
+        inserts meanwhile is found as below, when the insert skips it)."""
+        hashes = [hashlib.sha256(data).hexdigest() for data in canonical]
+        rows: dict[int, ChildRow] = {}
+        if not created:
+            rows = {row.position: row for row in await self.store.children(group.key)}
         for position, envelope in enumerate(group.children):
             row = rows.get(position)
             if row is not None and (
-                row.replay_key != envelope.replay_key
-                or row.envelope_hash != envelope.envelope_hash()
+                row.replay_key != envelope.replay_key or row.envelope_hash != hashes[position]
             ):
                 raise ReplayMismatch(
                     f"child at position {position} of group {group.key!r} is recorded as "
@@ -395,7 +408,7 @@ class SqlEffectHost(EffectController):
                     position=position,
                 )
         specs: list[ChildSpec] = []
-        to_run: dict[str, tuple[EffectEnvelope, EffectExecutor]] = {}
+        to_run: dict[str, tuple[EffectEnvelope, EffectExecutor, str]] = {}
         for position, envelope in enumerate(group.children):
             if position in rows:
                 continue
@@ -405,15 +418,15 @@ class SqlEffectHost(EffectController):
                 if executor is None:
                     executor = self._resolve(envelope)
             if executor is not None:
-                to_run[envelope.replay_key] = (envelope, executor)
+                to_run[envelope.replay_key] = (envelope, executor, hashes[position])
             specs.append(
                 ChildSpec(
                     replay_key=envelope.replay_key,
                     position=position,
                     kind=envelope.kind,
                     name=envelope.name,
-                    envelope=envelope.canonical_bytes().decode(),
-                    envelope_hash=envelope.envelope_hash(),
+                    envelope=canonical[position].decode(),
+                    envelope_hash=hashes[position],
                     claim=executor is not None,
                     sleep_seconds=sleep_seconds(envelope)
                     if envelope.kind == EffectKind.SLEEP
@@ -436,9 +449,9 @@ class SqlEffectHost(EffectController):
                             replay_key=spec.replay_key,
                             position=spec.position,
                         )
-            for key, (envelope, executor) in to_run.items():
+            for key, (envelope, executor, digest) in to_run.items():
                 if key in inserted:
-                    self._dispatch(envelope, executor, fence=1, attempt=1, sent=sent)
+                    self._dispatch(envelope, executor, fence=1, attempt=1, sent=sent, digest=digest)
             if any(s.sleep_seconds is not None for s in specs):
                 self._timer_changed.set()
         for row in rows.values():
@@ -478,13 +491,14 @@ class SqlEffectHost(EffectController):
         fence: int,
         attempt: int,
         sent: float,
+        digest: str | None = None,
     ) -> _Driver:
         assert envelope.membership is not None
         driver = _Driver(
             replay_key=envelope.replay_key,
             group_key=envelope.membership.group_key,
             envelope=envelope,
-            envelope_hash=envelope.envelope_hash(),
+            envelope_hash=digest or envelope.envelope_hash(),
             fence=fence,
             attempt=attempt,
             deadline=sent + self.lease_ttl - self.self_fence_margin,
@@ -584,7 +598,14 @@ class SqlEffectHost(EffectController):
                 for (_driver, _outcome, future), seq in zip(live, seqs, strict=True):
                     if not future.done():
                         future.set_result(seq)
-                if any(seq is not None for seq in seqs) and not self._dead:
+                matched = [
+                    d.replay_key for (d, _o, _f), q in zip(live, seqs, strict=True) if q is not None
+                ]
+                hints = self.store.open_at_finalize
+                still_open = bool(hints) and all(key in hints for key in matched)
+                if hints:
+                    hints.difference_update(d.replay_key for d, _o, _f in live)
+                if matched and not still_open and not self._dead:
                     await self._maybe_retire(group_key)  # once per transaction
         finally:
             if self._flushers.get(group_key) is asyncio.current_task():
@@ -686,8 +707,7 @@ class SqlEffectHost(EffectController):
         return True
 
     async def _maybe_retire(self, group_key: str) -> None:
-        record = await self.store.get_group(group_key)
-        if record is not None and record.state == "closed" and await self.store.retire(group_key):
+        if await self.store.retire_closed(group_key):
             self._notify(group_key)
 
     # -- payloads (G-47…G-50) ----------------------------------------------------------------
@@ -824,23 +844,25 @@ class SqlEffectHost(EffectController):
     ) -> None:
         self._require_wired(handle.group_key)
         await self._ready()
-        record = await self.store.get_group(handle.group_key)
+        record, tombstone = await self.store.lookup(handle.group_key)
         if record is None:
-            retired = await self.store.retired(handle.group_key)
-            if retired is None:
+            if tombstone is None:
                 raise UnknownGroup(
                     f"no group is recorded under {handle.group_key!r}", group_key=handle.group_key
                 )
-            self._narrow(handle.group_key, LoserPolicy(retired), disposition)
+            self._narrow(handle.group_key, LoserPolicy(tombstone), disposition)
             return
         self._check_handle(handle, record)
         target = self._narrow(record.group_key, LoserPolicy(record.effective), disposition)
         if record.state == "closed" and record.effective == target.value:
             await self._maybe_retire(record.group_key)
             return  # idempotent
-        await self.store.close(record.group_key, target.value)
+        # closed, and retired in the same transaction when every child has settled
+        _recorded, done = await self.store.close_retire(record.group_key, target.value)
         self._ahead.pop(record.group_key, None)
         self._notify(record.group_key)
+        if done:
+            return
         if target is LoserPolicy.CANCEL:
             await self._cancel_unsettled(record.group_key)
         await self._maybe_retire(record.group_key)

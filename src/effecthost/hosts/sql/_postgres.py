@@ -189,6 +189,105 @@ DDL = [
             SELECT envelope_hash INTO h FROM eh_children WHERE replay_key = p_key;
             RETURN eh_finalize(p_key, h, p_owner, f, p_outcome, p_channel);
         END $$""",
+    # the finalizes above, unchanged, then whether the group row read ``open`` at that
+    # commit: the counter bump holds the group row's lock to the commit, so no close can
+    # commit in between, and a later close retires the group itself
+    """CREATE OR REPLACE FUNCTION eh_finalize_open(
+            p_key text, p_hash text, p_owner text, p_fence bigint, p_outcome text,
+            p_channel text, OUT seq bigint, OUT still_open boolean)
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            seq := eh_finalize(p_key, p_hash, p_owner, p_fence, p_outcome, p_channel);
+            IF seq IS NOT NULL THEN
+                SELECT g.state = 'open' INTO still_open FROM eh_children c
+                  JOIN eh_groups g ON g.group_key = c.group_key WHERE c.replay_key = p_key;
+            END IF;
+        END $$""",
+    """CREATE OR REPLACE FUNCTION eh_finalize_many_open(
+            p_keys text[], p_hashes text[], p_owner text, p_fences bigint[],
+            p_outcomes text[], p_channel text, OUT seqs bigint[], OUT still_open boolean)
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            seqs := eh_finalize_many(p_keys, p_hashes, p_owner, p_fences, p_outcomes,
+                                     p_channel);
+            FOR i IN 1..coalesce(array_length(seqs, 1), 0) LOOP
+                IF seqs[i] IS NOT NULL THEN
+                    SELECT g.state = 'open' INTO still_open FROM eh_children c
+                      JOIN eh_groups g ON g.group_key = c.group_key
+                     WHERE c.replay_key = p_keys[i];
+                    RETURN;
+                END IF;
+            END LOOP;
+        END $$""",
+    # the retirement (G-36) in one round trip, the statements of ``retire`` in its order
+    # (child rows locked first, then the group row); nothing unless the group is closed
+    f"""CREATE OR REPLACE FUNCTION eh_retire(p_key text)
+        RETURNS boolean LANGUAGE plpgsql AS $$
+        DECLARE
+            n bigint;
+            e text;
+        BEGIN
+            PERFORM 1 FROM eh_groups WHERE group_key = p_key AND state = 'closed';
+            IF NOT FOUND THEN
+                RETURN false;
+            END IF;
+            SELECT count(*) FILTER (WHERE s.state <> 'settled') INTO n
+              FROM (SELECT state FROM eh_children WHERE group_key = p_key FOR UPDATE) s;
+            IF n > 0 THEN
+                RETURN false;
+            END IF;
+            DELETE FROM eh_groups WHERE group_key = p_key AND state = 'closed'
+            RETURNING effective INTO e;
+            IF NOT FOUND THEN
+                RETURN false;
+            END IF;
+            DELETE FROM eh_children WHERE group_key = p_key;
+            DELETE FROM eh_payloads WHERE group_key = p_key;
+            INSERT INTO eh_retired (group_key, effective, retired_at)
+            VALUES (p_key, e, {NOW}) ON CONFLICT DO NOTHING;
+            RETURN true;
+        END $$""",
+    # close (child rows first, then the group row) and, when every child has already
+    # settled, the retirement in the same transaction: then every child row is locked
+    # before the group row, as ``retire`` locks them. 0: not recorded, 1: closed,
+    # 2: closed and retired
+    f"""CREATE OR REPLACE FUNCTION eh_close_retire(
+            p_key text, p_effective text, p_channel text)
+        RETURNS integer LANGUAGE plpgsql AS $$
+        DECLARE
+            n bigint;
+            e text;
+            recorded boolean;
+        BEGIN
+            SELECT count(*) INTO n FROM eh_children
+             WHERE group_key = p_key AND state <> 'settled';
+            IF n = 0 THEN
+                SELECT count(*) FILTER (WHERE s.state <> 'settled') INTO n
+                  FROM (SELECT state FROM eh_children WHERE group_key = p_key FOR UPDATE) s;
+            END IF;
+            IF p_effective = 'cancel' THEN
+                UPDATE eh_children SET cancel_requested = true
+                 WHERE group_key = p_key AND state <> 'settled';
+            END IF;
+            UPDATE eh_groups SET effective = p_effective, state = 'closed',
+                   closed_at = coalesce(closed_at, {NOW})
+             WHERE group_key = p_key;
+            recorded := FOUND;
+            PERFORM pg_notify(p_channel, 'c:' || p_key);
+            IF NOT recorded THEN
+                RETURN 0;
+            END IF;
+            IF n > 0 THEN
+                RETURN 1;
+            END IF;
+            DELETE FROM eh_groups WHERE group_key = p_key AND state = 'closed'
+            RETURNING effective INTO e;
+            DELETE FROM eh_children WHERE group_key = p_key;
+            DELETE FROM eh_payloads WHERE group_key = p_key;
+            INSERT INTO eh_retired (group_key, effective, retired_at)
+            VALUES (p_key, e, {NOW}) ON CONFLICT DO NOTHING;
+            RETURN 2;
+        END $$""",
 ]
 
 _CHILD_COLUMNS = (
@@ -260,6 +359,7 @@ class PostgresStore(Store):
         self.pool_size = pool_size
         self.fault = fault
         self._pool: Any = None
+        self.open_at_finalize: set[str] = set()
         self._listener: Any = None
         self._callback: Callable[[str, str], None] | None = None
 
@@ -505,8 +605,8 @@ class PostgresStore(Store):
     async def finalize(
         self, replay_key: str, envelope_hash: str, owner: str, fence: int, outcome: str
     ) -> int | None:
-        value = await self._pool.fetchval(
-            "SELECT eh_finalize($1, $2, $3, $4, $5, $6)",
+        row = await self._pool.fetchrow(
+            "SELECT * FROM eh_finalize_open($1, $2, $3, $4, $5, $6)",
             replay_key,
             envelope_hash,
             owner,
@@ -514,11 +614,15 @@ class PostgresStore(Store):
             outcome,
             self.channel,
         )
-        return None if value is None else int(value)
+        if row["seq"] is None:
+            return None
+        if row["still_open"]:
+            self.open_at_finalize.add(replay_key)
+        return int(row["seq"])
 
     async def finalize_many(self, owner: str, items: list[Finalize]) -> list[int | None]:
-        values = await self._pool.fetchval(
-            "SELECT eh_finalize_many($1, $2, $3, $4, $5, $6)",
+        row = await self._pool.fetchrow(
+            "SELECT * FROM eh_finalize_many_open($1, $2, $3, $4, $5, $6)",
             [i.replay_key for i in items],
             [i.envelope_hash for i in items],
             owner,
@@ -526,7 +630,12 @@ class PostgresStore(Store):
             [i.outcome for i in items],
             self.channel,
         )
-        return [None if v is None else int(v) for v in values]
+        seqs = [None if v is None else int(v) for v in row["seqs"]]
+        if row["still_open"]:
+            self.open_at_finalize.update(
+                item.replay_key for item, seq in zip(items, seqs, strict=True) if seq is not None
+            )
+        return seqs
 
     async def settle_free(self, replay_key: str, owner: str, outcome: str) -> int | None:
         value = await self._pool.fetchval(
@@ -554,6 +663,28 @@ class PostgresStore(Store):
             )
             await conn.execute("SELECT pg_notify($1, $2)", self.channel, "c:" + group_key)
             return bool(status == "UPDATE 1")
+
+    async def retire_closed(self, group_key: str) -> bool:
+        return bool(await self._pool.fetchval("SELECT eh_retire($1)", group_key))
+
+    async def close_retire(self, group_key: str, effective: str) -> tuple[bool, bool]:
+        done = await self._pool.fetchval(
+            "SELECT eh_close_retire($1, $2, $3)", group_key, effective, self.channel
+        )
+        return done >= 1, done == 2
+
+    async def lookup(self, group_key: str) -> tuple[GroupRow | None, str | None]:
+        cols = ", ".join("g." + col for col in _GROUP_COLUMNS.split(", "))
+        row = await self._pool.fetchrow(
+            f"SELECT {cols}, r.effective AS tombstone FROM (SELECT $1::text AS k) q "
+            "LEFT JOIN eh_groups g ON g.group_key = q.k "
+            "LEFT JOIN eh_retired r ON r.group_key = q.k",
+            group_key,
+        )
+        if row["group_key"] is not None:
+            return _group(row), None
+        tomb = row["tombstone"]
+        return None, None if tomb is None else str(tomb)
 
     async def retire(self, group_key: str) -> bool:
         async with self._pool.acquire() as conn, conn.transaction():

@@ -1,11 +1,18 @@
 """The SQLite substrate: the embedded default (standard library ``sqlite3``).
 
-One writer connection per host, used from one dedicated thread, so every transaction is
-short and serial in this process: WAL journal, ``BEGIN IMMEDIATE`` (the write lock is
-taken up front, so two writers never deadlock on a lock upgrade), ``synchronous=NORMAL``
-and a long busy timeout for other processes sharing the file. SQLite has no row locks;
-``BEGIN IMMEDIATE`` serialises writers, so a claim is a conditional ``UPDATE …
-RETURNING`` and the finalize is the same statement sequence as on PostgreSQL.
+Every transaction is short and serial in this process: WAL journal, ``BEGIN IMMEDIATE``
+(the write lock is taken up front, so two writers never deadlock on a lock upgrade),
+``synchronous=NORMAL`` and a long busy timeout for other processes sharing the file.
+SQLite has no row locks; ``BEGIN IMMEDIATE`` serialises writers, so a claim is a
+conditional ``UPDATE … RETURNING`` and the finalize is the same statement sequence as on
+PostgreSQL.
+
+An operation runs on the calling (event-loop) thread through a connection that never
+waits for a lock (a statement takes microseconds; a hop to another thread costs more than
+the work). When another process holds the write lock (``SQLITE_BUSY``, the transaction
+rolled back with nothing written), the operation is run again on a dedicated thread
+through a second connection that waits up to the busy timeout, as every operation did
+before; until that thread is idle again, later operations queue behind it in order.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -130,6 +137,14 @@ def _group(row: Any) -> GroupRow:
     return GroupRow(*row)
 
 
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """``SQLITE_BUSY`` (any extended code): another connection holds the lock."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return bool(code & 0xFF == sqlite3.SQLITE_BUSY)
+    return "database is locked" in str(exc)
+
+
 class SqliteStore(Store):
     """SQLite file store. ``busy_timeout`` is in seconds."""
 
@@ -144,15 +159,29 @@ class SqliteStore(Store):
         self.busy_timeout = busy_timeout
         self.fault = fault
         self._pool: ThreadPoolExecutor | None = None
-        self._conn: sqlite3.Connection | None = None
+        self._conn: sqlite3.Connection | None = None  # waits up to busy_timeout (the thread)
+        self._inline: sqlite3.Connection | None = None  # never waits (the calling thread)
+        self._last: Future[Any] | None = None  # the operation last handed to the thread
 
     # -- plumbing -----------------------------------------------------------------------
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         assert self._pool is not None and self._conn is not None, "store not started"
-        conn = self._conn
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, fn, conn)
+        assert self._inline is not None, "store not started"
+        last = self._last
+        if last is None or last.done():  # nothing queued on the thread: run it here
+            try:
+                return fn(self._inline)
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc):
+                    raise
+                if self._inline.in_transaction:  # never left holding the lock
+                    self._inline.execute("ROLLBACK")
+                # another process holds the lock (rolled back, nothing written): wait
+                # for it on the thread, with the busy timeout
+        future = self._pool.submit(fn, self._conn)
+        self._last = future
+        return await asyncio.wrap_future(future)
 
     def _fault(self, point: str) -> None:
         if self.fault is not None:
@@ -187,7 +216,13 @@ class SqliteStore(Store):
 
         self._conn = await loop.run_in_executor(self._pool, connect)
         try:
-            await self._run(self._schema)
+            await loop.run_in_executor(self._pool, self._schema, self._conn)
+            inline = sqlite3.connect(
+                str(self.path), timeout=0, isolation_level=None, check_same_thread=False
+            )
+            inline.execute("PRAGMA synchronous=NORMAL")  # per connection, as the other's
+            inline.execute("PRAGMA busy_timeout=0")
+            self._inline = inline
         except BaseException:
             await self.aclose()
             raise
@@ -206,14 +241,17 @@ class SqliteStore(Store):
         self._tx(conn, body)
 
     async def aclose(self) -> None:
-        pool, conn = self._pool, self._conn
-        self._pool = self._conn = None
+        pool, conn, inline = self._pool, self._conn, self._inline
+        self._pool = self._conn = self._inline = None
+        self._last = None
         if pool is None:
             return
         if conn is not None:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(pool, conn.close)
         pool.shutdown(wait=True)
+        if inline is not None:
+            inline.close()
 
     # -- reads --------------------------------------------------------------------------
 
@@ -589,34 +627,83 @@ class SqliteStore(Store):
 
         return await self._run(write)
 
+    @staticmethod
+    def _retire_body(c: sqlite3.Connection, group_key: str) -> bool:
+        unsettled = c.execute(
+            "SELECT count(*) FROM eh_children WHERE group_key = ? AND state <> 'settled'",
+            (group_key,),
+        ).fetchone()[0]
+        if unsettled:
+            return False
+        row = c.execute(
+            "DELETE FROM eh_groups WHERE group_key = ? AND state = 'closed' RETURNING effective",
+            (group_key,),
+        ).fetchone()
+        if row is None:
+            return False
+        c.execute("DELETE FROM eh_children WHERE group_key = ?", (group_key,))
+        c.execute("DELETE FROM eh_payloads WHERE group_key = ?", (group_key,))
+        c.execute(
+            "INSERT INTO eh_retired (group_key, effective, retired_at) "
+            f"VALUES (?, ?, {NOW}) ON CONFLICT DO NOTHING",
+            (group_key, row[0]),
+        )
+        return True
+
     async def retire(self, group_key: str) -> bool:
         def write(c: sqlite3.Connection) -> bool:
-            def body(c: sqlite3.Connection) -> bool:
-                unsettled = c.execute(
-                    "SELECT count(*) FROM eh_children WHERE group_key = ? AND state <> 'settled'",
-                    (group_key,),
-                ).fetchone()[0]
-                if unsettled:
-                    return False
-                row = c.execute(
-                    "DELETE FROM eh_groups WHERE group_key = ? AND state = 'closed' "
-                    "RETURNING effective",
-                    (group_key,),
-                ).fetchone()
-                if row is None:
-                    return False
-                c.execute("DELETE FROM eh_children WHERE group_key = ?", (group_key,))
-                c.execute("DELETE FROM eh_payloads WHERE group_key = ?", (group_key,))
-                c.execute(
-                    "INSERT INTO eh_retired (group_key, effective, retired_at) "
-                    f"VALUES (?, ?, {NOW}) ON CONFLICT DO NOTHING",
-                    (group_key, row[0]),
+            return self._tx(c, lambda c: self._retire_body(c, group_key))
+
+        return await self._run(write)
+
+    async def retire_closed(self, group_key: str) -> bool:
+        def write(c: sqlite3.Connection) -> bool:
+            row = c.execute(
+                "SELECT state FROM eh_groups WHERE group_key = ?", (group_key,)
+            ).fetchone()
+            if row is None or row[0] != "closed":
+                return False
+            return self._tx(c, lambda c: self._retire_body(c, group_key))
+
+        return await self._run(write)
+
+    async def close_retire(self, group_key: str, effective: str) -> tuple[bool, bool]:
+        def write(c: sqlite3.Connection) -> tuple[bool, bool]:
+            def body(c: sqlite3.Connection) -> tuple[bool, bool]:
+                if effective == "cancel":  # child rows first, then the group row
+                    c.execute(
+                        "UPDATE eh_children SET cancel_requested = 1 "
+                        "WHERE group_key = ? AND state <> 'settled'",
+                        (group_key,),
+                    )
+                cur = c.execute(
+                    "UPDATE eh_groups SET effective = ?, state = 'closed', "
+                    f"closed_at = coalesce(closed_at, {NOW}) WHERE group_key = ?",
+                    (effective, group_key),
                 )
-                return True
+                recorded = cur.rowcount == 1
+                # every child settled: retire in the same transaction
+                retired = recorded and self._retire_body(c, group_key)
+                self._fault("close:before_commit")
+                return recorded, retired
 
             return self._tx(c, body)
 
         return await self._run(write)
+
+    async def lookup(self, group_key: str) -> tuple[GroupRow | None, str | None]:
+        def read(c: sqlite3.Connection) -> tuple[GroupRow | None, str | None]:
+            row = c.execute(
+                f"SELECT {_GROUP_COLUMNS} FROM eh_groups WHERE group_key = ?", (group_key,)
+            ).fetchone()
+            if row is not None:
+                return _group(row), None
+            tomb = c.execute(
+                "SELECT effective FROM eh_retired WHERE group_key = ?", (group_key,)
+            ).fetchone()
+            return None, None if tomb is None else str(tomb[0])
+
+        return await self._run(read)
 
     # -- the payload table ----------------------------------------------------------------
 

@@ -149,6 +149,13 @@ class Store(ABC):
     wakes_across_processes: bool = False
     """True when another process's commit wakes this process without polling."""
 
+    open_at_finalize: set[str] = frozenset()  # type: ignore[assignment]
+    """Replay keys whose finalize (by :meth:`finalize` or :meth:`finalize_many`) committed
+    while the group row read ``open`` under its lock, for a store that reports it (the
+    caller removes what it reads). A close can only commit after such a finalize and then
+    retires the group itself, so the finalizer need not check for retirement. A store
+    that does not report it leaves this empty: the finalizer always checks."""
+
     @abstractmethod
     async def start(self) -> None:
         """Connect and create or check the schema.
@@ -250,6 +257,28 @@ class Store(ABC):
     async def retire(self, group_key: str) -> bool:
         """Delete a closed group whose children are all settled, with its children, in
         one transaction, leaving a tombstone (G-36). False when it cannot retire yet."""
+
+    async def lookup(self, group_key: str) -> tuple[GroupRow | None, str | None]:
+        """The group row, or (when none) the disposition its tombstone records: what
+        :meth:`get_group` then :meth:`retired` return, in one read where the store can."""
+        group = await self.get_group(group_key)
+        if group is not None:
+            return group, None
+        return None, await self.retired(group_key)
+
+    async def retire_closed(self, group_key: str) -> bool:
+        """:meth:`retire` when the group row reads ``closed`` (nothing otherwise): one
+        round trip where the store can. True when the group retired."""
+        group = await self.get_group(group_key)
+        return group is not None and group.state == "closed" and await self.retire(group_key)
+
+    async def close_retire(self, group_key: str, effective: str) -> tuple[bool, bool]:
+        """:meth:`close`, then :meth:`retire` when every child has settled; a store may
+        do both in one transaction (child rows locked first, then the group row).
+        Returns ``(recorded, retired)``."""
+        if not await self.close(group_key, effective):
+            return False, False
+        return True, await self.retire(group_key)
 
     @abstractmethod
     async def open_groups(self) -> list[OpenGroup]: ...
