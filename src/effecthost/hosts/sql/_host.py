@@ -51,11 +51,9 @@ from effecthost.contract import (
     CursorExhausted,
     DispositionWidened,
     DrainReport,
-    EffectController,
     EffectEnvelope,
     EffectExecutor,
     EffectGroup,
-    EffectGroupUnsupported,
     EffectHostError,
     EffectKind,
     ExecutionInput,
@@ -63,7 +61,6 @@ from effecthost.contract import (
     GroupDrain,
     GroupExecutors,
     GroupHandle,
-    GroupShapeError,
     GroupShapeMismatch,
     HandleMismatch,
     LoserPolicy,
@@ -73,6 +70,8 @@ from effecthost.contract import (
     ReplayMismatch,
     Settlement,
     UnknownGroup,
+    WiredController,
+    group_shape_error,
     normalize_json,
     sleep_seconds,
 )
@@ -124,7 +123,7 @@ async def _wait(event: asyncio.Event, timeout: float) -> None:
             await event.wait()
 
 
-class SqlEffectHost(EffectController):
+class SqlEffectHost(WiredController):
     """A durable host over a :class:`Store` (SQLite or PostgreSQL).
 
     ``supports_effect_groups()`` is true iff a resolver is registered (G-07). Use
@@ -195,15 +194,8 @@ class SqlEffectHost(EffectController):
 
     # -- wiring and life cycle ------------------------------------------------------------
 
-    def register_executors(self, resolver: GroupExecutors | None) -> None:
-        """Register (or, with ``None``, unregister) the resolver (G-07, G-09)."""
-        self._resolver = resolver
-
     def supports_concurrent_effects(self) -> bool:
         return True
-
-    def supports_effect_groups(self) -> bool:
-        return self._resolver is not None
 
     @property
     def self_fence_margin(self) -> float:
@@ -272,12 +264,6 @@ class SqlEffectHost(EffectController):
             await self.store.aclose()
         self._started = False
         return orphans
-
-    def _require_wired(self, group_key: str) -> None:
-        if self._resolver is None:
-            raise EffectGroupUnsupported(
-                "SqlEffectHost has no GroupExecutors resolver registered", group_key=group_key
-            )
 
     def _fault(self, point: str) -> None:
         if self.fault is not None:
@@ -349,13 +335,7 @@ class SqlEffectHost(EffectController):
                 continue
             executor = self._resolve(child)
             if executor is None:
-                raise GroupShapeError(
-                    f"no executor for child {child.replay_key!r} at position {position} of "
-                    f"group {group.key!r} ({child.kind} {child.name!r}); nothing recorded",
-                    group_key=group.key,
-                    replay_key=child.replay_key,
-                    position=position,
-                )
+                raise group_shape_error(group, position, child)
             executors.append(executor)
         return executors
 
