@@ -7,24 +7,16 @@ import json
 from typing import Any
 
 from effecthost.contract import (
-    EffectGroup,
     GroupExecutors,
-    GroupHandle,
-    LoserPolicy,
-    Settlement,
-    UnknownGroup,
-    WiredController,
     canonical_json,
-    group_shape_error,
-    normalize_json,
 )
 from effecthost.payloads import PayloadPolicy
 
-from ._controller import _handle_doc, _raise_refusal, _settlement
+from ._client import GroupObjectClient
 from ._wire import GROUP
 
 
-class HandlerController(WiredController):
+class HandlerController(GroupObjectClient):
     """An :class:`EffectController` over a handler's ``ctx``.
 
     ``await_next_settlement`` calls the group object's shared ``await_rank`` handler: it
@@ -55,57 +47,5 @@ class HandlerController(WiredController):
         raw = await self._ctx.generic_call(GROUP, handler, canonical_json(body), key=group_key)
         return json.loads(raw) if raw else None
 
-    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
-        self._require_wired(group.key)
-        miss = self._first_unresolvable(group)
-        if miss is not None:
-            described = await self._call(group.key, "describe")
-            if not (described.get("recorded") or described.get("closed")):
-                raise group_shape_error(group, *miss)
-        body = {
-            "child_count": group.child_count,
-            "wake": group.wake.value,
-            "disposition": group.disposition.value,
-            "children": [child.model_dump(mode="json") for child in group.children],
-            "hashes": [child.envelope_hash() for child in group.children],
-            "targets": {},
-            "owner": self.owner,
-            "incarnation": self._ctx.request().id,
-        }
-        _raise_refusal(await self._call(group.key, "open", body))
-        return group.handle()
-
-    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
-        self._require_wired(handle.group_key)
-        rank = handle.consumed + 1
-        answer = await self._call(
-            handle.group_key, "await_rank", {**_handle_doc(handle), "rank": rank}
-        )
-        _raise_refusal(answer)
-        settlement = await _settlement(answer, handle.group_key, rank, self.payloads)
-        handle.consumed = rank
-        return settlement
-
-    async def close_effect_group(
-        self, handle: GroupHandle, disposition: LoserPolicy | None = None
-    ) -> None:
-        self._require_wired(handle.group_key)
-        body = {**_handle_doc(handle), "close_with": disposition.value if disposition else None}
-        _raise_refusal(await self._call(handle.group_key, "close", body))
-
-    async def settlement_order(self, group_key: str) -> list[int]:
-        self._require_wired(group_key)
-        described = await self._call(group_key, "describe")
-        if not described.get("recorded"):
-            raise UnknownGroup(
-                f"no open group is recorded under {group_key!r}", group_key=group_key
-            )
-        return list(described["order"])
-
-    async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
-        self._require_wired(group_key)
-        answer = await self._call(
-            group_key, "deliver", {"name": name, "payload": normalize_json(payload)}
-        )
-        _raise_refusal(answer)
-        return int(answer["reached"])
+    def _incarnation(self) -> str:
+        return str(self._ctx.request().id)

@@ -1,0 +1,176 @@
+"""What both Restate controllers share: every group operation is a call to the group
+virtual object; only the transport differs (ingress from outside, a journaled call from
+inside a handler)."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+from effecthost.contract import (
+    CursorExhausted,
+    DispositionWidened,
+    EffectGroup,
+    EffectHostError,
+    GroupClosed,
+    GroupHandle,
+    GroupShapeMismatch,
+    HandleMismatch,
+    LoserPolicy,
+    Outcome,
+    PayloadMissing,
+    ReplayMismatch,
+    Settlement,
+    UnknownGroup,
+    WiredController,
+    group_shape_error,
+    normalize_json,
+)
+from effecthost.payloads import PayloadPolicy, StoredOutcome, decode_outcome
+
+_ERRORS: dict[str, type[EffectHostError]] = {
+    "group_closed": GroupClosed,
+    "unknown_group": UnknownGroup,
+    "group_shape_mismatch": GroupShapeMismatch,
+    "replay_mismatch": ReplayMismatch,
+    "handle_mismatch": HandleMismatch,
+    "cursor_exhausted": CursorExhausted,
+    "disposition_widened": DispositionWidened,
+    "payload_missing": PayloadMissing,
+}
+
+
+def _raise_refusal(answer: Any) -> None:
+    """Turn a typed refusal returned by a handler into the contract's error."""
+    if isinstance(answer, dict) and "error" in answer:
+        cls = _ERRORS.get(answer["error"], EffectHostError)
+        if cls is EffectHostError:
+            raise RuntimeError(f"unexpected refusal from the group object: {answer}")
+        raise cls(
+            str(answer.get("message", answer["error"])),
+            group_key=answer.get("group_key"),
+            replay_key=answer.get("replay_key"),
+            position=answer.get("position"),
+            rank=answer.get("rank"),
+        )
+
+
+async def _settlement(
+    answer: dict[str, Any], group_key: str, rank: int, payloads: PayloadPolicy | None
+) -> Settlement:
+    """The settlement of an ``await_rank`` answer; a stored form is decoded with
+    ``payloads`` (which changes nothing: the caller advances its handle only after).
+
+    Raises:
+        SealedPayloadUnreadable, PayloadShredded, PayloadMissing: see
+            :func:`~effecthost.payloads.decode_outcome`.
+    """
+    replay_key = answer["replay_key"]
+    if "stored" in answer:
+        stored = _stored_or_none(answer["stored"])
+        if stored is None:  # raised outside any handler: nothing quotes the record
+            raise PayloadMissing(
+                f"rank {rank} of group {group_key!r} ({replay_key!r}) is not a stored outcome",
+                group_key=group_key,
+                replay_key=replay_key,
+                rank=rank,
+            )
+        outcome = await decode_outcome(payloads, group_key, replay_key, stored, rank=rank)
+    else:
+        outcome = Outcome.model_validate(answer["outcome"])
+    return Settlement(
+        rank=rank, position=answer["position"], replay_key=replay_key, outcome=outcome
+    )
+
+
+def _stored_or_none(value: Any) -> StoredOutcome | None:
+    try:
+        return StoredOutcome.model_validate(value)
+    except ValueError:  # pydantic's ValidationError quotes its input: never let it out
+        return None
+
+
+def _handle_doc(handle: GroupHandle) -> dict[str, Any]:
+    return {
+        "child_count": handle.child_count,
+        "wake": handle.wake.value,
+        "disposition": handle.disposition.value,
+    }
+
+
+class GroupObjectClient(WiredController):
+    """The contract's group methods over the group object's handlers (G-38, G-39, G-41).
+
+    Subclasses give the transport (:meth:`_call`) and who is opening (:meth:`_incarnation`).
+    """
+
+    owner: str
+    payloads: PayloadPolicy | None
+
+    @abstractmethod
+    async def _call(self, group_key: str, handler: str, body: Any = None) -> Any:
+        """Call ``handler`` of the group object keyed ``group_key``; its JSON answer."""
+
+    @abstractmethod
+    def _incarnation(self) -> str:
+        """This opener's incarnation, recorded with the group for the drain (G-29)."""
+
+    async def _open(self, group: EffectGroup, targets: dict[int, str]) -> GroupHandle:
+        """First open resolves every child here before anything is recorded (G-10); a
+        reopen passes a miss through; the object fences the shape (G-13)."""
+        self._require_wired(group.key)
+        miss = self._first_unresolvable(group, skip=lambda position, _child: position in targets)
+        if miss is not None:
+            described = await self._call(group.key, "describe")
+            if not described.get("recorded") and not described.get("closed"):
+                raise group_shape_error(group, *miss)
+        body = {
+            "child_count": group.child_count,
+            "wake": group.wake.value,
+            "disposition": group.disposition.value,
+            "children": [child.model_dump(mode="json") for child in group.children],
+            "hashes": [child.envelope_hash() for child in group.children],
+            "targets": {str(p): t for p, t in targets.items()},
+            "owner": self.owner,
+            "incarnation": self._incarnation(),
+        }
+        _raise_refusal(await self._call(group.key, "open", body))
+        return group.handle()
+
+    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        return await self._open(group, {})
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        self._require_wired(handle.group_key)
+        rank = handle.consumed + 1
+        answer = await self._call(
+            handle.group_key, "await_rank", {**_handle_doc(handle), "rank": rank}
+        )
+        _raise_refusal(answer)
+        settlement = await _settlement(answer, handle.group_key, rank, self.payloads)
+        handle.consumed = rank
+        return settlement
+
+    async def close_effect_group(
+        self, handle: GroupHandle, disposition: LoserPolicy | None = None
+    ) -> None:
+        self._require_wired(handle.group_key)
+        body = {**_handle_doc(handle), "close_with": disposition.value if disposition else None}
+        _raise_refusal(await self._call(handle.group_key, "close", body))
+
+    async def settlement_order(self, group_key: str) -> list[int]:
+        self._require_wired(group_key)
+        described = await self._call(group_key, "describe")
+        if not described.get("recorded"):
+            raise UnknownGroup(
+                f"no open group is recorded under {group_key!r}", group_key=group_key
+            )
+        return list(described["order"])
+
+    async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
+        self._require_wired(group_key)
+        answer = await self._call(
+            group_key, "deliver", {"name": name, "payload": normalize_json(payload)}
+        )
+        _raise_refusal(answer)
+        return int(answer["reached"])
