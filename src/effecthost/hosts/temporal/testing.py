@@ -95,6 +95,17 @@ async def connect(address: str, namespace: str = "default", timeout: float = 30.
             delay = min(delay * 2, 0.5)
 
 
+async def _terminate(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s; waits for the process either way."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(process.wait, 10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            await asyncio.to_thread(process.wait)
+
+
 class DevServer:
     """``temporal server start-dev`` on free ports with a database file in ``work_dir``."""
 
@@ -151,13 +162,8 @@ class DevServer:
 
     async def stop(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(process.wait, 10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                await asyncio.to_thread(process.wait)
+        if process is not None:
+            await _terminate(process)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -227,13 +233,7 @@ class WorkerProcess:
     async def terminate(self) -> None:
         process, self.process = self.process, None
         if process is not None:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.to_thread(process.wait, 10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    await asyncio.to_thread(process.wait)
+            await _terminate(process)
             if process.stdout is not None:
                 process.stdout.close()
 
