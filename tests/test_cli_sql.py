@@ -82,3 +82,5 @@ async def test_inspect_and_drain_a_gone_opener(tmp_path: Path) -> None:
     assert f"no executor: {key} {key}:0" in report
 
     drain_until(db, "--resolver", "cli_tools:registry", expect="resumed 2")
+    final = cli("inspect", "--sqlite", str(db))
+    assert "settled=2/2" in final.stdout, final.stdout

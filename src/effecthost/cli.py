@@ -120,6 +120,9 @@ def _drain(args: argparse.Namespace) -> int:
                 for missing in report.no_executor:
                     print(f"  no executor: {missing.group_key} {missing.replay_key}", flush=True)
                 if args.once or (args.passes and passes >= args.passes):
+                    idle = getattr(controller, "idle", None)
+                    if idle is not None:
+                        await idle()  # let the children this pass resumed finish
                     return 0
                 await asyncio.sleep(args.interval)  # the drain's cadence, not an ordering
         finally:

@@ -230,6 +230,15 @@ class SqlEffectHost(WiredController):
         if not self._started:
             await self.start()
 
+    async def idle(self) -> None:
+        """Wait until every child this host runs has finalized (or lost its lease): what a
+        one-shot drain process waits for before it exits."""
+        while tasks := [
+            d.task for d in self._drivers.values() if d.task is not None and not d.task.done()
+        ]:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self._flushers.values(), return_exceptions=True)
+
     async def aclose(self) -> None:
         """Stop like a process ending: cancel every child task and loop without writing
         anything (leases simply expire), then close the connections."""
