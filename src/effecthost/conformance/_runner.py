@@ -140,7 +140,7 @@ def matches(expression: str | None, check: Check) -> bool:
         raise ValueError(f"cannot parse selection expression {expression!r}") from None
 
 
-class SuiteSession:
+class SuiteRun:
     """One host and one lab for a whole run; checks get fresh scopes."""
 
     def __init__(self, factory: Factory, *, base_dir: Path | None = None) -> None:
@@ -224,15 +224,15 @@ async def run_suite(
 ) -> SuiteReport:
     """Run every registered check (or those ``select`` matches) against ``factory``."""
     checks = [c for c in all_checks() if matches(select, c)]
-    session = SuiteSession(factory)
+    suite = SuiteRun(factory)
     report = SuiteReport()
-    await session.start()
+    await suite.start()
     try:
         for check in checks:
-            result = await session.run(check)
+            result = await suite.run(check)
             report.results.append(result)
             if on_result is not None:
                 on_result(result)
     finally:
-        await session.stop()
+        await suite.stop()
     return report

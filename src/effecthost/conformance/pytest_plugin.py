@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ._registry import Check, all_checks
-from ._runner import CheckResult, SuiteSession, load_factory, obligation_table
+from ._runner import CheckResult, SuiteRun, load_factory, obligation_table
 
 OPTION = "--effecthost-factory"
 INI = "effecthost_factory"
@@ -87,7 +87,7 @@ class ConformancePlugin:
         self.spec = spec
         self.results: list[CheckResult] = []
         self._runner: asyncio.Runner | None = None
-        self._session: SuiteSession | None = None
+        self._suite: SuiteRun | None = None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(
@@ -101,18 +101,18 @@ class ConformancePlugin:
     def run(self, check: Check) -> CheckResult:
         if self._runner is None:
             self._runner = asyncio.Runner()
-            self._session = SuiteSession(load_factory(self.spec))
-            self._runner.run(self._session.start())
-        assert self._session is not None
-        result = self._runner.run(self._session.run(check))
+            self._suite = SuiteRun(load_factory(self.spec))
+            self._runner.run(self._suite.start())
+        assert self._suite is not None
+        result = self._runner.run(self._suite.run(check))
         self.results.append(result)
         return result
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self._runner is not None:
             try:
-                if self._session is not None:
-                    self._runner.run(self._session.stop())
+                if self._suite is not None:
+                    self._runner.run(self._suite.stop())
             finally:
                 self._runner.close()
                 self._runner = None
