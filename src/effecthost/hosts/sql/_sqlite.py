@@ -609,23 +609,29 @@ class SqliteStore(Store):
     async def close(self, group_key: str, effective: str) -> bool:
         def write(c: sqlite3.Connection) -> bool:
             def body(c: sqlite3.Connection) -> bool:
-                if effective == "cancel":  # child rows first, then the group row
-                    c.execute(
-                        "UPDATE eh_children SET cancel_requested = 1 "
-                        "WHERE group_key = ? AND state <> 'settled'",
-                        (group_key,),
-                    )
-                cur = c.execute(
-                    "UPDATE eh_groups SET effective = ?, state = 'closed', "
-                    f"closed_at = coalesce(closed_at, {NOW}) WHERE group_key = ?",
-                    (effective, group_key),
-                )
+                recorded = self._close_body(c, group_key, effective)
                 self._fault("close:before_commit")
-                return cur.rowcount == 1
+                return recorded
 
             return self._tx(c, body)
 
         return await self._run(write)
+
+    @staticmethod
+    def _close_body(c: sqlite3.Connection, group_key: str, effective: str) -> bool:
+        """Close in the lock order: cancel marks on child rows first, then the group row."""
+        if effective == "cancel":
+            c.execute(
+                "UPDATE eh_children SET cancel_requested = 1 "
+                "WHERE group_key = ? AND state <> 'settled'",
+                (group_key,),
+            )
+        cur = c.execute(
+            "UPDATE eh_groups SET effective = ?, state = 'closed', "
+            f"closed_at = coalesce(closed_at, {NOW}) WHERE group_key = ?",
+            (effective, group_key),
+        )
+        return cur.rowcount == 1
 
     @staticmethod
     def _retire_body(c: sqlite3.Connection, group_key: str) -> bool:
@@ -670,18 +676,7 @@ class SqliteStore(Store):
     async def close_retire(self, group_key: str, effective: str) -> tuple[bool, bool]:
         def write(c: sqlite3.Connection) -> tuple[bool, bool]:
             def body(c: sqlite3.Connection) -> tuple[bool, bool]:
-                if effective == "cancel":  # child rows first, then the group row
-                    c.execute(
-                        "UPDATE eh_children SET cancel_requested = 1 "
-                        "WHERE group_key = ? AND state <> 'settled'",
-                        (group_key,),
-                    )
-                cur = c.execute(
-                    "UPDATE eh_groups SET effective = ?, state = 'closed', "
-                    f"closed_at = coalesce(closed_at, {NOW}) WHERE group_key = ?",
-                    (effective, group_key),
-                )
-                recorded = cur.rowcount == 1
+                recorded = self._close_body(c, group_key, effective)
                 # every child settled: retire in the same transaction
                 retired = recorded and self._retire_body(c, group_key)
                 self._fault("close:before_commit")

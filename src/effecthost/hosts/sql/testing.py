@@ -278,16 +278,21 @@ def sqlite_factory(env: FactoryEnv) -> SqlHostUnderTest:
     return SqlHostUnderTest(lambda: SqliteStore(path), conformance_resolver(env.lab_path))
 
 
-def postgres_factory(env: FactoryEnv) -> SqlHostUnderTest:
-    """The PostgreSQL host under test: ``EFFECTHOST_POSTGRES_DSN`` or its own server."""
+def _postgres_target() -> tuple[str, str, list[object]]:
+    """A DSN (``EFFECTHOST_POSTGRES_DSN`` or a server started here), a fresh schema name,
+    and what stops the server afterwards."""
     dsn = os.environ.get("EFFECTHOST_POSTGRES_DSN")
     closers: list[object] = []
     if not dsn:
         server = PostgresServer()
         dsn = server.start()
         closers.append(server.stop)
-    schema = f"ehconf_{secrets.token_hex(4)}"
-    chosen = dsn
+    return dsn, f"ehconf_{secrets.token_hex(4)}", closers
+
+
+def postgres_factory(env: FactoryEnv) -> SqlHostUnderTest:
+    """The PostgreSQL host under test: ``EFFECTHOST_POSTGRES_DSN`` or its own server."""
+    chosen, schema, closers = _postgres_target()
     return SqlHostUnderTest(
         lambda: PostgresStore(chosen, schema=schema, pool_size=4),
         conformance_resolver(env.lab_path),
@@ -422,14 +427,7 @@ def sqlite_sealed_factory(env: FactoryEnv) -> SealedSqlHostUnderTest:
 def postgres_sealed_factory(env: FactoryEnv) -> SealedSqlHostUnderTest:
     """The PostgreSQL host with payload references and sealing (G-47…G-50):
     ``EFFECTHOST_POSTGRES_DSN`` or its own server."""
-    dsn = os.environ.get("EFFECTHOST_POSTGRES_DSN")
-    closers: list[object] = []
-    if not dsn:
-        server = PostgresServer()
-        dsn = server.start()
-        closers.append(server.stop)
-    schema = f"ehconf_{secrets.token_hex(4)}"
-    chosen = dsn
+    chosen, schema, closers = _postgres_target()
     return SealedSqlHostUnderTest(
         env,
         lambda: PostgresStore(chosen, schema=schema, pool_size=4),

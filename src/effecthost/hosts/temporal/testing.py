@@ -25,7 +25,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, TypeVar
 
 from effecthost.conformance import (
     FactoryEnv,
@@ -432,10 +432,11 @@ class SealedTemporalHostUnderTest(TemporalHostUnderTest):
         await super().aclose()
 
 
-async def factory(env: FactoryEnv, **options: Any) -> TemporalHostUnderTest:
-    """The conformance factory: a dev server (unless ``EFFECTHOST_TEMPORAL_ADDRESS``
-    is set) and a worker process registering ``conformance_resolver(env.lab_path)``."""
-    host = TemporalHostUnderTest(env, **options)
+H = TypeVar("H", bound=TemporalHostUnderTest)
+
+
+async def _started(host: H) -> H:
+    """Start ``host``; stop whatever it started when that fails."""
     try:
         await host.start()
     except BaseException:
@@ -443,17 +444,16 @@ async def factory(env: FactoryEnv, **options: Any) -> TemporalHostUnderTest:
             await host.aclose()
         raise
     return host
+
+
+async def factory(env: FactoryEnv, **options: Any) -> TemporalHostUnderTest:
+    """The conformance factory: a dev server (unless ``EFFECTHOST_TEMPORAL_ADDRESS``
+    is set) and a worker process registering ``conformance_resolver(env.lab_path)``."""
+    return await _started(TemporalHostUnderTest(env, **options))
 
 
 async def sealed_factory(env: FactoryEnv, **options: Any) -> SealedTemporalHostUnderTest:
     """The conformance factory with payload references and sealing (G-47…G-50): as
     :func:`factory`, plus a shared payload store and key store, the sealing codec on every
     client and the record-tampering test hook."""
-    host = SealedTemporalHostUnderTest(env, **options)
-    try:
-        await host.start()
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await host.aclose()
-        raise
-    return host
+    return await _started(SealedTemporalHostUnderTest(env, **options))
