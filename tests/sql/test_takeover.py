@@ -145,3 +145,34 @@ async def test_newer_schema_version_is_refused_at_start_up(pg_dsn: str, pg_schem
     await store.aclose()
     with pytest.raises(SchemaVersionError):
         await PostgresStore(pg_dsn, schema=pg_schema).start()
+
+
+async def test_start_up_replaces_a_function_another_release_left(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """Functions are code over a versioned layout: a schema of the same version whose
+    function differs (another release's) gets this release's at start-up; a schema whose
+    functions match keeps them untouched."""
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    await store.start()
+    query = (
+        "SELECT proname, xmin::text, prosrc FROM pg_proc "
+        "WHERE pronamespace = $1::regnamespace ORDER BY proname"
+    )
+    before = await store._pool.fetch(query, pg_schema)
+    await store._pool.execute(
+        "CREATE OR REPLACE FUNCTION eh_retire(p_key text) RETURNS boolean "
+        "LANGUAGE sql AS $$ SELECT false $$"
+    )
+    await store.aclose()
+    again = PostgresStore(pg_dsn, schema=pg_schema)
+    await again.start()
+    try:
+        after = {r["proname"]: r for r in await again._pool.fetch(query, pg_schema)}
+        assert (
+            after["eh_retire"]["prosrc"] == {r["proname"]: r for r in before}["eh_retire"]["prosrc"]
+        )
+        untouched = [r for r in before if r["proname"] != "eh_retire"]
+        assert all(after[r["proname"]]["xmin"] == r["xmin"] for r in untouched)
+    finally:
+        await again.aclose()

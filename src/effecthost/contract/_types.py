@@ -66,11 +66,18 @@ def canonical_json(value: JsonValue) -> bytes:
             text that is not valid Unicode).
     """
     _reject_non_string_keys(value)
+    return _encode_canonical(value)
+
+
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
+def _encode_canonical(value: JsonValue) -> bytes:
+    """:func:`canonical_json` of a value whose object keys are known to be strings."""
     try:
-        text = json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
-        return text.encode("utf-8")
+        return _CANONICAL.encode(value).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InvalidEnvelope(f"value is not strict JSON: {type(exc).__name__}") from None
 
@@ -81,6 +88,11 @@ def normalize_json(value: JsonValue) -> JsonValue:
     Raises:
         InvalidEnvelope: the value is not strict JSON.
     """
+    kind = type(value)
+    if value is None or kind is bool or kind is int:
+        return value  # its own round trip; the common tool result skips the encoder
+    if kind is str and _encodable(value):
+        return value
     return json.loads(canonical_json(value))
 
 
@@ -157,13 +169,20 @@ class EffectEnvelope(BaseModel):
             "name": self.name,
             "replay_key": self.replay_key,
         }
-        if self.membership is not None:
-            doc["membership"] = self.membership.model_dump(mode="json")
+        m = self.membership
+        if m is not None:
+            doc["membership"] = {
+                "disposition": m.disposition.value,
+                "group_key": m.group_key,
+                "position": m.position,
+                "wake": m.wake.value,
+            }
         return doc
 
     def canonical_bytes(self) -> bytes:
         """Canonical encoding; membership omitted when absent (G-01)."""
-        return canonical_json(self.canonical_dict())
+        # the input was normalised at construction (string keys), the rest is ours
+        return _encode_canonical(self.canonical_dict())
 
     def envelope_hash(self) -> str:
         """``sha256`` hex of :meth:`canonical_bytes`: the replay fence (G-01, G-02)."""
@@ -217,7 +236,8 @@ class EffectGroup(BaseModel):
         seen: set[str] = set()
         for index, child in enumerate(raw):
             envelope = child if isinstance(child, EffectEnvelope) else EffectEnvelope(**child)
-            expected = GroupMembership(
+            # every field checked above (a non-empty key, the enums, an index)
+            expected = GroupMembership.model_construct(
                 group_key=key, position=index, wake=wake, disposition=disposition
             )
             if envelope.membership is None:
@@ -337,7 +357,7 @@ class Outcome(BaseModel):
     @classmethod
     def success(cls, value: JsonValue = None) -> Outcome:
         """Raises: InvalidEnvelope when ``value`` is not strict JSON."""
-        return cls(status="success", value=normalize_json(value))
+        return cls.model_construct(status="success", value=normalize_json(value))
 
     @classmethod
     def failure(

@@ -114,6 +114,11 @@ class _Driver:
     cancel_sent: bool = False
 
 
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 async def _wait(event: asyncio.Event, timeout: float) -> None:
     """Wait for ``event`` at most ``timeout`` seconds (a cancellation propagates)."""
     if event.is_set():
@@ -182,9 +187,13 @@ class SqlEffectHost(WiredController):
         self._pending: dict[str, list[tuple[_Driver, str, asyncio.Future[int | None]]]] = {}
         self._flushers: dict[str, asyncio.Task[None]] = {}
         self._ahead: dict[str, dict[int, RankRead]] = {}  # ranks read ahead, per group
-        self._changed: dict[str, asyncio.Event] = {}
+        self._changed: dict[str, list[asyncio.Future[None]]] = {}  # waiters per group
+        # groups this host created whose every child it runs under its own fresh lease,
+        # and of which nothing has committed since: rank 1 cannot be recorded yet
+        self._fresh: dict[str, GroupRow] = {}
         self._timer_changed = asyncio.Event()
         self._keeper_changed = asyncio.Event()
+        self._keeper_idle = False  # the keeper waits for a first lease
         self._urgent = False
         self._background: list[asyncio.Task[None]] = []
         self._started = False
@@ -280,16 +289,23 @@ class SqlEffectHost(WiredController):
 
     # -- wake-ups -------------------------------------------------------------------------
 
-    def _event(self, group_key: str) -> asyncio.Event:
-        event = self._changed.get(group_key)
-        if event is None:
-            event = self._changed[group_key] = asyncio.Event()
-        return event
+    def _waiter(self, group_key: str) -> asyncio.Future[None]:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._changed.setdefault(group_key, []).append(waiter)
+        return waiter
 
     def _notify(self, group_key: str) -> None:
-        event = self._changed.pop(group_key, None)
-        if event is not None:
-            event.set()
+        self._fresh.pop(group_key, None)
+        for waiter in self._changed.pop(group_key, ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _forget(self, group_key: str, waiter: asyncio.Future[None]) -> None:
+        waiters = self._changed.get(group_key)
+        if waiters is not None and waiter in waiters:  # not woken by a commit
+            waiters.remove(waiter)
+            if not waiters:
+                del self._changed[group_key]
 
     def _on_remote(self, kind: str, group_key: str) -> None:
         """A commit in any process (PostgreSQL LISTEN/NOTIFY)."""
@@ -317,7 +333,7 @@ class SqlEffectHost(WiredController):
                 group.key, group.wake.value, group.disposition.value, group.child_count
             )
         self._fence_shape(record, group)
-        await self._ensure_children(group, executors, canonical, created)
+        await self._ensure_children(group, executors, canonical, created, record)
         return group.handle()
 
     def _check_sizes(self, group: EffectGroup) -> list[bytes]:
@@ -374,6 +390,7 @@ class SqlEffectHost(WiredController):
         executors: list[EffectExecutor | None] | None,
         canonical: list[bytes],
         created: bool = False,
+        fresh: GroupRow | None = None,
     ) -> None:
         """Insert missing child rows (the first open inserts them all, leased to this
         host), check recorded hashes (G-02), and dispatch what this host can run: a
@@ -438,6 +455,8 @@ class SqlEffectHost(WiredController):
                             replay_key=spec.replay_key,
                             position=spec.position,
                         )
+            if created and fresh is not None and len(inserted) == len(to_run) == len(specs):
+                self._fresh[group.key] = fresh
             for key, (envelope, executor, digest) in to_run.items():
                 if key in inserted:
                     self._dispatch(envelope, executor, fence=1, attempt=1, sent=sent, digest=digest)
@@ -496,7 +515,8 @@ class SqlEffectHost(WiredController):
         driver.task = asyncio.get_running_loop().create_task(
             self._drive(driver, executor), name=f"effecthost-child:{driver.replay_key}"
         )
-        self._keeper_changed.set()
+        if self._keeper_idle:  # a busy keeper already wakes before this lease's deadline
+            self._keeper_changed.set()
         return driver
 
     async def _drive(self, driver: _Driver, executor: EffectExecutor) -> None:
@@ -523,6 +543,7 @@ class SqlEffectHost(WiredController):
                 self._fault("wake")
                 self._notify(driver.group_key)
         finally:
+            self._fresh.pop(driver.group_key, None)  # finalized, or never will be here
             if self._drivers.get(driver.replay_key) is driver:
                 del self._drivers[driver.replay_key]
 
@@ -622,7 +643,11 @@ class SqlEffectHost(WiredController):
                     self._cancel_driver(driver)
             if not self._drivers:
                 self._keeper_changed.clear()
-                await self._keeper_changed.wait()
+                self._keeper_idle = True
+                try:
+                    await self._keeper_changed.wait()
+                finally:
+                    self._keeper_idle = False
                 next_renew = max(next_renew, time.monotonic() + self.renew_every / 2)
                 continue
             wake_at = min([next_renew] + [d.deadline for d in self._drivers.values()])
@@ -752,39 +777,63 @@ class SqlEffectHost(WiredController):
         rank = handle.consumed + 1
         checked = False
         while True:
-            event = self._event(handle.group_key)  # taken before the read: no lost wake-up
-            # rank n is sequence n: dense, commit-ordered sequences (see the module doc)
-            read = await self._read_rank(handle.group_key, rank)
-            if read is None:
-                raise await self._missing(handle.group_key)
-            if not checked:
-                self._check_handle(handle, read.group)
-                checked = True
-            if read.group.state == "closed":
-                raise GroupClosed(
-                    f"group {handle.group_key!r} was closed", group_key=handle.group_key
-                )
-            if rank > read.group.child_count:
-                raise CursorExhausted(
-                    f"group {handle.group_key!r} has {read.group.child_count} children and the "
-                    f"handle has consumed them all; rank {rank} does not exist",
-                    group_key=handle.group_key,
-                    rank=rank,
-                )
-            if read.replay_key is not None and read.outcome is not None:
-                assert read.position is not None
-                # decoded before the handle advances: a refusal leaves it (G-49)
-                outcome = await self._decode(handle.group_key, read.replay_key, rank, read.outcome)
-                settlement = Settlement(
-                    rank=rank,
-                    position=read.position,
-                    replay_key=read.replay_key,
-                    outcome=outcome,
-                )
-                handle.consumed = rank
-                return settlement
+            waiter = self._waiter(handle.group_key)  # taken before the read: no lost wake-up
+            try:
+                fresh = self._fresh.get(handle.group_key) if rank == 1 else None
+                if fresh is not None:
+                    # nothing of this group has committed yet, and only this host's leases
+                    # can commit it: wait for that commit (or the bound) without a read
+                    self._check_handle(handle, fresh)
+                    checked = True
+                    await self._sleep(waiter)
+                    self._fresh.pop(handle.group_key, None)
+                    continue
+                # rank n is sequence n: dense, commit-ordered sequences (see the module doc)
+                read = await self._read_rank(handle.group_key, rank)
+                if read is None:
+                    raise await self._missing(handle.group_key)
+                if not checked:
+                    self._check_handle(handle, read.group)
+                    checked = True
+                if read.group.state == "closed":
+                    raise GroupClosed(
+                        f"group {handle.group_key!r} was closed", group_key=handle.group_key
+                    )
+                if rank > read.group.child_count:
+                    raise CursorExhausted(
+                        f"group {handle.group_key!r} has {read.group.child_count} children and "
+                        f"the handle has consumed them all; rank {rank} does not exist",
+                        group_key=handle.group_key,
+                        rank=rank,
+                    )
+                if read.replay_key is not None and read.outcome is not None:
+                    assert read.position is not None
+                    # decoded before the handle advances: a refusal leaves it (G-49)
+                    outcome = await self._decode(
+                        handle.group_key, read.replay_key, rank, read.outcome
+                    )
+                    settlement = Settlement(
+                        rank=rank,
+                        position=read.position,
+                        replay_key=read.replay_key,
+                        outcome=outcome,
+                    )
+                    handle.consumed = rank
+                    return settlement
+                await self._sleep(waiter)
+            finally:
+                self._forget(handle.group_key, waiter)
+
+    async def _sleep(self, waiter: asyncio.Future[None]) -> None:
+        """Until a commit of the group here (or a notification) wakes ``waiter``, at most
+        the poll bound (cross-process commits on SQLite; lost notifications)."""
+        if not waiter.done():
             bound = self.poll_interval * (10 if self.store.wakes_across_processes else 1)
-            await _wait(event, bound)
+            timer = asyncio.get_running_loop().call_later(bound, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
 
     async def _read_rank(self, group_key: str, rank: int) -> RankRead | None:
         """Rank ``rank`` (sequence ``rank``): from what an earlier range scan read ahead,

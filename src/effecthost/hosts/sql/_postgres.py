@@ -123,46 +123,48 @@ DDL = [
     f"""CREATE OR REPLACE FUNCTION eh_finalize_many(
             p_keys text[], p_hashes text[], p_owner text, p_fences bigint[],
             p_outcomes text[], p_channel text)
-        RETURNS bigint[] LANGUAGE plpgsql AS $$
+        RETURNS bigint[] LANGUAGE plpgsql
+        -- planned for each call's own batch size: a plan cached for two children is a
+        -- poor plan for a thousand
+        SET plan_cache_mode = force_custom_plan AS $$
         DECLARE
             n integer := coalesce(array_length(p_keys, 1), 0);
             seqs bigint[] := array_fill(NULL::bigint, ARRAY[n]);
-            matched integer[] := '{{}}';
+            matched integer[];
+            groups text[];
             m integer;
-            g text;
-            grp text;
             top bigint;
         BEGIN
-            -- (1) each child through its own fenced UPDATE, in the order given: every
-            -- child row is locked before the group row
-            FOR i IN 1..n LOOP
-                UPDATE eh_children SET state = 'settled', outcome = p_outcomes[i],
+            -- (1) the fenced UPDATE of every child of the batch, each row on its own five
+            -- fence columns: every child row is locked before the group row
+            WITH done AS (
+                UPDATE eh_children c SET state = 'settled', outcome = u.outcome,
                        lease_owner = NULL, lease_expires = NULL, settled_at = {NOW}
-                 WHERE replay_key = p_keys[i] AND envelope_hash = p_hashes[i]
-                   AND lease_owner = p_owner AND fence = p_fences[i] AND state = 'claimed'
-                RETURNING group_key INTO g;
-                IF FOUND THEN
-                    IF grp IS NULL THEN
-                        grp := g;
-                    ELSIF grp <> g THEN
-                        RAISE EXCEPTION 'eh_finalize_many: children of one group only';
-                    END IF;
-                    matched := matched || i;
-                END IF;
-            END LOOP;
+                  FROM unnest(p_keys, p_hashes, p_fences, p_outcomes)
+                       WITH ORDINALITY AS u(key, hash, fence, outcome, i)
+                 WHERE c.replay_key = u.key AND c.envelope_hash = u.hash
+                   AND c.lease_owner = p_owner AND c.fence = u.fence AND c.state = 'claimed'
+                RETURNING u.i, c.group_key)
+            SELECT array_agg(i ORDER BY i), array_agg(DISTINCT group_key)
+              INTO matched, groups FROM done;
             -- (2) no fenced update matched: nothing written, no counter bump
             m := coalesce(array_length(matched, 1), 0);
             IF m = 0 THEN
                 RETURN seqs;
             END IF;
-            -- (3) one bump for the m that matched; sequences in the order they matched
-            UPDATE eh_groups SET counter = counter + m WHERE group_key = grp
+            IF array_length(groups, 1) > 1 THEN
+                RAISE EXCEPTION 'eh_finalize_many: children of one group only';
+            END IF;
+            -- (3) one bump for the m that matched; sequences in the order given
+            UPDATE eh_groups SET counter = counter + m WHERE group_key = groups[1]
             RETURNING counter INTO top;
+            UPDATE eh_children c SET seq = top - m + r.k
+              FROM unnest(matched) WITH ORDINALITY AS r(i, k)
+             WHERE c.replay_key = p_keys[r.i];
             FOR k IN 1..m LOOP
                 seqs[matched[k]] := top - m + k;
-                UPDATE eh_children SET seq = top - m + k WHERE replay_key = p_keys[matched[k]];
             END LOOP;
-            PERFORM pg_notify(p_channel, 's:' || grp);
+            PERFORM pg_notify(p_channel, 's:' || groups[1]);
             RETURN seqs;
         END $$""",
     f"""CREATE OR REPLACE FUNCTION eh_claim(p_key text, p_owner text, p_ttl float8)
@@ -335,6 +337,11 @@ def _function_name(statement: str) -> str | None:
     return found.group(1) if found else None
 
 
+def _function_body(statement: str) -> str:
+    """The text between the ``$$`` quotes: what ``pg_proc.prosrc`` records."""
+    return statement.split("$$")[1]
+
+
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 
 
@@ -392,12 +399,17 @@ class PostgresStore(Store):
                 raise SchemaVersionError(int(found))
             else:
                 # the version numbers the table layout; functions are code: a schema made
-                # by an earlier release of this version gets the ones it lacks (same
-                # signatures, same tables), under the advisory lock above
+                # by another release of this version gets this release's functions where
+                # they are missing or differ (same signatures, same tables), under the
+                # advisory lock above
+                rows = await conn.fetch(
+                    "SELECT proname, prosrc FROM pg_proc WHERE pronamespace = $1::regnamespace",
+                    self.schema,
+                )
+                found_src = {r["proname"]: r["prosrc"] for r in rows}
                 for statement in DDL:
-                    if _function_name(statement) and not await conn.fetchval(
-                        "SELECT to_regproc($1) IS NOT NULL", _function_name(statement)
-                    ):
+                    name = _function_name(statement)
+                    if name and found_src.get(name) != _function_body(statement):
                         await conn.execute(statement)
 
     async def listen(self, callback: object) -> None:

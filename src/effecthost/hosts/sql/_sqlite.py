@@ -162,6 +162,7 @@ class SqliteStore(Store):
         self._conn: sqlite3.Connection | None = None  # waits up to busy_timeout (the thread)
         self._inline: sqlite3.Connection | None = None  # never waits (the calling thread)
         self._last: Future[Any] | None = None  # the operation last handed to the thread
+        self.open_at_finalize: set[str] = set()
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -395,16 +396,18 @@ class SqliteStore(Store):
     ) -> tuple[bool, GroupRow]:
         def write(c: sqlite3.Connection) -> tuple[bool, GroupRow]:
             def body(c: sqlite3.Connection) -> tuple[bool, GroupRow]:
-                cur = c.execute(
+                row = c.execute(
                     "INSERT INTO eh_groups (group_key, wake, disposition, effective, "
                     f"child_count, created_at) VALUES (?, ?, ?, ?, ?, {NOW}) "
-                    "ON CONFLICT (group_key) DO NOTHING",
+                    f"ON CONFLICT (group_key) DO NOTHING RETURNING {_GROUP_COLUMNS}",
                     (group_key, wake, disposition, disposition, child_count),
-                )
+                ).fetchone()
+                if row is not None:
+                    return True, _group(row)
                 row = c.execute(
                     f"SELECT {_GROUP_COLUMNS} FROM eh_groups WHERE group_key = ?", (group_key,)
                 ).fetchone()
-                return cur.rowcount == 1, _group(row)
+                return False, _group(row)
 
             return self._tx(c, body)
 
@@ -497,7 +500,8 @@ class SqliteStore(Store):
         owner: str,
         fence: int,
         outcome: str,
-    ) -> int | None:
+    ) -> tuple[int, str] | None:
+        """The normative order of G-31; returns the sequence and the group row's state."""
         # (1) the fenced UPDATE on all five fence columns
         row = c.execute(
             "UPDATE eh_children SET state = 'settled', outcome = ?, lease_owner = NULL, "
@@ -511,13 +515,14 @@ class SqliteStore(Store):
             return None
         self._fault("finalize:after_update")
         # (3) rowcount 1: bump the counter in the statement that reads it
-        seq = c.execute(
-            "UPDATE eh_groups SET counter = counter + 1 WHERE group_key = ? RETURNING counter",
+        seq, state = c.execute(
+            "UPDATE eh_groups SET counter = counter + 1 WHERE group_key = ? "
+            "RETURNING counter, state",
             (row[0],),
-        ).fetchone()[0]
+        ).fetchone()
         c.execute("UPDATE eh_children SET seq = ? WHERE replay_key = ?", (seq, replay_key))
         self._fault("finalize:before_commit")
-        return int(seq)
+        return int(seq), str(state)
 
     async def finalize(
         self, replay_key: str, envelope_hash: str, owner: str, fence: int, outcome: str
@@ -525,14 +530,17 @@ class SqliteStore(Store):
         def write(c: sqlite3.Connection) -> int | None:
             c.execute("BEGIN IMMEDIATE")
             try:
-                seq = self._finalize_body(c, replay_key, envelope_hash, owner, fence, outcome)
+                done = self._finalize_body(c, replay_key, envelope_hash, owner, fence, outcome)
             except BaseException:
                 c.execute("ROLLBACK")
                 raise
-            c.execute("ROLLBACK" if seq is None else "COMMIT")
-            if seq is not None:
-                self._fault("finalize:after_commit")
-            return seq
+            c.execute("ROLLBACK" if done is None else "COMMIT")
+            if done is None:
+                return None
+            if done[1] == "open":
+                self.open_at_finalize.add(replay_key)
+            self._fault("finalize:after_commit")
+            return done[0]
 
         return await self._run(write)
 
@@ -541,6 +549,7 @@ class SqliteStore(Store):
             seqs: list[int | None] = [None] * len(items)
             matched: list[int] = []
             group: str | None = None
+            state = ""
             c.execute("BEGIN IMMEDIATE")
             try:
                 # (1) each child through its own fenced UPDATE, in the order given
@@ -561,11 +570,11 @@ class SqliteStore(Store):
                     self._fault("finalize:after_update")
                 if group is not None:
                     # (3) one bump for the children that matched, in the order they matched
-                    top = c.execute(
+                    top, state = c.execute(
                         "UPDATE eh_groups SET counter = counter + ? WHERE group_key = ? "
-                        "RETURNING counter",
+                        "RETURNING counter, state",
                         (len(matched), group),
-                    ).fetchone()[0]
+                    ).fetchone()
                     base = int(top) - len(matched)
                     for k, index in enumerate(matched, 1):
                         seqs[index] = base + k
@@ -580,6 +589,8 @@ class SqliteStore(Store):
                 raise
             # (2) nothing matched: roll back, no counter bump
             c.execute("ROLLBACK" if group is None else "COMMIT")
+            if group is not None and state == "open":
+                self.open_at_finalize.update(items[index].replay_key for index in matched)
             for _index in matched:
                 self._fault("finalize:after_commit")
             return seqs
@@ -591,18 +602,19 @@ class SqliteStore(Store):
             c.execute("BEGIN IMMEDIATE")
             try:
                 claim = self._claim_sql(c, replay_key, owner, 60.0)
-                seq = None
+                done = None
                 if claim is not None:
                     digest = c.execute(
                         "SELECT envelope_hash FROM eh_children WHERE replay_key = ?",
                         (replay_key,),
                     ).fetchone()[0]
-                    seq = self._finalize_body(c, replay_key, digest, owner, int(claim[0]), outcome)
+                    fence = int(claim[0])
+                    done = self._finalize_body(c, replay_key, digest, owner, fence, outcome)
             except BaseException:
                 c.execute("ROLLBACK")
                 raise
-            c.execute("ROLLBACK" if seq is None else "COMMIT")
-            return seq
+            c.execute("ROLLBACK" if done is None else "COMMIT")
+            return None if done is None else done[0]
 
         return await self._run(write)
 
@@ -634,17 +646,26 @@ class SqliteStore(Store):
         return cur.rowcount == 1
 
     @staticmethod
-    def _retire_body(c: sqlite3.Connection, group_key: str) -> bool:
+    def _retire_body(c: sqlite3.Connection, group_key: str, closing: str | None = None) -> bool:
+        """Retire a closed group whose children have all settled (G-36). With ``closing``
+        this transaction is the close itself: the group row goes whatever state it read
+        and the tombstone records ``closing``, the disposition the close put in force."""
         unsettled = c.execute(
             "SELECT count(*) FROM eh_children WHERE group_key = ? AND state <> 'settled'",
             (group_key,),
         ).fetchone()[0]
         if unsettled:
             return False
-        row = c.execute(
-            "DELETE FROM eh_groups WHERE group_key = ? AND state = 'closed' RETURNING effective",
-            (group_key,),
-        ).fetchone()
+        if closing is None:
+            row = c.execute(
+                "DELETE FROM eh_groups WHERE group_key = ? AND state = 'closed' "
+                "RETURNING effective",
+                (group_key,),
+            ).fetchone()
+        else:
+            row = c.execute(
+                "DELETE FROM eh_groups WHERE group_key = ? RETURNING ?", (group_key, closing)
+            ).fetchone()
         if row is None:
             return False
         c.execute("DELETE FROM eh_children WHERE group_key = ?", (group_key,))
@@ -676,9 +697,11 @@ class SqliteStore(Store):
     async def close_retire(self, group_key: str, effective: str) -> tuple[bool, bool]:
         def write(c: sqlite3.Connection) -> tuple[bool, bool]:
             def body(c: sqlite3.Connection) -> tuple[bool, bool]:
-                recorded = self._close_body(c, group_key, effective)
-                # every child settled: retire in the same transaction
-                retired = recorded and self._retire_body(c, group_key)
+                # every child settled: closed and retired in one transaction
+                if self._retire_body(c, group_key, closing=effective):
+                    recorded = retired = True
+                else:
+                    recorded, retired = self._close_body(c, group_key, effective), False
                 self._fault("close:before_commit")
                 return recorded, retired
 
@@ -689,14 +712,15 @@ class SqliteStore(Store):
     async def lookup(self, group_key: str) -> tuple[GroupRow | None, str | None]:
         def read(c: sqlite3.Connection) -> tuple[GroupRow | None, str | None]:
             row = c.execute(
-                f"SELECT {_GROUP_COLUMNS} FROM eh_groups WHERE group_key = ?", (group_key,)
+                f"SELECT {', '.join('g.' + col for col in _GROUP_COLUMNS.split(', '))}, "
+                "r.effective FROM (SELECT ? AS k) q "
+                "LEFT JOIN eh_groups g ON g.group_key = q.k "
+                "LEFT JOIN eh_retired r ON r.group_key = q.k",
+                (group_key,),
             ).fetchone()
-            if row is not None:
-                return _group(row), None
-            tomb = c.execute(
-                "SELECT effective FROM eh_retired WHERE group_key = ?", (group_key,)
-            ).fetchone()
-            return None, None if tomb is None else str(tomb[0])
+            if row[0] is not None:
+                return _group(row[:9]), None
+            return None, None if row[9] is None else str(row[9])
 
         return await self._run(read)
 
