@@ -142,3 +142,40 @@ async def test_host_batches_children_of_one_group_that_settle_together(tmp_path:
         assert sum(calls) == n and len(calls) < n and max(calls) > 1
     finally:
         await host.aclose()
+
+
+async def test_sqlite_writes_of_many_tasks_share_commits_and_fail_alone(tmp_path: Path) -> None:
+    """Group commit on SQLite: writes that several tasks start in one event-loop
+    iteration go in one transaction, each under its own savepoint; a write that raises is
+    rolled back alone and only its caller sees the error."""
+    store = SqliteStore(tmp_path / "group-commit.sqlite3")
+    await store.start()
+    try:
+        for g in ("g1", "g2"):
+            await store.create_group(g, "all", "run_to_completion", 2)
+            await store.insert_children(g, [_spec(f"{g}.c{i}", i) for i in range(2)], "a:1", 30)
+        assert store._inline is not None
+        statements: list[str] = []
+        store._inline.set_trace_callback(statements.append)
+        mixed = [Finalize("g1.c1", "h", 1, _ok("x")), Finalize("g2.c1", "h", 1, _ok("y"))]
+        results = await asyncio.gather(
+            store.finalize("g1.c0", "h", "a:1", 1, _ok("g1.c0")),
+            store.finalize_many("a:1", mixed),  # two groups in one batch: refused
+            store.finalize("g2.c0", "h", "a:1", 1, _ok("g2.c0")),
+            *(store.create_group(f"n{i}", "all", "cancel", 1) for i in range(5)),
+            return_exceptions=True,
+        )
+        assert results[0] == 1 and results[2] == 1
+        assert isinstance(results[1], ValueError)
+        assert all(isinstance(r, tuple) and r[0] for r in results[3:])
+        # the refused batch was rolled back alone: its children are still claimed
+        for g in ("g1", "g2"):
+            rows = {r.replay_key: r for r in await store.children(g)}
+            assert rows[f"{g}.c0"].seq == 1 and rows[f"{g}.c1"].state == "claimed"
+            group = await store.get_group(g)
+            assert group is not None and group.counter == 1
+        commits = [s for s in statements if s == "COMMIT"]
+        assert len(commits) < 8, commits  # eight writes, fewer commits
+        assert any(s.startswith("SAVEPOINT") for s in statements)
+    finally:
+        await store.aclose()

@@ -273,7 +273,8 @@ class EffectGroup(BaseModel):
 
     def handle(self) -> GroupHandle:
         """A fresh cursor (``consumed = 0``) whose child count comes from this group (G-20)."""
-        return GroupHandle(
+        # every field comes from this validated group
+        return GroupHandle.model_construct(
             group_key=self.key,
             child_count=self.child_count,
             consumed=0,

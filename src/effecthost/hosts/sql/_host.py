@@ -812,7 +812,8 @@ class SqlEffectHost(WiredController):
                     outcome = await self._decode(
                         handle.group_key, read.replay_key, rank, read.outcome
                     )
-                    settlement = Settlement(
+                    # rank and position are the row's, the outcome validated by decoding
+                    settlement = Settlement.model_construct(
                         rank=rank,
                         position=read.position,
                         replay_key=read.replay_key,

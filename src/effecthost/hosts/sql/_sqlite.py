@@ -39,6 +39,9 @@ from ._store import (
 )
 
 T = TypeVar("T")
+_Write = tuple[
+    Callable[[sqlite3.Connection], Any], Callable[[Any], None] | None, "asyncio.Future[Any]"
+]
 
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 """The database clock in epoch seconds (millisecond resolution)."""
@@ -163,6 +166,9 @@ class SqliteStore(Store):
         self._inline: sqlite3.Connection | None = None  # never waits (the calling thread)
         self._last: Future[Any] | None = None  # the operation last handed to the thread
         self.open_at_finalize: set[str] = set()
+        self._tick_writer: asyncio.Task[Any] | None = None  # first writer of this iteration
+        self._contended = False  # writes of several tasks meet: every write waits a tick
+        self._batch: list[_Write] = []  # writes waiting for the next iteration
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -183,6 +189,113 @@ class SqliteStore(Store):
         future = self._pool.submit(fn, self._conn)
         self._last = future
         return await asyncio.wrap_future(future)
+
+    async def _write(
+        self,
+        body: Callable[[sqlite3.Connection], T],
+        after: Callable[[T], None] | None = None,
+    ) -> T:
+        """Run ``body`` in a write transaction, then ``after`` with its result once it
+        has committed.
+
+        Group commit: while one task writes, each write runs at once in its own
+        transaction. Once writes of two tasks meet in one event-loop iteration, writes
+        wait for the next iteration and go together, one transaction for all of them,
+        each ``body`` under its own savepoint (a body that raises is rolled back alone
+        and its caller gets the error), until an iteration brings a lone write. One
+        caller therefore pays nothing for it; many callers share commits. A caller
+        learns of its write only after the commit."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        if self._tick_writer is None:
+            self._tick_writer = task
+            loop.call_soon(self._new_tick)
+        elif self._tick_writer is not task:
+            self._contended = True
+        if not self._contended:
+            result = await self._run(lambda c: self._tx(c, body))
+            if after is not None:
+                after(result)
+            return result
+        future: asyncio.Future[Any] = loop.create_future()
+        self._batch.append((body, after, future))
+        if len(self._batch) == 1:
+            loop.call_soon(self._flush_batch)
+        return await future  # type: ignore[no-any-return]
+
+    def _new_tick(self) -> None:
+        self._tick_writer = None
+
+    def _flush_batch(self) -> None:
+        batch = [entry for entry in self._batch if not entry[2].cancelled()]
+        self._batch = []
+        self._contended = len(batch) > 1  # a lone write: back to writing at once
+        if not batch:
+            return
+        last = self._last
+        if last is None or last.done():
+            assert self._inline is not None, "store not started"
+            try:
+                self._deliver(batch, self._many(self._inline, batch))
+                return
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc):
+                    self._fail(batch, exc)
+                    return
+                if self._inline.in_transaction:
+                    self._inline.execute("ROLLBACK")
+            except BaseException as exc:
+                self._fail(batch, exc)
+                raise
+        # another process holds the write lock: the batch waits for it on the thread
+        assert self._pool is not None and self._conn is not None, "store not started"
+        future = self._pool.submit(self._many, self._conn, batch)
+        self._last = future
+        loop = asyncio.get_running_loop()
+
+        def done(f: Future[list[tuple[bool, Any]]]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                self._fail(batch, exc)
+            else:
+                self._deliver(batch, f.result())
+
+        future.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))
+
+    def _many(self, c: sqlite3.Connection, batch: list[_Write]) -> list[tuple[bool, Any]]:
+        """One transaction for a batch of writes, a savepoint each."""
+
+        def body(c: sqlite3.Connection) -> list[tuple[bool, Any]]:
+            results: list[tuple[bool, Any]] = []
+            for write, _after, _future in batch:
+                c.execute("SAVEPOINT eh_write")
+                try:
+                    results.append((True, write(c)))
+                except Exception as exc:
+                    c.execute("ROLLBACK TO eh_write")
+                    results.append((False, exc))
+                c.execute("RELEASE eh_write")
+            return results
+
+        return self._tx(c, body)
+
+    @staticmethod
+    def _deliver(batch: list[_Write], results: list[tuple[bool, Any]]) -> None:
+        for (_write, after, future), (ok, value) in zip(batch, results, strict=True):
+            if ok and after is not None:
+                after(value)
+            if future.done():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+    @staticmethod
+    def _fail(batch: list[_Write], exc: BaseException) -> None:
+        for _write, _after, future in batch:
+            if not future.done():
+                future.set_exception(exc)
 
     def _fault(self, point: str) -> None:
         if self.fault is not None:
@@ -394,64 +507,58 @@ class SqliteStore(Store):
     async def create_group(
         self, group_key: str, wake: str, disposition: str, child_count: int
     ) -> tuple[bool, GroupRow]:
-        def write(c: sqlite3.Connection) -> tuple[bool, GroupRow]:
-            def body(c: sqlite3.Connection) -> tuple[bool, GroupRow]:
-                row = c.execute(
-                    "INSERT INTO eh_groups (group_key, wake, disposition, effective, "
-                    f"child_count, created_at) VALUES (?, ?, ?, ?, ?, {NOW}) "
-                    f"ON CONFLICT (group_key) DO NOTHING RETURNING {_GROUP_COLUMNS}",
-                    (group_key, wake, disposition, disposition, child_count),
-                ).fetchone()
-                if row is not None:
-                    return True, _group(row)
-                row = c.execute(
-                    f"SELECT {_GROUP_COLUMNS} FROM eh_groups WHERE group_key = ?", (group_key,)
-                ).fetchone()
-                return False, _group(row)
+        def body(c: sqlite3.Connection) -> tuple[bool, GroupRow]:
+            row = c.execute(
+                "INSERT INTO eh_groups (group_key, wake, disposition, effective, "
+                f"child_count, created_at) VALUES (?, ?, ?, ?, ?, {NOW}) "
+                f"ON CONFLICT (group_key) DO NOTHING RETURNING {_GROUP_COLUMNS}",
+                (group_key, wake, disposition, disposition, child_count),
+            ).fetchone()
+            if row is not None:
+                return True, _group(row)
+            row = c.execute(
+                f"SELECT {_GROUP_COLUMNS} FROM eh_groups WHERE group_key = ?", (group_key,)
+            ).fetchone()
+            return False, _group(row)
 
-            return self._tx(c, body)
-
-        return await self._run(write)
+        return await self._write(body)
 
     async def insert_children(
         self, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
     ) -> list[str]:
-        def write(c: sqlite3.Connection) -> list[str]:
-            def body(c: sqlite3.Connection) -> list[str]:
-                inserted: list[str] = []
-                for s in specs:
-                    cur = c.execute(
-                        "INSERT INTO eh_children (replay_key, group_key, position, kind, name, "
-                        "envelope, envelope_hash, state, lease_owner, fence, lease_expires, "
-                        "attempt, due_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-                        f"CASE WHEN ? THEN {NOW} + ? END, ?, "
-                        f"CASE WHEN ? IS NOT NULL THEN {NOW} + ? END) "
-                        "ON CONFLICT DO NOTHING",
-                        (
-                            s.replay_key,
-                            group_key,
-                            s.position,
-                            s.kind,
-                            s.name,
-                            s.envelope,
-                            s.envelope_hash,
-                            "claimed" if s.claim else "pending",
-                            owner if s.claim else None,
-                            1 if s.claim else 0,
-                            s.claim,
-                            ttl,
-                            1 if s.claim else 0,
-                            s.sleep_seconds,
-                            s.sleep_seconds,
-                        ),
-                    )
-                    if cur.rowcount == 1:
-                        inserted.append(s.replay_key)
-                return inserted
+        def body(c: sqlite3.Connection) -> list[str]:
+            inserted: list[str] = []
+            for s in specs:
+                cur = c.execute(
+                    "INSERT INTO eh_children (replay_key, group_key, position, kind, name, "
+                    "envelope, envelope_hash, state, lease_owner, fence, lease_expires, "
+                    "attempt, due_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                    f"CASE WHEN ? THEN {NOW} + ? END, ?, "
+                    f"CASE WHEN ? IS NOT NULL THEN {NOW} + ? END) "
+                    "ON CONFLICT DO NOTHING",
+                    (
+                        s.replay_key,
+                        group_key,
+                        s.position,
+                        s.kind,
+                        s.name,
+                        s.envelope,
+                        s.envelope_hash,
+                        "claimed" if s.claim else "pending",
+                        owner if s.claim else None,
+                        1 if s.claim else 0,
+                        s.claim,
+                        ttl,
+                        1 if s.claim else 0,
+                        s.sleep_seconds,
+                        s.sleep_seconds,
+                    ),
+                )
+                if cur.rowcount == 1:
+                    inserted.append(s.replay_key)
+            return inserted
 
-            return self._tx(c, body)
-
-        return await self._run(write)
+        return await self._write(body)
 
     @staticmethod
     def _claim_sql(c: sqlite3.Connection, replay_key: str, owner: str, ttl: float) -> Any:
@@ -465,32 +572,26 @@ class SqliteStore(Store):
         ).fetchone()
 
     async def claim(self, replay_key: str, owner: str, ttl: float) -> Claim | None:
-        def write(c: sqlite3.Connection) -> Claim | None:
-            def body(c: sqlite3.Connection) -> Claim | None:
-                row = self._claim_sql(c, replay_key, owner, ttl)
-                self._fault("claim")
-                if row is None:
-                    return None
-                return Claim(replay_key, int(row[0]), int(row[1]), bool(row[2]), float(row[3]))
+        def body(c: sqlite3.Connection) -> Claim | None:
+            row = self._claim_sql(c, replay_key, owner, ttl)
+            self._fault("claim")
+            if row is None:
+                return None
+            return Claim(replay_key, int(row[0]), int(row[1]), bool(row[2]), float(row[3]))
 
-            return self._tx(c, body)
-
-        return await self._run(write)
+        return await self._write(body)
 
     async def renew(self, owner: str, ttl: float) -> list[Renewal]:
-        def write(c: sqlite3.Connection) -> list[Renewal]:
-            def body(c: sqlite3.Connection) -> list[Renewal]:
-                rows = c.execute(
-                    f"UPDATE eh_children SET lease_expires = {NOW} + ? "
-                    f"WHERE lease_owner = ? AND state = 'claimed' AND lease_expires >= {NOW} "
-                    "RETURNING replay_key, fence, cancel_requested",
-                    (ttl, owner),
-                ).fetchall()
-                return [Renewal(r[0], int(r[1]), bool(r[2])) for r in rows]
+        def body(c: sqlite3.Connection) -> list[Renewal]:
+            rows = c.execute(
+                f"UPDATE eh_children SET lease_expires = {NOW} + ? "
+                f"WHERE lease_owner = ? AND state = 'claimed' AND lease_expires >= {NOW} "
+                "RETURNING replay_key, fence, cancel_requested",
+                (ttl, owner),
+            ).fetchall()
+            return [Renewal(r[0], int(r[1]), bool(r[2])) for r in rows]
 
-            return self._tx(c, body)
-
-        return await self._run(write)
+        return await self._write(body)
 
     def _finalize_body(
         self,
@@ -527,107 +628,88 @@ class SqliteStore(Store):
     async def finalize(
         self, replay_key: str, envelope_hash: str, owner: str, fence: int, outcome: str
     ) -> int | None:
-        def write(c: sqlite3.Connection) -> int | None:
-            c.execute("BEGIN IMMEDIATE")
-            try:
-                done = self._finalize_body(c, replay_key, envelope_hash, owner, fence, outcome)
-            except BaseException:
-                c.execute("ROLLBACK")
-                raise
-            c.execute("ROLLBACK" if done is None else "COMMIT")
-            if done is None:
-                return None
-            if done[1] == "open":
-                self.open_at_finalize.add(replay_key)
-            self._fault("finalize:after_commit")
-            return done[0]
+        def body(c: sqlite3.Connection) -> tuple[int, str] | None:
+            return self._finalize_body(c, replay_key, envelope_hash, owner, fence, outcome)
 
-        return await self._run(write)
+        def after(done: tuple[int, str] | None) -> None:
+            if done is not None:
+                if done[1] == "open":
+                    self.open_at_finalize.add(replay_key)
+                self._fault("finalize:after_commit")
+
+        done = await self._write(body, after)
+        return None if done is None else done[0]
 
     async def finalize_many(self, owner: str, items: list[Finalize]) -> list[int | None]:
-        def write(c: sqlite3.Connection) -> list[int | None]:
+        def body(c: sqlite3.Connection) -> tuple[list[int | None], list[int], str]:
             seqs: list[int | None] = [None] * len(items)
             matched: list[int] = []
             group: str | None = None
-            state = ""
-            c.execute("BEGIN IMMEDIATE")
-            try:
-                # (1) each child through its own fenced UPDATE, in the order given
-                for index, item in enumerate(items):
-                    row = c.execute(
-                        "UPDATE eh_children SET state = 'settled', outcome = ?, "
-                        f"lease_owner = NULL, lease_expires = NULL, settled_at = {NOW} "
-                        "WHERE replay_key = ? AND envelope_hash = ? AND lease_owner = ? "
-                        "AND fence = ? AND state = 'claimed' RETURNING group_key",
-                        (item.outcome, item.replay_key, item.envelope_hash, owner, item.fence),
-                    ).fetchone()
-                    if row is None:
-                        continue
-                    if group is not None and row[0] != group:
-                        raise ValueError("finalize_many: children of one group only")
-                    group = row[0]
-                    matched.append(index)
-                    self._fault("finalize:after_update")
-                if group is not None:
-                    # (3) one bump for the children that matched, in the order they matched
-                    top, state = c.execute(
-                        "UPDATE eh_groups SET counter = counter + ? WHERE group_key = ? "
-                        "RETURNING counter, state",
-                        (len(matched), group),
-                    ).fetchone()
-                    base = int(top) - len(matched)
-                    for k, index in enumerate(matched, 1):
-                        seqs[index] = base + k
-                    c.executemany(
-                        "UPDATE eh_children SET seq = ? WHERE replay_key = ?",
-                        [(seqs[index], items[index].replay_key) for index in matched],
-                    )
-                    for _index in matched:  # fault points count children, as unbatched
-                        self._fault("finalize:before_commit")
-            except BaseException:
-                c.execute("ROLLBACK")
-                raise
-            # (2) nothing matched: roll back, no counter bump
-            c.execute("ROLLBACK" if group is None else "COMMIT")
-            if group is not None and state == "open":
+            # (1) each child through its own fenced UPDATE, in the order given
+            for index, item in enumerate(items):
+                row = c.execute(
+                    "UPDATE eh_children SET state = 'settled', outcome = ?, "
+                    f"lease_owner = NULL, lease_expires = NULL, settled_at = {NOW} "
+                    "WHERE replay_key = ? AND envelope_hash = ? AND lease_owner = ? "
+                    "AND fence = ? AND state = 'claimed' RETURNING group_key",
+                    (item.outcome, item.replay_key, item.envelope_hash, owner, item.fence),
+                ).fetchone()
+                if row is None:
+                    continue
+                if group is not None and row[0] != group:
+                    raise ValueError("finalize_many: children of one group only")
+                group = row[0]
+                matched.append(index)
+                self._fault("finalize:after_update")
+            if group is None:
+                return seqs, matched, ""  # (2) nothing matched: nothing written, no bump
+            # (3) one bump for the children that matched, in the order they matched
+            top, state = c.execute(
+                "UPDATE eh_groups SET counter = counter + ? WHERE group_key = ? "
+                "RETURNING counter, state",
+                (len(matched), group),
+            ).fetchone()
+            base = int(top) - len(matched)
+            for k, index in enumerate(matched, 1):
+                seqs[index] = base + k
+            c.executemany(
+                "UPDATE eh_children SET seq = ? WHERE replay_key = ?",
+                [(seqs[index], items[index].replay_key) for index in matched],
+            )
+            for _index in matched:  # fault points count children, as unbatched
+                self._fault("finalize:before_commit")
+            return seqs, matched, str(state)
+
+        def after(done: tuple[list[int | None], list[int], str]) -> None:
+            _seqs, matched, state = done
+            if state == "open":
                 self.open_at_finalize.update(items[index].replay_key for index in matched)
             for _index in matched:
                 self._fault("finalize:after_commit")
-            return seqs
 
-        return await self._run(write)
+        seqs, _matched, _state = await self._write(body, after)
+        return seqs
 
     async def settle_free(self, replay_key: str, owner: str, outcome: str) -> int | None:
-        def write(c: sqlite3.Connection) -> int | None:
-            c.execute("BEGIN IMMEDIATE")
-            try:
-                claim = self._claim_sql(c, replay_key, owner, 60.0)
-                done = None
-                if claim is not None:
-                    digest = c.execute(
-                        "SELECT envelope_hash FROM eh_children WHERE replay_key = ?",
-                        (replay_key,),
-                    ).fetchone()[0]
-                    fence = int(claim[0])
-                    done = self._finalize_body(c, replay_key, digest, owner, fence, outcome)
-            except BaseException:
-                c.execute("ROLLBACK")
-                raise
-            c.execute("ROLLBACK" if done is None else "COMMIT")
+        def body(c: sqlite3.Connection) -> int | None:
+            claim = self._claim_sql(c, replay_key, owner, 60.0)
+            if claim is None:
+                return None
+            digest = c.execute(
+                "SELECT envelope_hash FROM eh_children WHERE replay_key = ?", (replay_key,)
+            ).fetchone()[0]
+            done = self._finalize_body(c, replay_key, digest, owner, int(claim[0]), outcome)
             return None if done is None else done[0]
 
-        return await self._run(write)
+        return await self._write(body)
 
     async def close(self, group_key: str, effective: str) -> bool:
-        def write(c: sqlite3.Connection) -> bool:
-            def body(c: sqlite3.Connection) -> bool:
-                recorded = self._close_body(c, group_key, effective)
-                self._fault("close:before_commit")
-                return recorded
+        def body(c: sqlite3.Connection) -> bool:
+            recorded = self._close_body(c, group_key, effective)
+            self._fault("close:before_commit")
+            return recorded
 
-            return self._tx(c, body)
-
-        return await self._run(write)
+        return await self._write(body)
 
     @staticmethod
     def _close_body(c: sqlite3.Connection, group_key: str, effective: str) -> bool:
@@ -678,36 +760,30 @@ class SqliteStore(Store):
         return True
 
     async def retire(self, group_key: str) -> bool:
-        def write(c: sqlite3.Connection) -> bool:
-            return self._tx(c, lambda c: self._retire_body(c, group_key))
-
-        return await self._run(write)
+        return await self._write(lambda c: self._retire_body(c, group_key))
 
     async def retire_closed(self, group_key: str) -> bool:
-        def write(c: sqlite3.Connection) -> bool:
+        def read(c: sqlite3.Connection) -> bool:
             row = c.execute(
                 "SELECT state FROM eh_groups WHERE group_key = ?", (group_key,)
             ).fetchone()
-            if row is None or row[0] != "closed":
-                return False
-            return self._tx(c, lambda c: self._retire_body(c, group_key))
+            return row is not None and row[0] == "closed"
 
-        return await self._run(write)
+        if not await self._run(read):
+            return False
+        return await self._write(lambda c: self._retire_body(c, group_key))
 
     async def close_retire(self, group_key: str, effective: str) -> tuple[bool, bool]:
-        def write(c: sqlite3.Connection) -> tuple[bool, bool]:
-            def body(c: sqlite3.Connection) -> tuple[bool, bool]:
-                # every child settled: closed and retired in one transaction
-                if self._retire_body(c, group_key, closing=effective):
-                    recorded = retired = True
-                else:
-                    recorded, retired = self._close_body(c, group_key, effective), False
-                self._fault("close:before_commit")
-                return recorded, retired
+        def body(c: sqlite3.Connection) -> tuple[bool, bool]:
+            # every child settled: closed and retired in one transaction
+            if self._retire_body(c, group_key, closing=effective):
+                recorded = retired = True
+            else:
+                recorded, retired = self._close_body(c, group_key, effective), False
+            self._fault("close:before_commit")
+            return recorded, retired
 
-            return self._tx(c, body)
-
-        return await self._run(write)
+        return await self._write(body)
 
     async def lookup(self, group_key: str) -> tuple[GroupRow | None, str | None]:
         def read(c: sqlite3.Connection) -> tuple[GroupRow | None, str | None]:
@@ -729,17 +805,14 @@ class SqliteStore(Store):
     async def payload_put(
         self, group_key: str, name: str, replay_key: str, data: bytes, digest: str
     ) -> None:
-        def write(c: sqlite3.Connection) -> None:
-            def body(c: sqlite3.Connection) -> None:
-                c.execute(
-                    "INSERT INTO eh_payloads (group_key, name, replay_key, data, digest, "
-                    f"created_at) VALUES (?, ?, ?, ?, ?, {NOW})",
-                    (group_key, name, replay_key, data, digest),
-                )
+        def body(c: sqlite3.Connection) -> None:
+            c.execute(
+                "INSERT INTO eh_payloads (group_key, name, replay_key, data, digest, "
+                f"created_at) VALUES (?, ?, ?, ?, ?, {NOW})",
+                (group_key, name, replay_key, data, digest),
+            )
 
-            self._tx(c, body)
-
-        await self._run(write)
+        await self._write(body)
 
     async def payload_get(self, group_key: str, name: str) -> bytes | None:
         def read(c: sqlite3.Connection) -> bytes | None:
@@ -752,10 +825,7 @@ class SqliteStore(Store):
         return await self._run(read)
 
     async def payload_delete_group(self, group_key: str) -> None:
-        def write(c: sqlite3.Connection) -> None:
-            self._tx(
-                c,
-                lambda c: c.execute("DELETE FROM eh_payloads WHERE group_key = ?", (group_key,)),
-            )
+        def body(c: sqlite3.Connection) -> None:
+            c.execute("DELETE FROM eh_payloads WHERE group_key = ?", (group_key,))
 
-        await self._run(write)
+        await self._write(body)
