@@ -41,6 +41,55 @@ from ._store import (
 NOW = "extract(epoch from clock_timestamp())::float8"
 """The database clock in epoch seconds (``clock_timestamp``: not frozen at tx start)."""
 
+# the batched finalize (G-31) for large batches, set-based and planned for each call's own
+# size (a plan cached for small batches would scan every child the owner holds, once per
+# child of the batch): every fenced UPDATE first, then one counter bump
+_FINALIZE_MANY_PLANNED = f"""CREATE OR REPLACE FUNCTION eh_finalize_many_planned(
+            p_keys text[], p_hashes text[], p_owner text, p_fences bigint[],
+            p_outcomes text[], p_channel text)
+        RETURNS bigint[] LANGUAGE plpgsql
+        SET plan_cache_mode = force_custom_plan AS $$
+        DECLARE
+            n integer := coalesce(array_length(p_keys, 1), 0);
+            seqs bigint[] := array_fill(NULL::bigint, ARRAY[n]);
+            matched integer[];
+            groups text[];
+            m integer;
+            top bigint;
+        BEGIN
+            -- (1) the fenced UPDATE of every child of the batch, each row on its own five
+            -- fence columns: every child row is locked before the group row
+            WITH done AS (
+                UPDATE eh_children c SET state = 'settled', outcome = u.outcome,
+                       lease_owner = NULL, lease_expires = NULL, settled_at = {NOW}
+                  FROM unnest(p_keys, p_hashes, p_fences, p_outcomes)
+                       WITH ORDINALITY AS u(key, hash, fence, outcome, i)
+                 WHERE c.replay_key = u.key AND c.envelope_hash = u.hash
+                   AND c.lease_owner = p_owner AND c.fence = u.fence AND c.state = 'claimed'
+                RETURNING u.i, c.group_key)
+            SELECT array_agg(i ORDER BY i), array_agg(DISTINCT group_key)
+              INTO matched, groups FROM done;
+            -- (2) no fenced update matched: nothing written, no counter bump
+            m := coalesce(array_length(matched, 1), 0);
+            IF m = 0 THEN
+                RETURN seqs;
+            END IF;
+            IF array_length(groups, 1) > 1 THEN
+                RAISE EXCEPTION 'eh_finalize_many: children of one group only';
+            END IF;
+            -- (3) one bump for the m that matched; sequences in the order given
+            UPDATE eh_groups SET counter = counter + m WHERE group_key = groups[1]
+            RETURNING counter INTO top;
+            UPDATE eh_children c SET seq = top - m + r.k
+              FROM unnest(matched) WITH ORDINALITY AS r(i, k)
+             WHERE c.replay_key = p_keys[r.i];
+            FOR k IN 1..m LOOP
+                seqs[matched[k]] := top - m + k;
+            END LOOP;
+            PERFORM pg_notify(p_channel, 's:' || groups[1]);
+            RETURN seqs;
+        END $$"""
+
 DDL = [
     """CREATE TABLE IF NOT EXISTS eh_groups (
         group_key   text PRIMARY KEY,
@@ -120,53 +169,7 @@ DDL = [
             PERFORM pg_notify(p_channel, 's:' || g);
             RETURN s;
         END $$""",
-    f"""CREATE OR REPLACE FUNCTION eh_finalize_many(
-            p_keys text[], p_hashes text[], p_owner text, p_fences bigint[],
-            p_outcomes text[], p_channel text)
-        RETURNS bigint[] LANGUAGE plpgsql
-        -- planned for each call's own batch size: a plan cached for two children is a
-        -- poor plan for a thousand
-        SET plan_cache_mode = force_custom_plan AS $$
-        DECLARE
-            n integer := coalesce(array_length(p_keys, 1), 0);
-            seqs bigint[] := array_fill(NULL::bigint, ARRAY[n]);
-            matched integer[];
-            groups text[];
-            m integer;
-            top bigint;
-        BEGIN
-            -- (1) the fenced UPDATE of every child of the batch, each row on its own five
-            -- fence columns: every child row is locked before the group row
-            WITH done AS (
-                UPDATE eh_children c SET state = 'settled', outcome = u.outcome,
-                       lease_owner = NULL, lease_expires = NULL, settled_at = {NOW}
-                  FROM unnest(p_keys, p_hashes, p_fences, p_outcomes)
-                       WITH ORDINALITY AS u(key, hash, fence, outcome, i)
-                 WHERE c.replay_key = u.key AND c.envelope_hash = u.hash
-                   AND c.lease_owner = p_owner AND c.fence = u.fence AND c.state = 'claimed'
-                RETURNING u.i, c.group_key)
-            SELECT array_agg(i ORDER BY i), array_agg(DISTINCT group_key)
-              INTO matched, groups FROM done;
-            -- (2) no fenced update matched: nothing written, no counter bump
-            m := coalesce(array_length(matched, 1), 0);
-            IF m = 0 THEN
-                RETURN seqs;
-            END IF;
-            IF array_length(groups, 1) > 1 THEN
-                RAISE EXCEPTION 'eh_finalize_many: children of one group only';
-            END IF;
-            -- (3) one bump for the m that matched; sequences in the order given
-            UPDATE eh_groups SET counter = counter + m WHERE group_key = groups[1]
-            RETURNING counter INTO top;
-            UPDATE eh_children c SET seq = top - m + r.k
-              FROM unnest(matched) WITH ORDINALITY AS r(i, k)
-             WHERE c.replay_key = p_keys[r.i];
-            FOR k IN 1..m LOOP
-                seqs[matched[k]] := top - m + k;
-            END LOOP;
-            PERFORM pg_notify(p_channel, 's:' || groups[1]);
-            RETURN seqs;
-        END $$""",
+    _FINALIZE_MANY_PLANNED,
     f"""CREATE OR REPLACE FUNCTION eh_claim(p_key text, p_owner text, p_ttl float8)
         RETURNS TABLE (fence bigint, attempt integer, cancel_requested boolean,
                        lease_expires float8)
@@ -205,22 +208,75 @@ DDL = [
                   JOIN eh_groups g ON g.group_key = c.group_key WHERE c.replay_key = p_key;
             END IF;
         END $$""",
-    """CREATE OR REPLACE FUNCTION eh_finalize_many_open(
+    # the batched finalize (G-31) and, in the same transaction, whether the group row
+    # read ``open`` under its lock: each child of a small batch through its own fenced
+    # UPDATE in the order given (every child row locked before the group row), then one
+    # counter bump for those that matched, sequences in the order they matched
+    f"""CREATE OR REPLACE FUNCTION eh_finalize_many_open(
             p_keys text[], p_hashes text[], p_owner text, p_fences bigint[],
             p_outcomes text[], p_channel text, OUT seqs bigint[], OUT still_open boolean)
         LANGUAGE plpgsql AS $$
+        DECLARE
+            n integer := coalesce(array_length(p_keys, 1), 0);
+            matched integer[] := '{{}}';
+            m integer;
+            g text;
+            grp text;
+            top bigint;
+            st text;
         BEGIN
-            seqs := eh_finalize_many(p_keys, p_hashes, p_owner, p_fences, p_outcomes,
-                                     p_channel);
-            FOR i IN 1..coalesce(array_length(seqs, 1), 0) LOOP
-                IF seqs[i] IS NOT NULL THEN
-                    SELECT g.state = 'open' INTO still_open FROM eh_children c
-                      JOIN eh_groups g ON g.group_key = c.group_key
-                     WHERE c.replay_key = p_keys[i];
-                    RETURN;
+            IF n > 32 THEN
+                seqs := eh_finalize_many_planned(p_keys, p_hashes, p_owner, p_fences,
+                                                 p_outcomes, p_channel);
+                FOR i IN 1..n LOOP
+                    IF seqs[i] IS NOT NULL THEN
+                        SELECT gr.state = 'open' INTO still_open FROM eh_children c
+                          JOIN eh_groups gr ON gr.group_key = c.group_key
+                         WHERE c.replay_key = p_keys[i];
+                        RETURN;
+                    END IF;
+                END LOOP;
+                RETURN;
+            END IF;
+            seqs := array_fill(NULL::bigint, ARRAY[n]);
+            -- (1) each child through its own fenced UPDATE, on all five fence columns
+            FOR i IN 1..n LOOP
+                UPDATE eh_children SET state = 'settled', outcome = p_outcomes[i],
+                       lease_owner = NULL, lease_expires = NULL, settled_at = {NOW}
+                 WHERE replay_key = p_keys[i] AND envelope_hash = p_hashes[i]
+                   AND lease_owner = p_owner AND fence = p_fences[i] AND state = 'claimed'
+                RETURNING group_key INTO g;
+                IF FOUND THEN
+                    IF grp IS NULL THEN
+                        grp := g;
+                    ELSIF grp <> g THEN
+                        RAISE EXCEPTION 'eh_finalize_many: children of one group only';
+                    END IF;
+                    matched := matched || i;
                 END IF;
             END LOOP;
+            -- (2) no fenced update matched: nothing written, no counter bump
+            m := coalesce(array_length(matched, 1), 0);
+            IF m = 0 THEN
+                RETURN;
+            END IF;
+            -- (3) one bump for the m that matched; sequences in the order they matched
+            UPDATE eh_groups SET counter = counter + m WHERE group_key = grp
+            RETURNING counter, state INTO top, st;
+            still_open := st = 'open';
+            FOR k IN 1..m LOOP
+                seqs[matched[k]] := top - m + k;
+                UPDATE eh_children SET seq = top - m + k WHERE replay_key = p_keys[matched[k]];
+            END LOOP;
+            PERFORM pg_notify(p_channel, 's:' || grp);
         END $$""",
+    """CREATE OR REPLACE FUNCTION eh_finalize_many(
+            p_keys text[], p_hashes text[], p_owner text, p_fences bigint[],
+            p_outcomes text[], p_channel text)
+        RETURNS bigint[] LANGUAGE sql AS $$
+            SELECT seqs FROM eh_finalize_many_open(p_keys, p_hashes, p_owner, p_fences,
+                                                   p_outcomes, p_channel)
+        $$""",
     # the retirement (G-36) in one round trip, the statements of ``retire`` in its order
     # (child rows locked first, then the group row); nothing unless the group is closed
     f"""CREATE OR REPLACE FUNCTION eh_retire(p_key text)
@@ -258,8 +314,6 @@ DDL = [
         RETURNS integer LANGUAGE plpgsql AS $$
         DECLARE
             n bigint;
-            e text;
-            recorded boolean;
         BEGIN
             SELECT count(*) INTO n FROM eh_children
              WHERE group_key = p_key AND state <> 'settled';
@@ -267,27 +321,27 @@ DDL = [
                 SELECT count(*) FILTER (WHERE s.state <> 'settled') INTO n
                   FROM (SELECT state FROM eh_children WHERE group_key = p_key FOR UPDATE) s;
             END IF;
-            IF p_effective = 'cancel' THEN
-                UPDATE eh_children SET cancel_requested = true
-                 WHERE group_key = p_key AND state <> 'settled';
-            END IF;
-            UPDATE eh_groups SET effective = p_effective, state = 'closed',
-                   closed_at = coalesce(closed_at, {NOW})
-             WHERE group_key = p_key;
-            recorded := FOUND;
             PERFORM pg_notify(p_channel, 'c:' || p_key);
-            IF NOT recorded THEN
+            IF n > 0 THEN
+                IF p_effective = 'cancel' THEN
+                    UPDATE eh_children SET cancel_requested = true
+                     WHERE group_key = p_key AND state <> 'settled';
+                END IF;
+                UPDATE eh_groups SET effective = p_effective, state = 'closed',
+                       closed_at = coalesce(closed_at, {NOW})
+                 WHERE group_key = p_key;
+                RETURN CASE WHEN FOUND THEN 1 ELSE 0 END;
+            END IF;
+            -- every child settled: closed and retired at once, the tombstone recording
+            -- the disposition this close puts in force
+            DELETE FROM eh_groups WHERE group_key = p_key;
+            IF NOT FOUND THEN
                 RETURN 0;
             END IF;
-            IF n > 0 THEN
-                RETURN 1;
-            END IF;
-            DELETE FROM eh_groups WHERE group_key = p_key AND state = 'closed'
-            RETURNING effective INTO e;
             DELETE FROM eh_children WHERE group_key = p_key;
             DELETE FROM eh_payloads WHERE group_key = p_key;
             INSERT INTO eh_retired (group_key, effective, retired_at)
-            VALUES (p_key, e, {NOW}) ON CONFLICT DO NOTHING;
+            VALUES (p_key, p_effective, {NOW}) ON CONFLICT DO NOTHING;
             RETURN 2;
         END $$""",
 ]
