@@ -396,6 +396,12 @@ def _function_body(statement: str) -> str:
     return statement.split("$$")[1]
 
 
+async def _keep_session(_conn: Any) -> None:
+    """Pool release without the reset query (a round trip per release): this store's
+    statements leave no session state behind (no ``SET``, ``LISTEN``, session advisory
+    lock or cursor); an open transaction is still rolled back by the pool."""
+
+
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 
 
@@ -434,7 +440,11 @@ class PostgresStore(Store):
         finally:
             await admin.close()
         self._pool = await asyncpg.create_pool(
-            self.dsn, min_size=1, max_size=self.pool_size, server_settings=settings
+            self.dsn,
+            min_size=1,
+            max_size=self.pool_size,
+            server_settings=settings,
+            reset=_keep_session,
         )
 
     async def _schema(self, conn: Any) -> None:
