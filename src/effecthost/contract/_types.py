@@ -236,8 +236,7 @@ class EffectGroup(BaseModel):
         seen: set[str] = set()
         for index, child in enumerate(raw):
             envelope = child if isinstance(child, EffectEnvelope) else EffectEnvelope(**child)
-            # every field checked above (a non-empty key, the enums, an index)
-            expected = GroupMembership.model_construct(
+            expected = GroupMembership(
                 group_key=key, position=index, wake=wake, disposition=disposition
             )
             if envelope.membership is None:
@@ -273,8 +272,7 @@ class EffectGroup(BaseModel):
 
     def handle(self) -> GroupHandle:
         """A fresh cursor (``consumed = 0``) whose child count comes from this group (G-20)."""
-        # every field comes from this validated group
-        return GroupHandle.model_construct(
+        return GroupHandle(
             group_key=self.key,
             child_count=self.child_count,
             consumed=0,
@@ -358,7 +356,7 @@ class Outcome(BaseModel):
     @classmethod
     def success(cls, value: JsonValue = None) -> Outcome:
         """Raises: InvalidEnvelope when ``value`` is not strict JSON."""
-        return cls.model_construct(status="success", value=normalize_json(value))
+        return cls(status="success", value=normalize_json(value))
 
     @classmethod
     def failure(

@@ -322,16 +322,17 @@ class SqlEffectHost(WiredController):
         self._require_wired(group.key)
         await self._ready()
         canonical = self._check_sizes(group)
-        record, retired = await self.store.lookup(group.key)
         executors: list[EffectExecutor | None] | None = None
-        created = False
+
+        def resolve_all() -> None:  # first open only, before anything is written (G-10)
+            nonlocal executors
+            executors = self._resolve_all(group)
+
+        created, record, _tombstone = await self.store.open_group(
+            group.key, group.wake.value, group.disposition.value, group.child_count, resolve_all
+        )
         if record is None:
-            if retired is not None:
-                raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key)
-            executors = list(self._resolve_all(group))
-            created, record = await self.store.create_group(
-                group.key, group.wake.value, group.disposition.value, group.child_count
-            )
+            raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key)
         self._fence_shape(record, group)
         await self._ensure_children(group, executors, canonical, created, record)
         return group.handle()
@@ -812,8 +813,7 @@ class SqlEffectHost(WiredController):
                     outcome = await self._decode(
                         handle.group_key, read.replay_key, rank, read.outcome
                     )
-                    # rank and position are the row's, the outcome validated by decoding
-                    settlement = Settlement.model_construct(
+                    settlement = Settlement(
                         rank=rank,
                         position=read.position,
                         replay_key=read.replay_key,
@@ -883,28 +883,39 @@ class SqlEffectHost(WiredController):
     ) -> None:
         self._require_wired(handle.group_key)
         await self._ready()
-        record, tombstone = await self.store.lookup(handle.group_key)
-        if record is None:
-            if tombstone is None:
-                raise UnknownGroup(
-                    f"no group is recorded under {handle.group_key!r}", group_key=handle.group_key
-                )
-            self._narrow(handle.group_key, LoserPolicy(tombstone), disposition)
-            return
-        self._check_handle(handle, record)
-        target = self._narrow(record.group_key, LoserPolicy(record.effective), disposition)
-        if record.state == "closed" and record.effective == target.value:
-            await self._maybe_retire(record.group_key)
-            return  # idempotent
+        key = handle.group_key
+        target: LoserPolicy | None = None
+        already = False
+
+        def decide(record: GroupRow | None, tombstone: str | None) -> str | None:
+            """Refusals raise before anything is written; ``None``: nothing to write."""
+            nonlocal target, already
+            if record is None:
+                if tombstone is None:
+                    raise UnknownGroup(f"no group is recorded under {key!r}", group_key=key)
+                self._narrow(key, LoserPolicy(tombstone), disposition)
+                return None
+            self._check_handle(handle, record)
+            target = self._narrow(key, LoserPolicy(record.effective), disposition)
+            if record.state == "closed" and record.effective == target.value:
+                already = True  # idempotent
+                return None
+            return target.value
+
         # closed, and retired in the same transaction when every child has settled
-        _recorded, done = await self.store.close_retire(record.group_key, target.value)
-        self._ahead.pop(record.group_key, None)
-        self._notify(record.group_key)
-        if done:
+        _record, recorded, done = await self.store.close_group(key, decide)
+        if already:
+            await self._maybe_retire(key)
+            return
+        if target is None:
+            return  # retired before: the tombstone answered
+        self._ahead.pop(key, None)
+        self._notify(key)
+        if done or not recorded:
             return
         if target is LoserPolicy.CANCEL:
-            await self._cancel_unsettled(record.group_key)
-        await self._maybe_retire(record.group_key)
+            await self._cancel_unsettled(key)
+        await self._maybe_retire(key)
 
     @staticmethod
     def _narrow(group_key: str, current: LoserPolicy, requested: LoserPolicy | None) -> LoserPolicy:

@@ -18,6 +18,7 @@ before; until that thread is idle again, later operations queue behind it in ord
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -131,8 +132,35 @@ def _child(row: Any, effective: str = "", group_state: str = "") -> ChildRow:
     )
 
 
+_INSERT_CHUNK = 256  # rows per INSERT (15 parameters each, under SQLite's limit)
+
+
+@functools.cache
+def _insert_children_sql(rows: int) -> str:
+    """One multi-row ``INSERT`` of ``rows`` children; ``RETURNING`` names those inserted
+    (a row another process inserted first is left as it is)."""
+    row = (
+        f"(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, CASE WHEN ? THEN {NOW} + ? END, ?, "
+        f"CASE WHEN ? IS NOT NULL THEN {NOW} + ? END)"
+    )
+    return (
+        "INSERT INTO eh_children (replay_key, group_key, position, kind, name, envelope, "
+        "envelope_hash, state, lease_owner, fence, lease_expires, attempt, due_at) VALUES "
+        + ", ".join([row] * rows)
+        + " ON CONFLICT DO NOTHING RETURNING replay_key"
+    )
+
+
 _GROUP_COLUMNS = (
     "group_key, wake, disposition, effective, child_count, counter, state, created_at, closed_at"
+)
+
+
+_G_COLUMNS = ", ".join("g." + col for col in _GROUP_COLUMNS.split(", "))
+_LOOKUP = (
+    f"SELECT {_G_COLUMNS}, r.effective FROM (SELECT ? AS k) q "
+    "LEFT JOIN eh_groups g ON g.group_key = q.k "
+    "LEFT JOIN eh_retired r ON r.group_key = q.k"
 )
 
 
@@ -404,7 +432,7 @@ class SqliteStore(Store):
     async def read_rank(self, group_key: str, seq: int) -> RankRead | None:
         def read(c: sqlite3.Connection) -> RankRead | None:
             row = c.execute(
-                f"SELECT {', '.join('g.' + col for col in _GROUP_COLUMNS.split(', '))}, "
+                f"SELECT {_G_COLUMNS}, "
                 "c.position, c.replay_key, c.outcome FROM eh_groups g "
                 "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq = ? "
                 "WHERE g.group_key = ?",
@@ -421,7 +449,7 @@ class SqliteStore(Store):
     ) -> tuple[GroupRow, list[tuple[int, int, str, str]]] | None:
         def read(c: sqlite3.Connection) -> tuple[GroupRow, list[tuple[int, int, str, str]]] | None:
             rows = c.execute(
-                f"SELECT {', '.join('g.' + col for col in _GROUP_COLUMNS.split(', '))}, "
+                f"SELECT {_G_COLUMNS}, "
                 "c.seq, c.position, c.replay_key, c.outcome FROM eh_groups g "
                 "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq >= ? "
                 "AND c.seq < ? WHERE g.group_key = ? ORDER BY c.seq",
@@ -528,15 +556,11 @@ class SqliteStore(Store):
     ) -> list[str]:
         def body(c: sqlite3.Connection) -> list[str]:
             inserted: list[str] = []
-            for s in specs:
-                cur = c.execute(
-                    "INSERT INTO eh_children (replay_key, group_key, position, kind, name, "
-                    "envelope, envelope_hash, state, lease_owner, fence, lease_expires, "
-                    "attempt, due_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-                    f"CASE WHEN ? THEN {NOW} + ? END, ?, "
-                    f"CASE WHEN ? IS NOT NULL THEN {NOW} + ? END) "
-                    "ON CONFLICT DO NOTHING",
-                    (
+            for start in range(0, len(specs), _INSERT_CHUNK):
+                chunk = specs[start : start + _INSERT_CHUNK]
+                params: list[Any] = []
+                for s in chunk:
+                    params += (
                         s.replay_key,
                         group_key,
                         s.position,
@@ -552,10 +576,9 @@ class SqliteStore(Store):
                         1 if s.claim else 0,
                         s.sleep_seconds,
                         s.sleep_seconds,
-                    ),
-                )
-                if cur.rowcount == 1:
-                    inserted.append(s.replay_key)
+                    )
+                rows = c.execute(_insert_children_sql(len(chunk)), params).fetchall()
+                inserted += [r[0] for r in rows]
             return inserted
 
         return await self._write(body)
@@ -773,32 +796,71 @@ class SqliteStore(Store):
             return False
         return await self._write(lambda c: self._retire_body(c, group_key))
 
+    def _close_retire_body(
+        self, c: sqlite3.Connection, group_key: str, effective: str
+    ) -> tuple[bool, bool]:
+        # every child settled: closed and retired in one transaction
+        if self._retire_body(c, group_key, closing=effective):
+            recorded = retired = True
+        else:
+            recorded, retired = self._close_body(c, group_key, effective), False
+        self._fault("close:before_commit")
+        return recorded, retired
+
     async def close_retire(self, group_key: str, effective: str) -> tuple[bool, bool]:
-        def body(c: sqlite3.Connection) -> tuple[bool, bool]:
-            # every child settled: closed and retired in one transaction
-            if self._retire_body(c, group_key, closing=effective):
-                recorded = retired = True
-            else:
-                recorded, retired = self._close_body(c, group_key, effective), False
-            self._fault("close:before_commit")
-            return recorded, retired
+        return await self._write(lambda c: self._close_retire_body(c, group_key, effective))
+
+    @staticmethod
+    def _lookup(c: sqlite3.Connection, group_key: str) -> tuple[GroupRow | None, str | None]:
+        row = c.execute(_LOOKUP, (group_key,)).fetchone()
+        if row[0] is not None:
+            return _group(row[:9]), None
+        return None, None if row[9] is None else str(row[9])
+
+    async def lookup(self, group_key: str) -> tuple[GroupRow | None, str | None]:
+        return await self._run(lambda c: self._lookup(c, group_key))
+
+    async def open_group(
+        self,
+        group_key: str,
+        wake: str,
+        disposition: str,
+        child_count: int,
+        before_create: Callable[[], None],
+    ) -> tuple[bool, GroupRow | None, str | None]:
+        """One transaction: the lookup, and the group row when nothing is recorded
+        (``before_create`` runs inside it; when another process holds the write lock,
+        on this store's writer thread)."""
+
+        def body(c: sqlite3.Connection) -> tuple[bool, GroupRow | None, str | None]:
+            record, tombstone = self._lookup(c, group_key)
+            if record is not None or tombstone is not None:
+                return False, record, tombstone
+            before_create()
+            row = c.execute(
+                "INSERT INTO eh_groups (group_key, wake, disposition, effective, "
+                f"child_count, created_at) VALUES (?, ?, ?, ?, ?, {NOW}) "
+                f"RETURNING {_GROUP_COLUMNS}",
+                (group_key, wake, disposition, disposition, child_count),
+            ).fetchone()
+            return True, _group(row), None
 
         return await self._write(body)
 
-    async def lookup(self, group_key: str) -> tuple[GroupRow | None, str | None]:
-        def read(c: sqlite3.Connection) -> tuple[GroupRow | None, str | None]:
-            row = c.execute(
-                f"SELECT {', '.join('g.' + col for col in _GROUP_COLUMNS.split(', '))}, "
-                "r.effective FROM (SELECT ? AS k) q "
-                "LEFT JOIN eh_groups g ON g.group_key = q.k "
-                "LEFT JOIN eh_retired r ON r.group_key = q.k",
-                (group_key,),
-            ).fetchone()
-            if row[0] is not None:
-                return _group(row[:9]), None
-            return None, None if row[9] is None else str(row[9])
+    async def close_group(
+        self, group_key: str, decide: Callable[[GroupRow | None, str | None], str | None]
+    ) -> tuple[GroupRow | None, bool, bool]:
+        """One transaction: the lookup, ``decide``, and the close (with the retirement
+        when every child has settled)."""
 
-        return await self._run(read)
+        def body(c: sqlite3.Connection) -> tuple[GroupRow | None, bool, bool]:
+            record, tombstone = self._lookup(c, group_key)
+            target = decide(record, tombstone)
+            if record is None or target is None:
+                return record, False, False
+            return (record, *self._close_retire_body(c, group_key, target))
+
+        return await self._write(body)
 
     # -- the payload table ----------------------------------------------------------------
 

@@ -7,6 +7,7 @@ A store owns its DDL and runs each operation below as one short transaction. The
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from effecthost.payloads import PayloadRef, PayloadStore
@@ -271,6 +272,40 @@ class Store(ABC):
         round trip where the store can. True when the group retired."""
         group = await self.get_group(group_key)
         return group is not None and group.state == "closed" and await self.retire(group_key)
+
+    async def open_group(
+        self,
+        group_key: str,
+        wake: str,
+        disposition: str,
+        child_count: int,
+        before_create: Callable[[], None],
+    ) -> tuple[bool, GroupRow | None, str | None]:
+        """Look the group up; when neither its row nor its tombstone is recorded, call
+        ``before_create`` (the first open's resolution: when it raises, nothing is
+        written and the error propagates) and create the row (G-10, G-32). Returns
+        ``(created, row, tombstone)``. A store may do it in one transaction."""
+        record, tombstone = await self.lookup(group_key)
+        if record is not None or tombstone is not None:
+            return False, record, tombstone
+        before_create()
+        created, record = await self.create_group(group_key, wake, disposition, child_count)
+        return created, record, None
+
+    async def close_group(
+        self, group_key: str, decide: Callable[[GroupRow | None, str | None], str | None]
+    ) -> tuple[GroupRow | None, bool, bool]:
+        """Look the group up and call ``decide`` with its row (or ``None``) and its
+        tombstone; ``decide`` raises to refuse (nothing written) or returns the
+        disposition to close with, or ``None`` for nothing to write. Then
+        :meth:`close_retire`. Returns ``(row, recorded, retired)``; a store may do it in
+        one transaction."""
+        record, tombstone = await self.lookup(group_key)
+        target = decide(record, tombstone)
+        if record is None or target is None:
+            return record, False, False
+        recorded, retired = await self.close_retire(group_key, target)
+        return record, recorded, retired
 
     async def close_retire(self, group_key: str, effective: str) -> tuple[bool, bool]:
         """:meth:`close`, then :meth:`retire` when every child has settled; a store may
