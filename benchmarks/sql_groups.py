@@ -1,6 +1,6 @@
 """SQL tier benchmark: settled children/s through effecthost against the raw SQL it issues.
 
-    .venv/bin/python benchmarks/sql_groups.py [--seconds 3] [--callers 1,4,16]
+    .venv/bin/python benchmarks/sql_groups.py [--seconds 4.5] [--rounds 3] [--callers 1,4,16]
         [--big 1000] [--big-rounds 3] [--substrates postgres,sqlite] [--out FILE]
 
 Starts a throwaway PostgreSQL (the tier's ``PostgresServer``) unless
@@ -24,8 +24,11 @@ file in a temp dir. Side by side in the same run, per substrate:
   counter row) and, for reference, the raw batched form (``eh_finalize_many``, 8 children
   per transaction). SQLite's raw loop is one connection (one writer).
 
-Prints a table and writes JSON (``--out``, default benchmarks/results/sql.json). The
-ratio is effecthost children/s divided by raw children/s. The server, connections and
+Each 2-child row alternates effecthost and raw rounds (``--rounds``, together
+``--seconds`` per side); its rates are the medians of the rounds and its ratio the median
+of the per-round ratios, so the drift of a shared machine cancels. Prints a table and
+writes JSON (``--out``, default benchmarks/results/sql.json). The ratio is effecthost
+children/s divided by raw children/s. The server, connections and
 hosts are stopped in ``finally``, even on error.
 """
 
@@ -452,15 +455,43 @@ class RawSqlite:
 # -- the run --------------------------------------------------------------------------------
 
 
-def _row(workload: str, substrate: str, callers: int, lib: Any, raw: Any) -> dict[str, Any]:
+def _row(
+    workload: str, substrate: str, callers: int, lib: Any, raw: Any, ratio: float | None = None
+) -> dict[str, Any]:
+    if ratio is None and lib is not None:
+        ratio = lib["children_per_s"] / raw["children_per_s"]
     return {
         "workload": workload,
         "substrate": substrate,
         "callers": callers,
         "effecthost": lib,
         "raw": raw,
-        "ratio": None if lib is None else lib["children_per_s"] / raw["children_per_s"],
+        "ratio": ratio,
     }
+
+
+async def _paired(
+    rounds: int, lib: Callable[[], Awaitable[Any]], raw: Callable[[], Awaitable[Any]]
+) -> tuple[dict[str, Any], dict[str, Any], float]:
+    """Alternate effecthost and raw rounds; medians of each and of the per-round ratios
+    (a shared machine drifts: a ratio of two runs taken apart would carry the drift)."""
+    libs, raws = [], []
+    for _ in range(rounds):
+        libs.append(await lib())
+        raws.append(await raw())
+    ratio = statistics.median(
+        a["children_per_s"] / b["children_per_s"] for a, b in zip(libs, raws, strict=True)
+    )
+    return _median(libs), _median(raws), ratio
+
+
+def _median(results: list[dict[str, Any]]) -> dict[str, Any]:
+    out = dict(results[0])
+    for key, value in results[0].items():
+        if isinstance(value, float):
+            out[key] = statistics.median(r[key] for r in results)
+    out["children"] = sum(r["children"] for r in results)
+    return out
 
 
 async def _with_host(
@@ -490,10 +521,14 @@ async def bench_postgres(dsn: str, options: argparse.Namespace, rows: list[Any])
             )
             await lib_small(host, commits, 1, min(1.0, options.seconds))  # warm up
             await raw.small(conns[:1], min(1.0, options.seconds))
+            each = options.seconds / options.rounds
             for callers in options.callers:
-                lib = await lib_small(host, commits, callers, options.seconds)
-                base = await raw.small(conns[:callers], options.seconds)
-                rows.append(_row("2-child groups", "postgres", callers, lib, base))
+                lib, base, ratio = await _paired(
+                    options.rounds,
+                    lambda c=callers: lib_small(host, commits, c, each),
+                    lambda c=callers: raw.small(conns[:c], each),
+                )
+                rows.append(_row("2-child groups", "postgres", callers, lib, base, ratio))
                 print(
                     f"  postgres 2-child x{callers}: {lib['children_per_s']:.0f}/s "
                     f"raw {base['children_per_s']:.0f}/s",
@@ -522,10 +557,18 @@ async def bench_sqlite(work_dir: Path, options: argparse.Namespace, rows: list[A
             nonlocal raw
             raw = RawSqlite(path)
             await lib_small(host, commits, 1, min(1.0, options.seconds))  # warm up
-            base = raw.small(options.seconds)
+            raw.small(min(1.0, options.seconds))
+            each = options.seconds / options.rounds
             for callers in options.callers:
-                lib = await lib_small(host, commits, callers, options.seconds)
-                rows.append(_row("2-child groups", "sqlite", callers, lib, base))
+
+                async def bare() -> dict[str, Any]:
+                    assert raw is not None
+                    return raw.small(each)
+
+                lib, base, ratio = await _paired(
+                    options.rounds, lambda c=callers: lib_small(host, commits, c, each), bare
+                )
+                rows.append(_row("2-child groups", "sqlite", callers, lib, base, ratio))
                 print(
                     f"  sqlite 2-child x{callers}: {lib['children_per_s']:.0f}/s "
                     f"raw {base['children_per_s']:.0f}/s",
@@ -608,7 +651,10 @@ def table(document: dict[str, Any]) -> str:
 
 def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=3.0, help="per 2-child measurement")
+    parser.add_argument("--seconds", type=float, default=4.5, help="per side of each 2-child row")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternating effecthost/raw rounds per row"
+    )
     parser.add_argument(
         "--callers", default="1,4,16", help="concurrent callers for the 2-child groups"
     )
