@@ -59,7 +59,7 @@ from effecthost.contract import (
     WakePolicy,
 )
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
-from effecthost.hosts.sql._store import Finalize
+from effecthost.hosts.sql._store import Finalize, GroupRow
 from effecthost.hosts.sql.testing import PostgresServer
 
 BIG_CONNECTIONS = 16
@@ -182,6 +182,83 @@ def _result(children: int, elapsed: float, wakes: list[float] | None = None) -> 
         out["wake_p50_ms"] = _pct(wakes, 0.5) * 1e3
         out["wake_p95_ms"] = _pct(wakes, 0.95) * 1e3
     return out
+
+
+# -- the host alone ----------------------------------------------------------------------------
+
+
+class NullStore:
+    """A store that records nothing durable: just enough for one caller's 2-child groups
+    to run through :class:`SqlEffectHost`. The row it gives is the host's own per-group
+    cost (validation, hashing, tasks, cursor) with no SQL at all: the floor under every
+    substrate's figure, measured on the same machine in the same run."""
+
+    wakes_across_processes = False
+
+    def __init__(self) -> None:
+        self.open_at_finalize: set[str] = set()
+        self.groups: dict[str, tuple[GroupRow, dict[str, int], dict[int, tuple[int, str, str]]]]
+        self.groups = {}
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+    async def now(self) -> float:
+        return time.time()
+
+    async def next_due(self) -> float | None:
+        return None
+
+    async def due_sleeps(self) -> list[Any]:
+        return []
+
+    async def renew(self, owner: str, ttl: float) -> list[Any]:
+        return []
+
+    async def open_group(
+        self, group_key: str, wake: str, disposition: str, child_count: int, before: Any
+    ) -> tuple[bool, GroupRow | None, str | None]:
+        before()
+        row = GroupRow(group_key, wake, disposition, disposition, child_count, 0, "open", 0, None)
+        self.groups[group_key] = (row, {}, {})
+        return True, row, None
+
+    async def insert_children(
+        self, group_key: str, specs: list[Any], owner: str, ttl: float
+    ) -> list[str]:
+        self.groups[group_key][1].update((s.replay_key, s.position) for s in specs)
+        return [s.replay_key for s in specs]
+
+    async def finalize_many(self, owner: str, items: list[Finalize]) -> list[int | None]:
+        seqs: list[int | None] = []
+        for item in items:
+            _row, positions, ranks = self.groups[item.replay_key.rsplit(".", 1)[0]]
+            ranks[len(ranks) + 1] = (positions[item.replay_key], item.replay_key, item.outcome)
+            seqs.append(len(ranks))
+        return seqs
+
+    async def finalize(
+        self, replay_key: str, envelope_hash: str, owner: str, fence: int, outcome: str
+    ) -> int | None:
+        return (await self.finalize_many(owner, [Finalize(replay_key, "", fence, outcome)]))[0]
+
+    async def read_ranks(self, group_key: str, seq: int, limit: int) -> Any:
+        row, _positions, ranks = self.groups[group_key]
+        return row, [(s, *v) for s, v in ranks.items() if seq <= s < seq + limit]
+
+    async def close_group(self, group_key: str, decide: Any) -> tuple[GroupRow, bool, bool]:
+        row = self.groups.pop(group_key)[0]
+        decide(row, None)
+        return row, True, True
+
+    async def retire_closed(self, group_key: str) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        raise NotImplementedError(f"NullStore.{name}: not on the 2-child path")
 
 
 # -- raw PostgreSQL (asyncpg, the tier's own SQL) -------------------------------------------
@@ -458,7 +535,7 @@ class RawSqlite:
 def _row(
     workload: str, substrate: str, callers: int, lib: Any, raw: Any, ratio: float | None = None
 ) -> dict[str, Any]:
-    if ratio is None and lib is not None:
+    if ratio is None and lib is not None and raw is not None:
         ratio = lib["children_per_s"] / raw["children_per_s"]
     return {
         "workload": workload,
@@ -618,6 +695,15 @@ async def main(options: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
                 server.stop()
     if "sqlite" in options.substrates:
         await bench_sqlite(work_dir, options, rows)
+    if options.floor:
+        store: Any = NullStore()
+
+        async def floor(host: SqlEffectHost, commits: _Commits) -> None:
+            await lib_small(host, commits, 1, min(1.0, options.seconds))  # warm up
+            lib = await lib_small(host, commits, 1, options.seconds / 2)
+            rows.append(_row("host alone (no SQL)", "none", 1, lib, None))
+
+        await _with_host(store, floor)
     return document
 
 
@@ -635,6 +721,12 @@ def table(document: dict[str, Any]) -> str:
     ]
     for row in document["rows"]:
         lib, raw = row["effecthost"], row["raw"]
+        if raw is None:
+            lines.append(
+                f"{row['workload']:<24}{row['substrate']:<10}{row['callers']:>7}"
+                f"{lib['children_per_s']:>15.0f}"
+            )
+            continue
         if lib is None:
             lines.append(
                 f"{row['workload']:<24}{row['substrate']:<10}{'':>7}{'':>15}"
@@ -661,6 +753,12 @@ def cli() -> None:
     parser.add_argument("--big", type=int, default=1000, help="children of the big group (0: skip)")
     parser.add_argument("--big-rounds", type=int, default=3)
     parser.add_argument("--substrates", default="postgres,sqlite")
+    parser.add_argument(
+        "--no-floor",
+        dest="floor",
+        action="store_false",
+        help="skip the host-alone row (2-child groups over a store that records nothing)",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sql.json")
     options = parser.parse_args()
     options.callers = [int(c) for c in options.callers.split(",")]

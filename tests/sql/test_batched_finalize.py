@@ -179,3 +179,47 @@ async def test_sqlite_writes_of_many_tasks_share_commits_and_fail_alone(tmp_path
         assert any(s.startswith("SAVEPOINT") for s in statements)
     finally:
         await store.aclose()
+
+
+async def test_large_batch_gets_dense_ranks_in_the_order_given(store: Store) -> None:
+    """A batch above the small-batch size (set-based on PostgreSQL, planned per call)
+    keeps the same rules: dense ranks in the order given, fenced-off children skipped."""
+    keys = [f"L{i}" for i in range(40)]
+    await store.create_group("big", "all", "run_to_completion", len(keys))
+    await store.insert_children("big", [_spec(k, i) for i, k in enumerate(keys)], "a:1", 30.0)
+    order = keys[::-1]
+    batch = [Finalize(k, "h", 7 if k in ("L3", "L30") else 1, _ok(k)) for k in order]
+    seqs = await store.finalize_many("a:1", batch)
+    live = [k for k in order if k not in ("L3", "L30")]
+    assert [s for s in seqs if s is not None] == list(range(1, len(live) + 1))
+    assert [seqs[order.index(k)] for k in ("L3", "L30")] == [None, None]
+    group = await store.get_group("big")
+    assert group is not None and group.counter == len(live)
+    assert await store.settlement_order("big") == [keys.index(k) for k in live]
+
+
+async def test_sqlite_batch_waits_for_another_writer_and_then_commits(tmp_path: Path) -> None:
+    """When another connection (another process) holds the write lock, a batch of writes
+    waits for it on the store's writer thread and commits after it, in order."""
+    import sqlite3
+
+    path = tmp_path / "busy.sqlite3"
+    store = SqliteStore(path, busy_timeout=30.0)
+    await store.start()
+    other = sqlite3.connect(str(path), isolation_level=None)
+    try:
+        await store.create_group("warm", "all", "cancel", 1)
+        other.execute("BEGIN IMMEDIATE")
+        writes = asyncio.gather(
+            *(store.create_group(f"w{i}", "all", "cancel", 1) for i in range(4))
+        )
+        while store._last is None or store._last.done():  # handed to the writer thread
+            await asyncio.sleep(0)
+            assert not writes.done()
+        other.execute("COMMIT")
+        created = await writes
+        assert [c for c, _row in created] == [True] * 4
+        assert {g.group_key for g in await store.open_groups()} >= {f"w{i}" for i in range(4)}
+    finally:
+        other.close()
+        await store.aclose()
