@@ -9,9 +9,10 @@ The finalize is one round trip: the plpgsql function ``eh_finalize`` runs the no
 order of G-31 (fenced UPDATE of the child row; no counter bump when it matched nothing;
 ``counter = counter + 1 … RETURNING`` on the group row, written back as the child's
 sequence) inside the caller's single-statement transaction, and ``pg_notify`` wakes
-waiters in every process at commit (G-21). ``eh_finalize_many`` is the batched form for
-several children of one group: every fenced UPDATE first, then one counter bump for those
-that matched, also one round trip.
+waiters in every process at commit (G-21). ``eh_finalize_many_open`` is the batched form
+for several children of one group: every fenced UPDATE first, then one counter bump for
+those that matched, also one round trip (row by row for a small batch; set-based and
+planned per call for a large one).
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ the work). When another process holds the write lock (``SQLITE_BUSY``, the trans
 rolled back with nothing written), the operation is run again on a dedicated thread
 through a second connection that waits up to the busy timeout, as every operation did
 before; until that thread is idle again, later operations queue behind it in order.
+
+Writes of several tasks that meet in one event-loop iteration share one transaction, each
+under its own savepoint (group commit, :meth:`SqliteStore._write`): a commit is most of a
+small write's cost.
 """
 
 from __future__ import annotations
