@@ -315,7 +315,10 @@ class SqliteStore(Store):
     def _deliver(batch: list[_Write], results: list[tuple[bool, Any]]) -> None:
         for (_write, after, future), (ok, value) in zip(batch, results, strict=True):
             if ok and after is not None:
-                after(value)
+                try:
+                    after(value)
+                except Exception as exc:  # that caller's, as on the unbatched path
+                    ok, value = False, exc
             if future.done():
                 continue
             if ok:
