@@ -1,0 +1,74 @@
+"""A waiter on a group this host has just created waits for the group's first commit
+without reading first (G-21); that shortcut must still let it see what another host does
+to the group: a close (GroupClosed) and a rank committed elsewhere."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from effecthost.contract import (
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    GroupClosed,
+    LoserPolicy,
+    ToolRegistry,
+    WakePolicy,
+)
+from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def stores(
+    request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str
+) -> AsyncIterator[Callable[[], Store]]:
+    if request.param == "sqlite":
+        yield lambda: SqliteStore(tmp_path / "fresh.sqlite3")
+    else:
+        dsn = request.getfixturevalue("pg_dsn")
+        yield lambda: PostgresStore(dsn, schema=pg_schema)
+
+
+def _group(key: str) -> EffectGroup:
+    return EffectGroup(
+        key=key,
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.CANCEL,
+        children=[
+            EffectEnvelope(replay_key=f"{key}.c{i}", kind=EffectKind.TOOL_CALL, name="t", input=i)
+            for i in range(2)
+        ],
+    )
+
+
+async def test_waiter_on_a_fresh_group_sees_a_close_by_another_host(
+    stores: Callable[[], Store],
+) -> None:
+    started = asyncio.Event()
+
+    async def blocked(_value: object) -> object:
+        started.set()
+        await asyncio.Event().wait()  # never returns: only a cancel ends it
+
+    opener = SqlEffectHost(stores(), ToolRegistry({"t": blocked}), poll_interval=0.05)
+    other = SqlEffectHost(stores(), ToolRegistry({"t": blocked}), poll_interval=0.05)
+    await opener.start()
+    await other.start()
+    try:
+        handle = await opener.open_effect_group(_group("fresh:group:closed:0"))
+        assert "fresh:group:closed:0" in opener._fresh
+        waiting = asyncio.create_task(opener.await_next_settlement(handle))
+        await started.wait()
+        await other.close_effect_group(handle.copy_cursor(), LoserPolicy.CANCEL)
+        with pytest.raises(GroupClosed):
+            await asyncio.wait_for(waiting, 30)
+        assert handle.consumed == 0
+    finally:
+        await opener.aclose()
+        await other.aclose()
