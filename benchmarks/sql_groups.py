@@ -583,6 +583,40 @@ async def _with_host(
         await host.aclose()
 
 
+async def _measure(
+    substrate: str,
+    host: SqlEffectHost,
+    commits: _Commits,
+    options: argparse.Namespace,
+    rows: list[Any],
+    raw_small: Callable[[int, float], Awaitable[dict[str, Any]]],
+    raw_big: Callable[[int, int, int], Awaitable[dict[str, Any]]],
+) -> None:
+    """The rows of one substrate: 2-child groups per caller count, then the big group."""
+    await lib_small(host, commits, 1, min(1.0, options.seconds))  # warm up
+    await raw_small(1, min(1.0, options.seconds))
+    each = options.seconds / options.rounds
+    for callers in options.callers:
+        lib, base, ratio = await _paired(
+            options.rounds,
+            lambda c=callers: lib_small(host, commits, c, each),
+            lambda c=callers: raw_small(c, each),
+        )
+        rows.append(_row("2-child groups", substrate, callers, lib, base, ratio))
+        print(
+            f"  {substrate} 2-child x{callers}: {lib['children_per_s']:.0f}/s "
+            f"raw {base['children_per_s']:.0f}/s",
+            file=sys.stderr,
+        )
+    if options.big:
+        n, rounds = options.big, options.big_rounds
+        lib = await lib_big(host, commits, n, rounds)
+        single = await raw_big(n, rounds, 1)
+        batched = await raw_big(n, rounds, BATCH)
+        rows.append(_row(f"{n}-child group", substrate, 1, lib, single))
+        rows.append(_row(f"raw batched ({BATCH}/tx)", substrate, 1, None, batched))
+
+
 async def bench_postgres(dsn: str, options: argparse.Namespace, rows: list[Any]) -> None:
     import asyncpg  # type: ignore[import-untyped]
 
@@ -596,28 +630,15 @@ async def bench_postgres(dsn: str, options: argparse.Namespace, rows: list[Any])
             conns.extend(
                 [await raw.connect() for _ in range(max(*options.callers, BIG_CONNECTIONS))]
             )
-            await lib_small(host, commits, 1, min(1.0, options.seconds))  # warm up
-            await raw.small(conns[:1], min(1.0, options.seconds))
-            each = options.seconds / options.rounds
-            for callers in options.callers:
-                lib, base, ratio = await _paired(
-                    options.rounds,
-                    lambda c=callers: lib_small(host, commits, c, each),
-                    lambda c=callers: raw.small(conns[:c], each),
-                )
-                rows.append(_row("2-child groups", "postgres", callers, lib, base, ratio))
-                print(
-                    f"  postgres 2-child x{callers}: {lib['children_per_s']:.0f}/s "
-                    f"raw {base['children_per_s']:.0f}/s",
-                    file=sys.stderr,
-                )
-            if options.big:
-                n, rounds = options.big, options.big_rounds
-                lib = await lib_big(host, commits, n, rounds)
-                single = await raw.big(conns[:BIG_CONNECTIONS], n, rounds, 1)
-                batched = await raw.big(conns[:BIG_CONNECTIONS], n, rounds, BATCH)
-                rows.append(_row(f"{n}-child group", "postgres", 1, lib, single))
-                rows.append(_row(f"raw batched ({BATCH}/tx)", "postgres", 1, None, batched))
+            await _measure(
+                "postgres",
+                host,
+                commits,
+                options,
+                rows,
+                lambda c, seconds: raw.small(conns[:c], seconds),
+                lambda n, rounds, batch: raw.big(conns[:BIG_CONNECTIONS], n, rounds, batch),
+            )
 
         await _with_host(PostgresStore(dsn, schema=schema, pool_size=pool), body)
     finally:
@@ -632,32 +653,15 @@ async def bench_sqlite(work_dir: Path, options: argparse.Namespace, rows: list[A
 
         async def body(host: SqlEffectHost, commits: _Commits) -> None:
             nonlocal raw
-            raw = RawSqlite(path)
-            await lib_small(host, commits, 1, min(1.0, options.seconds))  # warm up
-            raw.small(min(1.0, options.seconds))
-            each = options.seconds / options.rounds
-            for callers in options.callers:
+            raw = bare = RawSqlite(path)
 
-                async def bare() -> dict[str, Any]:
-                    assert raw is not None
-                    return raw.small(each)
+            async def small(_callers: int, seconds: float) -> dict[str, Any]:
+                return bare.small(seconds)  # one writer: the bare loop has no callers
 
-                lib, base, ratio = await _paired(
-                    options.rounds, lambda c=callers: lib_small(host, commits, c, each), bare
-                )
-                rows.append(_row("2-child groups", "sqlite", callers, lib, base, ratio))
-                print(
-                    f"  sqlite 2-child x{callers}: {lib['children_per_s']:.0f}/s "
-                    f"raw {base['children_per_s']:.0f}/s",
-                    file=sys.stderr,
-                )
-            if options.big:
-                n, rounds = options.big, options.big_rounds
-                lib = await lib_big(host, commits, n, rounds)
-                single = raw.big(n, rounds, 1)
-                batched = raw.big(n, rounds, BATCH)
-                rows.append(_row(f"{n}-child group", "sqlite", 1, lib, single))
-                rows.append(_row(f"raw batched ({BATCH}/tx)", "sqlite", 1, None, batched))
+            async def big(n: int, rounds: int, batch: int) -> dict[str, Any]:
+                return bare.big(n, rounds, batch)
+
+            await _measure("sqlite", host, commits, options, rows, small, big)
 
         await _with_host(SqliteStore(path), body)
     finally:

@@ -154,9 +154,9 @@ async def test_sqlite_writes_of_many_tasks_share_commits_and_fail_alone(tmp_path
         for g in ("g1", "g2"):
             await store.create_group(g, "all", "run_to_completion", 2)
             await store.insert_children(g, [_spec(f"{g}.c{i}", i) for i in range(2)], "a:1", 30)
-        assert store._inline is not None
+        assert store._inline_conn is not None
         statements: list[str] = []
-        store._inline.set_trace_callback(statements.append)
+        store._inline_conn.set_trace_callback(statements.append)
         mixed = [Finalize("g1.c1", "h", 1, _ok("x")), Finalize("g2.c1", "h", 1, _ok("y"))]
         results = await asyncio.gather(
             store.finalize("g1.c0", "h", "a:1", 1, _ok("g1.c0")),

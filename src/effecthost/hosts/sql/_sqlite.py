@@ -195,7 +195,7 @@ class SqliteStore(Store):
         self.fault = fault
         self._pool: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None  # waits up to busy_timeout (the thread)
-        self._inline: sqlite3.Connection | None = None  # never waits (the calling thread)
+        self._inline_conn: sqlite3.Connection | None = None  # never waits (this thread)
         self._last: Future[Any] | None = None  # the operation last handed to the thread
         self.open_at_finalize: set[str] = set()
         self._tick_writer: asyncio.Task[Any] | None = None  # first writer of this iteration
@@ -204,23 +204,35 @@ class SqliteStore(Store):
 
     # -- plumbing -----------------------------------------------------------------------
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        assert self._pool is not None and self._conn is not None, "store not started"
-        assert self._inline is not None, "store not started"
+    def _inline(self, fn: Callable[[sqlite3.Connection], T]) -> tuple[bool, T | None]:
+        """Run ``fn`` here unless the writer thread has work queued or another process
+        holds the write lock (``SQLITE_BUSY``: rolled back, nothing written); then
+        ``(False, None)`` and the caller hands ``fn`` to :meth:`_thread`."""
+        assert self._inline_conn is not None, "store not started"
         last = self._last
-        if last is None or last.done():  # nothing queued on the thread: run it here
-            try:
-                return fn(self._inline)
-            except sqlite3.OperationalError as exc:
-                if not _busy(exc):
-                    raise
-                if self._inline.in_transaction:  # never left holding the lock
-                    self._inline.execute("ROLLBACK")
-                # another process holds the lock (rolled back, nothing written): wait
-                # for it on the thread, with the busy timeout
+        if last is not None and not last.done():
+            return False, None  # keep the order of what waits on the thread
+        try:
+            return True, fn(self._inline_conn)
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc):
+                raise
+            if self._inline_conn.in_transaction:  # never left holding the lock
+                self._inline_conn.execute("ROLLBACK")
+            return False, None
+
+    def _thread(self, fn: Callable[[sqlite3.Connection], T]) -> Future[T]:
+        """Run ``fn`` on the writer thread, which waits up to the busy timeout."""
+        assert self._pool is not None and self._conn is not None, "store not started"
         future = self._pool.submit(fn, self._conn)
         self._last = future
-        return await asyncio.wrap_future(future)
+        return future
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        ran, result = self._inline(fn)
+        if ran:
+            return result  # type: ignore[return-value]
+        return await asyncio.wrap_future(self._thread(fn))
 
     async def _write(
         self,
@@ -264,25 +276,19 @@ class SqliteStore(Store):
         self._contended = len(batch) > 1  # a lone write: back to writing at once
         if not batch:
             return
-        last = self._last
-        if last is None or last.done():
-            assert self._inline is not None, "store not started"
-            try:
-                self._deliver(batch, self._many(self._inline, batch))
-                return
-            except sqlite3.OperationalError as exc:
-                if not _busy(exc):
-                    self._fail(batch, exc)
-                    return
-                if self._inline.in_transaction:
-                    self._inline.execute("ROLLBACK")
-            except BaseException as exc:
-                self._fail(batch, exc)
+        try:
+            ran, results = self._inline(lambda c: self._many(c, batch))
+        except BaseException as exc:
+            self._fail(batch, exc)
+            if not isinstance(exc, Exception):
                 raise
+            return
+        if ran:
+            assert results is not None
+            self._deliver(batch, results)
+            return
         # another process holds the write lock: the batch waits for it on the thread
-        assert self._pool is not None and self._conn is not None, "store not started"
-        future = self._pool.submit(self._many, self._conn, batch)
-        self._last = future
+        future = self._thread(lambda c: self._many(c, batch))
         loop = asyncio.get_running_loop()
 
         def done(f: Future[list[tuple[bool, Any]]]) -> None:
@@ -371,7 +377,7 @@ class SqliteStore(Store):
             )
             inline.execute("PRAGMA synchronous=NORMAL")  # per connection, as the other's
             inline.execute("PRAGMA busy_timeout=0")
-            self._inline = inline
+            self._inline_conn = inline
         except BaseException:
             await self.aclose()
             raise
@@ -390,8 +396,8 @@ class SqliteStore(Store):
         self._tx(conn, body)
 
     async def aclose(self) -> None:
-        pool, conn, inline = self._pool, self._conn, self._inline
-        self._pool = self._conn = self._inline = None
+        pool, conn, inline = self._pool, self._conn, self._inline_conn
+        self._pool = self._conn = self._inline_conn = None
         self._last = None
         if pool is None:
             return
@@ -542,21 +548,26 @@ class SqliteStore(Store):
     async def create_group(
         self, group_key: str, wake: str, disposition: str, child_count: int
     ) -> tuple[bool, GroupRow]:
-        def body(c: sqlite3.Connection) -> tuple[bool, GroupRow]:
-            row = c.execute(
-                "INSERT INTO eh_groups (group_key, wake, disposition, effective, "
-                f"child_count, created_at) VALUES (?, ?, ?, ?, ?, {NOW}) "
-                f"ON CONFLICT (group_key) DO NOTHING RETURNING {_GROUP_COLUMNS}",
-                (group_key, wake, disposition, disposition, child_count),
-            ).fetchone()
-            if row is not None:
-                return True, _group(row)
-            row = c.execute(
-                f"SELECT {_GROUP_COLUMNS} FROM eh_groups WHERE group_key = ?", (group_key,)
-            ).fetchone()
-            return False, _group(row)
+        return await self._write(
+            lambda c: self._create_body(c, group_key, wake, disposition, child_count)
+        )
 
-        return await self._write(body)
+    @staticmethod
+    def _create_body(
+        c: sqlite3.Connection, group_key: str, wake: str, disposition: str, child_count: int
+    ) -> tuple[bool, GroupRow]:
+        row = c.execute(
+            "INSERT INTO eh_groups (group_key, wake, disposition, effective, "
+            f"child_count, created_at) VALUES (?, ?, ?, ?, ?, {NOW}) "
+            f"ON CONFLICT (group_key) DO NOTHING RETURNING {_GROUP_COLUMNS}",
+            (group_key, wake, disposition, disposition, child_count),
+        ).fetchone()
+        if row is not None:
+            return True, _group(row)
+        row = c.execute(
+            f"SELECT {_GROUP_COLUMNS} FROM eh_groups WHERE group_key = ?", (group_key,)
+        ).fetchone()
+        return False, _group(row)
 
     async def insert_children(
         self, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
@@ -844,13 +855,8 @@ class SqliteStore(Store):
             if record is not None or tombstone is not None:
                 return False, record, tombstone
             before_create()
-            row = c.execute(
-                "INSERT INTO eh_groups (group_key, wake, disposition, effective, "
-                f"child_count, created_at) VALUES (?, ?, ?, ?, ?, {NOW}) "
-                f"RETURNING {_GROUP_COLUMNS}",
-                (group_key, wake, disposition, disposition, child_count),
-            ).fetchone()
-            return True, _group(row), None
+            created, row = self._create_body(c, group_key, wake, disposition, child_count)
+            return created, row, None
 
         return await self._write(body)
 
