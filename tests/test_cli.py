@@ -79,15 +79,38 @@ def test_a_broken_factory_exits_1() -> None:
     assert _table_rows(run.stdout)["G-26"][3] == "1"
 
 
-def test_list_names_every_check() -> None:
+def _listed(stdout: str) -> list[str]:
+    return [line.split()[0] for line in stdout.splitlines() if line and not line[0].isspace()]
+
+
+def test_list_names_every_check_with_its_whole_description() -> None:
     run = effecthost("conformance", "--list")
     assert run.returncode == 0, run.stderr
-    listed = [line.split()[0] for line in run.stdout.splitlines() if line.strip()]
-    assert listed == [c.node_name for c in all_checks()]
+    assert _listed(run.stdout) == [c.node_name for c in all_checks()]
+    flat = " ".join(run.stdout.split())
+    for check in all_checks():
+        assert " ".join(check.doc.split()) in flat, check.name
     only = effecthost("conformance", "--list", "-k", "G-26")
-    assert [line.split()[0] for line in only.stdout.splitlines() if line.strip()] == [
-        c.node_name for c in all_checks() if "G-26" in c.ids
-    ]
+    assert _listed(only.stdout) == [c.node_name for c in all_checks() if "G-26" in c.ids]
+
+
+def test_explain_prints_a_rule_and_its_checks() -> None:
+    run = effecthost("conformance", "--explain", "G-20")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("G-20 · ")
+    assert "CursorExhausted" in run.stdout and "HandleMismatch" in run.stdout
+    for check in all_checks():
+        if "G-20" in check.ids:
+            assert check.node_name in run.stdout
+    ruling = effecthost("conformance", "--explain", "R-4")
+    assert ruling.returncode == 0 and ruling.stdout.startswith("R-4 · Closed means closed")
+
+
+def test_explain_of_an_unknown_id_is_a_one_line_error() -> None:
+    run = effecthost("conformance", "--explain", "G-99")
+    assert run.returncode == 2
+    assert run.stdout == ""
+    assert len(run.stderr.strip().splitlines()) == 1 and "G-99" in run.stderr
 
 
 def test_conformance_without_a_factory_is_a_usage_error() -> None:

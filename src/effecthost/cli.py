@@ -30,10 +30,22 @@ async def _load_controller(spec: str) -> EffectController:
 def _conformance(args: argparse.Namespace) -> int:
     from effecthost.conformance import CheckResult, all_checks, load_factory, matches, run_suite
 
+    if args.explain:
+        from effecthost.conformance import UnknownRule, explain
+
+        try:
+            print(explain(args.explain))
+        except UnknownRule as exc:
+            print(f"effecthost: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args.list:
         for check in all_checks():
             if matches(args.k, check):
-                print(f"{check.node_name:<72} {check.doc}")
+                needs = f"  (needs {', '.join(check.requires)})" if check.requires else ""
+                print(f"{check.node_name}{needs}")
+                for line in check.doc.splitlines():
+                    print(f"    {line}".rstrip())
         return 0
     factory = load_factory(args.factory)
     width = max(len(c.node_name) for c in all_checks())
@@ -162,7 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     conformance.add_argument("factory", nargs="?", metavar="MODULE:FACTORY")
     conformance.add_argument("-k", metavar="EXPR", help="select checks (ids, names; and/or/not)")
-    conformance.add_argument("--list", action="store_true", help="list the checks and exit")
+    conformance.add_argument(
+        "--list", action="store_true", help="list the checks with their descriptions and exit"
+    )
+    conformance.add_argument(
+        "--explain",
+        metavar="ID",
+        help="print obligation (G-20) or ruling (R-4) ID of docs/spec.md and the checks citing it",
+    )
     conformance.set_defaults(run=_conformance)
 
     inspect_ = commands.add_parser("inspect", help="list the open groups of a host")
@@ -203,8 +222,8 @@ def _host_options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "conformance" and not args.list and not args.factory:
-        build_parser().error("conformance needs MODULE:FACTORY (or --list)")
+    if args.command == "conformance" and not (args.list or args.explain or args.factory):
+        build_parser().error("conformance needs MODULE:FACTORY (or --list, or --explain ID)")
     code: int = args.run(args)
     return code
 

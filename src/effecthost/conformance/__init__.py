@@ -20,6 +20,7 @@ from ._runner import (
     run_suite,
     skip_reason,
 )
+from ._spec import Rule, UnknownRule, explain, spec_rules
 from ._tools import STEP, UNROUTABLE, ConformanceResolver, conformance_resolver, step_input
 
 __all__ = [
@@ -38,15 +39,19 @@ __all__ = [
     "Lab",
     "LabClient",
     "LabEvent",
+    "Rule",
     "SuiteReport",
     "SuiteRun",
+    "UnknownRule",
     "all_checks",
     "check",
     "conformance_resolver",
+    "explain",
     "load_factory",
     "matches",
     "obligation_table",
     "run_suite",
     "skip_reason",
+    "spec_rules",
     "step_input",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -61,6 +62,7 @@ class Check:
     requires: tuple[str, ...]
     function: CheckFunction
     doc: str
+    """The check's whole docstring: the sentence(s) of the spec it tests."""
 
     @property
     def node_name(self) -> str:
@@ -87,7 +89,7 @@ def check(*ids: str, requires: tuple[str, ...] = ()) -> Callable[[CheckFunction]
                 ids=tuple(ids),
                 requires=tuple(requires),
                 function=function,
-                doc=(function.__doc__ or "").strip().splitlines()[0] if function.__doc__ else "",
+                doc=inspect.cleandoc(function.__doc__ or ""),
             )
         )
         return function

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import textwrap
 from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
@@ -105,6 +106,90 @@ def first_sentence(text: str) -> str:
     flat = " ".join(text.split())
     match = re.match(r"(.+?[.!?])(?=\s|$)", flat)
     return match.group(1) if match else flat
+
+
+class UnknownRule(LookupError):
+    """An id that names no obligation or ruling of the specification."""
+
+
+def normalize_id(ident: str) -> str:
+    """``g-5`` → ``G-05``, ``r-04`` → ``R-4``; anything else upper-cased as given."""
+    match = re.fullmatch(r"([GgRr])-0*(\d+)", ident.strip())
+    if match is None:
+        return ident.strip().upper()
+    letter, number = match.group(1).upper(), int(match.group(2))
+    return f"G-{number:02d}" if letter == "G" else f"R-{number}"
+
+
+def explain(ident: str) -> str:
+    """The full text of obligation or ruling ``ident`` and the checks that cite it.
+
+    Raises:
+        UnknownRule: the specification has no such id.
+    """
+    from ._registry import all_checks
+
+    rules = spec_rules()
+    key = normalize_id(ident)
+    rule = rules.get(key)
+    if rule is None:
+        ids = [r.id for r in rules.values()]
+        obligations = [i for i in ids if i.startswith("G-")]
+        rulings = [i for i in ids if i.startswith("R-")]
+        raise UnknownRule(
+            f"unknown rule id {ident!r}: the specification has {obligations[0]}…"
+            f"{obligations[-1]} and {rulings[0]}…{rulings[-1]}"
+        )
+    lines = [f"{rule.id} · {rule.title}", f"docs/spec.md, section {rule.section!r}", ""]
+    for label, text in (("Rule", rule.rule), ("Why", rule.why), ("Edges", rule.edges)):
+        if text:
+            lines += [label, *_reflow(text, "  "), ""]
+    if rule.see:
+        named = ", ".join(f"{i} ({rules[i].title})" if i in rules else i for i in rule.see)
+        lines += [*_reflow(f"See: {named}", ""), ""]
+    covering = [c for c in all_checks() if rule.id in c.ids]
+    if covering:
+        lines.append(f"Checks citing {rule.id} ({len(covering)}):")
+        for found in covering:
+            needs = f"  (needs {', '.join(found.requires)})" if found.requires else ""
+            lines += [f"  {found.node_name}{needs}", *_reflow(first_sentence(found.doc), "    ")]
+    elif rule.is_ruling:
+        lines.append(f"No conformance check cites {rule.id} directly.")
+    else:
+        lines += _reflow(
+            f"No conformance check cites {rule.id}: it binds the implementation of the "
+            f"tiers of section {rule.section!r}.",
+            "",
+        )
+    return "\n".join(lines)
+
+
+def _reflow(text: str, indent: str, width: int = 88) -> list[str]:
+    """``text`` (markdown paragraphs and ``- `` items) wrapped to ``width``, nothing cut."""
+    blocks: list[str] = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped:
+            blocks.append("")
+        elif stripped.startswith("- ") or not blocks or not blocks[-1]:
+            blocks.append(stripped)
+        else:
+            blocks[-1] = f"{blocks[-1]} {stripped}"
+    wrapped: list[str] = []
+    for block in blocks:
+        if not block:
+            wrapped.append("")
+            continue
+        hang = "  " if block.startswith("- ") else ""
+        wrapped += textwrap.wrap(
+            block,
+            width,
+            initial_indent=indent,
+            subsequent_indent=indent + hang,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    return wrapped
 
 
 def main(argv: list[str]) -> int:
