@@ -1,20 +1,18 @@
 """The specification's rules as data, so the CLI can print them (``--explain``).
 
 ``docs/spec.md`` is the source. ``spec.json`` beside this module is generated from it
-with ``python -m effecthost.conformance._spec docs/spec.md`` and shipped in the package
-(the docs are not); a test keeps the two equal.
+with ``python scripts/spec_json.py`` and shipped in the package (the docs are not); a test
+keeps the two equal.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sys
 import textwrap
 from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
-from pathlib import Path
 
 _HEADING = re.compile(r"^### ((?:G|R)-\d+) · (.+)$")
 _SECTION = re.compile(r"^## (.+)$")
@@ -190,19 +188,3 @@ def _reflow(text: str, indent: str, width: int = 88) -> list[str]:
             break_on_hyphens=False,
         )
     return wrapped
-
-
-def main(argv: list[str]) -> int:
-    """Regenerate the shipped data from ``docs/spec.md``."""
-    if len(argv) != 1:
-        print("usage: python -m effecthost.conformance._spec docs/spec.md", file=sys.stderr)
-        return 2
-    rules = parse_spec(Path(argv[0]).read_text("utf-8"))
-    target = Path(__file__).with_name(DATA_FILE)
-    target.write_text(to_json(rules) + "\n", "utf-8")
-    print(f"{len(rules)} rules written to {target.name}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
