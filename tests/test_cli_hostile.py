@@ -291,3 +291,85 @@ def test_inspect_reports_an_exclusively_locked_database(tmp_path: Path) -> None:
         holder.close()
     assert_one_line_refusal(run, ExitCode.LOCKED, "locked")
     assert snapshot(path) == before
+
+
+async def _sealed_db(path: Path, keys: Path) -> str:
+    """A sealed database (as the sealed SQL hosts write it) with one settled child and
+    one whose opener went away before it finished."""
+    from effecthost.payloads import AesGcmSealer, FileKeyStore, PayloadPolicy
+
+    never = asyncio.Event()
+
+    async def hold(value: Any) -> Any:
+        await never.wait()
+
+    async def echo(value: Any) -> Any:
+        return value
+
+    policy = PayloadPolicy(sealer=AesGcmSealer(FileKeyStore(keys)))
+    host = await sqlite_host(
+        path,
+        ToolRegistry({"hold": hold, "echo": echo}),
+        lease_ttl=0.6,
+        renew_every=0.1,
+        payloads=policy,
+    )
+    key = "cli:sealed:0"
+    handle = await host.open_effect_group(
+        EffectGroup(
+            key=key,
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[
+                EffectEnvelope(replay_key=f"{key}:0", kind="tool_call", name="echo", input="c0"),
+                EffectEnvelope(replay_key=f"{key}:1", kind="tool_call", name="hold", input=SECRET),
+            ],
+        )
+    )
+    await asyncio.wait_for(host.await_next_settlement(handle), 10)
+    await host.aclose()
+    return key
+
+
+SECRET = "plaintext-canary-7f3a"
+
+
+def stored_outcome(path: Path, replay_key: str) -> str | None:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        row = conn.execute(
+            "SELECT outcome FROM eh_children WHERE replay_key = ?", (replay_key,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else row[0]
+
+
+def test_drain_of_a_sealed_database_needs_its_payload_settings(tmp_path: Path) -> None:
+    """G-48, G-49: a drain never records plaintext beside sealed outcomes: without
+    ``--keys`` it refuses (its own exit code, the file unchanged); with them the child it
+    finishes is recorded sealed, readable with the hosts' keys."""
+    import json
+
+    db, keys = tmp_path / "sealed.sqlite3", tmp_path / "keys"
+    key = asyncio.run(_sealed_db(db, keys))
+    before = snapshot(db)
+    args = ["--once", "--resolver", "cli_tools:registry"]
+    refused = cli("drain", "--sqlite", str(db), *args)
+    assert_one_line_refusal(refused, ExitCode.SEALED, "sealed")
+    assert snapshot(db) == before
+
+    typo = cli("drain", "--sqlite", str(db), *args, "--keys", str(tmp_path / "no-such-dir"))
+    assert_one_line_refusal(typo, ExitCode.USAGE, "no such directory")
+    assert not (tmp_path / "no-such-dir").exists()
+
+    for _ in range(40):  # the dead opener's lease expires on the database clock
+        run = cli("drain", "--sqlite", str(db), *args, "--keys", str(keys))
+        assert run.returncode == 0, run.stderr
+        if "resumed 1" in run.stdout:
+            break
+    else:
+        raise AssertionError(run.stdout)
+    stored = stored_outcome(db, f"{key}:1")
+    assert stored is not None and SECRET not in stored
+    assert json.loads(stored)["sealed"] is True
