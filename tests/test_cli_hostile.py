@@ -373,3 +373,44 @@ def test_drain_of_a_sealed_database_needs_its_payload_settings(tmp_path: Path) -
     stored = stored_outcome(db, f"{key}:1")
     assert stored is not None and SECRET not in stored
     assert json.loads(stored)["sealed"] is True
+
+
+ENGINES = {
+    # factory: (environment that hides the engine's binary, the install command it names)
+    "effecthost.hosts.sql.testing:postgres_factory": (
+        {"EFFECTHOST_PG_BIN": "{missing}", "EFFECTHOST_POSTGRES_DSN": ""},
+        "apt-get install postgresql",
+    ),
+    "effecthost.hosts.restate.testing:factory": (
+        {"EFFECTHOST_RESTATE_SERVER": "{missing}/restate-server"},
+        "scripts/install-restate.sh",
+    ),
+    "effecthost.hosts.temporal.testing:factory": (
+        {"EFFECTHOST_TEMPORAL_CLI": "{missing}/temporal", "EFFECTHOST_TEMPORAL_ADDRESS": ""},
+        "pip install 'effecthost[temporal]'",
+    ),
+}
+
+
+@pytest.mark.parametrize("factory", list(ENGINES))
+def test_conformance_without_the_engine_binary_names_the_install_command(
+    tmp_path: Path, factory: str
+) -> None:
+    """SPEC §8: a factory whose engine binary is missing fails in one line naming the
+    install command (exit engine-missing), not with a traceback."""
+    overrides, install = ENGINES[factory]
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    for name, value in overrides.items():
+        if value:
+            env[name] = value.format(missing=tmp_path / "nowhere")
+        else:
+            env.pop(name, None)
+    run = subprocess.run(
+        [sys.executable, "-m", "effecthost.cli", "conformance", factory, "-k", "G-01"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert_one_line_refusal(run, ExitCode.ENGINE_MISSING, install)

