@@ -199,7 +199,7 @@ class SqlHostUnderTest(HostUnderTest):
     incarnation's leases have expired on the database clock — what a restarted process
     finds after its predecessor died — and builds new hosts with a new incarnation."""
 
-    capabilities = HostCapabilities(restart=True, durable_timers=True)
+    capabilities = HostCapabilities(restart=True, durable_timers=True, waiter_probe=True)
     timeout = 10.0
 
     def __init__(
@@ -241,6 +241,15 @@ class SqlHostUnderTest(HostUnderTest):
 
     def _all_hosts(self) -> list[SqlEffectHost]:
         return list(self._hosts.values())
+
+    async def awaiting(self, group_key: str, rank: int) -> bool:
+        """Whether a waiter of ``group_key`` is parked on this process's wake-ups (the
+        read that preceded it found no rank ``rank`` yet)."""
+        return any(
+            not waiter.done()
+            for host in self._all_hosts()
+            for waiter in host._changed.get(group_key, ())
+        )
 
     async def restart(self) -> None:
         owners = [h.owner for h in self._all_hosts()]
@@ -324,7 +333,7 @@ class SealedSqlHostUnderTest(SqlHostUnderTest):
     """
 
     capabilities = HostCapabilities(
-        restart=True, durable_timers=True, payload_refs=True, sealing=True
+        restart=True, durable_timers=True, payload_refs=True, sealing=True, waiter_probe=True
     )
 
     def __init__(
