@@ -4,13 +4,38 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import inspect
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from enum import IntEnum
+from typing import Any
 
 from effecthost.contract import EffectController, GroupExecutors
+
+
+class ExitCode(IntEnum):
+    """The command's exit codes: one per problem class, so scripts can tell them apart."""
+
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    MISSING = 3
+    NOT_A_FILE = 4
+    EMPTY = 5
+    NOT_SQLITE = 6
+    CORRUPT = 7
+    FOREIGN = 8
+    SCHEMA_VERSION = 9
+    READ_ONLY = 10
+    UNREADABLE = 11
+    LOCKED = 12
+    BAD_DSN = 13
+    UNREACHABLE = 14
+    SEALED = 15
+    ENGINE_MISSING = 16
 
 
 async def _load_controller(spec: str) -> EffectController:
@@ -47,6 +72,8 @@ def _conformance(args: argparse.Namespace) -> int:
                 for line in check.doc.splitlines():
                     print(f"    {line}".rstrip())
         return 0
+    from effecthost.hosts import EngineMissing, MissingExtra
+
     factory = load_factory(args.factory)
     width = max(len(c.node_name) for c in all_checks())
 
@@ -57,28 +84,102 @@ def _conformance(args: argparse.Namespace) -> int:
             line += f"  {result.reason}"
         print(line, flush=True)
 
-    report = asyncio.run(run_suite(factory, select=args.k, on_result=show))
+    try:
+        report = asyncio.run(run_suite(factory, select=args.k, on_result=show))
+    except (EngineMissing, MissingExtra) as exc:
+        raise Refused(ExitCode.ENGINE_MISSING, f"{args.factory}: {exc}") from None
     print()
     print(report.table())
     return 0 if report.ok else 1
 
 
-async def _open_host(args: argparse.Namespace, resolver: GroupExecutors | None) -> EffectController:
-    """The host named by ``--sqlite FILE``, ``--postgres DSN`` or ``--host MODULE:ATTR``."""
-    if args.sqlite or args.postgres:
-        from effecthost.hosts.sql import postgres_host, sqlite_host
+class Refused(Exception):
+    """A one-line refusal: printed as ``effecthost: MESSAGE``, exit code ``code``."""
 
-        if args.sqlite:
-            return await sqlite_host(args.sqlite, resolver)
-        return await postgres_host(args.postgres, resolver, schema=args.schema)
+    def __init__(self, code: ExitCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@contextlib.contextmanager
+def _refusals(where: str) -> Iterator[None]:
+    """Turn what a database can be wrong with into :class:`Refused` (one line, its own
+    exit code). ``where`` names the database in messages (never a DSN: it may carry a
+    password)."""
+    import sqlite3
+
+    from effecthost.hosts import MissingExtra
+    from effecthost.hosts.sql import DatabaseRefused, SchemaVersionError
+
+    try:
+        yield
+    except DatabaseRefused as exc:
+        raise Refused(ExitCode[exc.problem.name.replace("-", "_")], str(exc)) from None
+    except SchemaVersionError as exc:
+        raise Refused(ExitCode.SCHEMA_VERSION, f"{where}: {exc}") from None
+    except MissingExtra as exc:
+        raise Refused(ExitCode.ENGINE_MISSING, str(exc)) from None
+    except sqlite3.Error as exc:
+        name = getattr(exc, "sqlite_errorname", "")
+        if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+            code, what = ExitCode.LOCKED, "locked by another writer (see --lock-timeout)"
+        elif name.startswith("SQLITE_READONLY"):
+            code, what = ExitCode.READ_ONLY, "read-only database"
+        else:
+            code, what = ExitCode.CORRUPT, f"corrupt SQLite database ({name or exc})"
+        raise Refused(code, f"{where}: {what}") from None
+    except (ValueError, TimeoutError, OSError) as exc:
+        if not where.startswith("PostgreSQL"):
+            raise
+        if isinstance(exc, ValueError):
+            raise Refused(ExitCode.BAD_DSN, f"{where}: malformed DSN ({exc})") from None
+        why = "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
+        raise Refused(ExitCode.UNREACHABLE, f"{where}: cannot connect ({why})") from None
+    except Exception as exc:
+        if not where.startswith("PostgreSQL") or not _is_asyncpg_error(exc):
+            raise
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise Refused(ExitCode.UNREACHABLE, f"{where}: cannot connect ({first})") from None
+
+
+def _is_asyncpg_error(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith("asyncpg")
+
+
+async def _start(store: Any, args: argparse.Namespace) -> None:
+    """Start ``store``, bounded by ``--connect-timeout`` on PostgreSQL."""
+    if args.postgres:
+        await asyncio.wait_for(store.start(), args.connect_timeout)
+    else:
+        await store.start()
+
+
+def _where(args: argparse.Namespace) -> str:
+    return str(args.sqlite) if args.sqlite else f"PostgreSQL schema {args.schema!r}"
+
+
+def _store(args: argparse.Namespace, *, read_only: bool) -> Any:
+    """A store over an existing database, never created: read-only for inspection."""
+    from effecthost.hosts.sql import PostgresStore, SqliteStore
+
+    if args.sqlite:
+        return SqliteStore(
+            args.sqlite, busy_timeout=args.lock_timeout, create=False, read_only=read_only
+        )
+    return PostgresStore(
+        args.postgres, schema=args.schema, pool_size=2, create=False, read_only=read_only
+    )
+
+
+async def _load_host(args: argparse.Namespace) -> EffectController:
+    """The controller named by ``--host MODULE:ATTR`` (or ``EFFECTHOST_HOST``)."""
     spec = args.host or os.environ.get("EFFECTHOST_HOST")
     if not spec:
-        print(
-            "effecthost: name a host with --sqlite FILE, --postgres DSN or --host MODULE:ATTR "
+        raise Refused(
+            ExitCode.USAGE,
+            "name a host with --sqlite FILE, --postgres DSN or --host MODULE:ATTR "
             "(or set EFFECTHOST_HOST)",
-            file=sys.stderr,
         )
-        raise SystemExit(2)
     return await _load_controller(spec)
 
 
@@ -88,55 +189,125 @@ async def _close(controller: EffectController) -> None:
         await aclose()
 
 
+def _show_groups(groups: Sequence[Any]) -> None:
+    for g in groups:
+        print(
+            f"{g.group_key}  age={g.age_seconds:.0f}s  settled={g.settled}/"
+            f"{g.child_count}  wake={g.wake}  losers={g.effective}"
+        )
+
+
 def _inspect(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        controller = await _open_host(args, None)
+    async def sql() -> int:
+        store = _store(args, read_only=True)
+        try:
+            with _refusals(_where(args)):
+                await _start(store, args)
+                groups = await store.open_groups()
+        finally:
+            await store.aclose()
+        _show_groups(groups)
+        return len(groups)
+
+    async def other() -> int:
+        controller = await _load_host(args)
         try:
             listing = getattr(controller, "open_groups", None)
             if listing is not None:
                 groups = await listing()
-                for g in groups:
-                    print(
-                        f"{g.group_key}  age={g.age_seconds:.0f}s  settled={g.settled}/"
-                        f"{g.child_count}  wake={g.wake}  losers={g.effective}"
-                    )
-                count = len(groups)
-            else:
-                keys = await controller.open_group_keys()
-                for key in keys:
-                    print(key)
-                count = len(keys)
+                _show_groups(groups)
+                return len(groups)
+            keys = await controller.open_group_keys()
+            for key in keys:
+                print(key)
+            return len(keys)
         finally:
             await _close(controller)
-        print(f"{count} open group(s)", file=sys.stderr)
-        return 0
 
-    return asyncio.run(main())
+    count = asyncio.run(sql() if args.sqlite or args.postgres else other())
+    print(f"{count} open group(s)", file=sys.stderr)
+    return ExitCode.OK
+
+
+def _payload_policy(args: argparse.Namespace) -> Any:
+    """The payload settings a drain records outcomes with (``--keys``, ``--payload-dir``,
+    ``--inline-threshold``), or ``None`` for inline plaintext."""
+    if args.keys is None and args.payload_dir is None:
+        return None
+    from effecthost.payloads import (
+        DEFAULT_INLINE_THRESHOLD,
+        AesGcmSealer,
+        FileKeyStore,
+        FilesystemPayloadStore,
+        PayloadPolicy,
+    )
+
+    for option, folder in (("--keys", args.keys), ("--payload-dir", args.payload_dir)):
+        if folder is not None and not os.path.isdir(folder):
+            # a typo must not start a fresh key or payload directory
+            raise Refused(ExitCode.USAGE, f"{option} {folder}: no such directory")
+    return PayloadPolicy(
+        store=FilesystemPayloadStore(args.payload_dir) if args.payload_dir else None,
+        inline_threshold=(
+            DEFAULT_INLINE_THRESHOLD if args.inline_threshold is None else args.inline_threshold
+        ),
+        sealer=AesGcmSealer(FileKeyStore(args.keys)) if args.keys else None,
+    )
+
+
+async def _sql_drain_host(args: argparse.Namespace, resolver: GroupExecutors | None) -> Any:
+    from effecthost.hosts.sql import SqlEffectHost
+
+    policy = _payload_policy(args)
+    store = _store(args, read_only=False)
+    with _refusals(_where(args)):
+        try:
+            await _start(store, args)
+            if (policy is None or policy.sealer is None) and await store.records_sealed():
+                raise Refused(
+                    ExitCode.SEALED,
+                    f"{_where(args)}: the database holds sealed outcomes; give the drain "
+                    "its payload settings (--keys DIR, and --payload-dir DIR if the hosts "
+                    "store payloads in files)",
+                )
+        finally:
+            await store.aclose()
+        # a fresh store: the one above only checked the database
+        host = SqlEffectHost(_store(args, read_only=False), resolver, payloads=policy)
+        await host.start()
+    return host
 
 
 def _drain(args: argparse.Namespace) -> int:
     async def main() -> int:
         resolver = _load_resolver(args.resolver) if args.resolver else None
-        controller = await _open_host(args, resolver)
+        if args.sqlite or args.postgres:
+            controller = await _sql_drain_host(args, resolver)
+        else:
+            controller = await _load_host(args)
         drain = controller.drain()
         try:
-            passes = 0
-            while True:
-                passes += 1
-                report = await drain.run_pass()
-                print(
-                    f"pass {passes}: resumed {len(report.resumed)}, cancelled "
-                    f"{len(report.cancelled)}, no executor {len(report.no_executor)}",
-                    flush=True,
-                )
-                for missing in report.no_executor:
-                    print(f"  no executor: {missing.group_key} {missing.replay_key}", flush=True)
-                if args.once or (args.passes and passes >= args.passes):
-                    idle = getattr(controller, "idle", None)
-                    if idle is not None:
-                        await idle()  # let the children this pass resumed finish
-                    return 0
-                await asyncio.sleep(args.interval)  # the drain's cadence, not an ordering
+            with _refusals(_where(args) if args.sqlite or args.postgres else "host"):
+                passes = 0
+                while True:
+                    passes += 1
+                    report = await drain.run_pass()
+                    print(
+                        f"pass {passes}: resumed {len(report.resumed)}, cancelled "
+                        f"{len(report.cancelled)}, no executor {len(report.no_executor)}",
+                        flush=True,
+                    )
+                    for missing in report.no_executor:
+                        print(
+                            f"  no executor: {missing.group_key} {missing.replay_key}",
+                            flush=True,
+                        )
+                    if args.once or (args.passes and passes >= args.passes):
+                        idle = getattr(controller, "idle", None)
+                        if idle is not None:
+                            await idle()  # let the children this pass resumed finish
+                        return ExitCode.OK
+                    await asyncio.sleep(args.interval)  # the drain's cadence, not an ordering
         finally:
             await _close(controller)
 
@@ -184,14 +355,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
     conformance.set_defaults(run=_conformance)
 
-    inspect_ = commands.add_parser("inspect", help="list the open groups of a host")
+    inspect_ = commands.add_parser(
+        "inspect",
+        help="list the open groups of a host",
+        description="List the open groups of a host. A SQLite file is opened read-only "
+        "and never needs the write lock; a PostgreSQL schema is read in read-only "
+        "transactions; nothing is created.",
+        epilog=exit_code_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _host_options(inspect_)
     inspect_.set_defaults(run=_inspect)
 
     drain = commands.add_parser(
-        "drain", help="finish children whose caller or process is gone (SQL tiers)"
+        "drain",
+        help="finish children whose caller or process is gone (SQL tiers)",
+        description="Finish children whose caller or process is gone. The database must "
+        "exist and be an effecthost database of this schema version; it is checked before "
+        "anything is written. A database holding sealed outcomes is drained only with its "
+        "payload settings (--keys).",
+        epilog=exit_code_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _host_options(drain)
+    drain.add_argument(
+        "--keys",
+        metavar="DIR",
+        help="the FileKeyStore directory the hosts seal outcomes with (AES-256-GCM)",
+    )
+    drain.add_argument(
+        "--payload-dir",
+        metavar="DIR",
+        help="a FilesystemPayloadStore directory for outcomes stored by reference "
+        "(default: the database's own payload table)",
+    )
+    drain.add_argument(
+        "--inline-threshold",
+        type=int,
+        metavar="BYTES",
+        help="largest outcome recorded inline with --keys/--payload-dir (default 4096)",
+    )
     drain.add_argument(
         "--resolver",
         metavar="MODULE:ATTR",
@@ -210,6 +413,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_CODES = {
+    ExitCode.OK: "done",
+    ExitCode.FAILED: "a conformance check failed",
+    ExitCode.USAGE: "bad arguments (a missing host, a missing --keys directory…)",
+    ExitCode.MISSING: "no such file (nothing is created)",
+    ExitCode.NOT_A_FILE: "the path is a directory or a special file",
+    ExitCode.EMPTY: "an empty file (0 bytes)",
+    ExitCode.NOT_SQLITE: "not a SQLite database",
+    ExitCode.CORRUPT: "a truncated or corrupt SQLite database",
+    ExitCode.FOREIGN: "a database (or PostgreSQL schema) without effecthost tables",
+    ExitCode.SCHEMA_VERSION: "effecthost tables of another schema version",
+    ExitCode.READ_ONLY: "drain: the database or its directory is read-only",
+    ExitCode.UNREADABLE: "the file cannot be read (permissions)",
+    ExitCode.LOCKED: "locked by another writer for longer than --lock-timeout",
+    ExitCode.BAD_DSN: "a malformed PostgreSQL DSN",
+    ExitCode.UNREACHABLE: "PostgreSQL unreachable or refusing the connection",
+    ExitCode.SEALED: "drain: sealed outcomes recorded, but no --keys given",
+    ExitCode.ENGINE_MISSING: "an engine binary or an extra is not installed",
+}
+
+
+def exit_code_help() -> str:
+    """The exit-code table printed under ``--help``."""
+    lines = ["exit codes:"]
+    for code, meaning in EXIT_CODES.items():
+        lines.append(f"  {code.value:>2}  {code.name.lower().replace('_', '-'):<15} {meaning}")
+    return "\n".join(lines)
+
+
 def _host_options(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--sqlite", metavar="FILE", help="a SQLite host's database file")
@@ -218,13 +450,31 @@ def _host_options(parser: argparse.ArgumentParser) -> None:
         "--host", metavar="MODULE:ATTR", help="a controller, or a callable returning one"
     )
     parser.add_argument("--schema", default="effecthost", help="PostgreSQL schema")
+    parser.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how long to wait for a SQLite lock held by another process (default 5)",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long to wait for PostgreSQL to answer (default 10)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "conformance" and not (args.list or args.explain or args.factory):
         build_parser().error("conformance needs MODULE:FACTORY (or --list, or --explain ID)")
-    code: int = args.run(args)
+    try:
+        code: int = args.run(args)
+    except Refused as refused:
+        print(f"effecthost: {refused}", file=sys.stderr)
+        return refused.code
     return code
 
 

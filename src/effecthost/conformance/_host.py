@@ -35,6 +35,9 @@ class HostCapabilities:
             implements :meth:`HostUnderTest.reader`, :meth:`HostUnderTest.stored_outcome`,
             :meth:`HostUnderTest.transplant_outcome` and :meth:`HostUnderTest.destroy_keys`
             (G-48…G-50).
+        waiter_probe: :meth:`HostUnderTest.awaiting` tells when an await is parked inside
+            the host (for an engine: its waiting request is in flight at the engine), so a
+            check can cancel exactly then (G-19).
     """
 
     restart: bool = False
@@ -42,6 +45,7 @@ class HostCapabilities:
     unroutable_children: bool = False
     payload_refs: bool = False
     sealing: bool = False
+    waiter_probe: bool = False
 
     def declared(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name)]
@@ -108,6 +112,12 @@ class HostUnderTest(ABC):
         """Destroy, in this host's own key store, every key of the scope ``group_key``
         belongs to (crypto-erasure, G-50). Only called when ``capabilities.sealing``."""
         raise NotImplementedError(f"{type(self).__name__} declares no sealing")
+
+    async def awaiting(self, group_key: str, rank: int) -> bool:
+        """Whether an ``await_next_settlement`` of ``rank`` of ``group_key`` is parked
+        inside the host right now (past every read that precedes the wait). Only called
+        when ``capabilities.waiter_probe``."""
+        raise NotImplementedError(f"{type(self).__name__} declares no waiter probe")
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, nothing to stop by default
         """Stop whatever the factory started."""

@@ -226,8 +226,8 @@ async def run_suite(
     checks = [c for c in all_checks() if matches(select, c)]
     suite = SuiteRun(factory)
     report = SuiteReport()
-    await suite.start()
     try:
+        await suite.start()
         for check in checks:
             result = await suite.run(check)
             report.results.append(result)

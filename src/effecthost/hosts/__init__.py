@@ -23,6 +23,21 @@ class MissingExtra(ImportError):
         self.missing = missing
 
 
+class EngineMissing(FileNotFoundError):
+    """An engine's or database's executable (``restate-server``, ``temporal``,
+    ``initdb``…) is not installed where a test factory looks for it.
+
+    Attributes:
+        engine: what is missing.
+        install: the command (or setting) that provides it.
+    """
+
+    def __init__(self, engine: str, install: str) -> None:
+        super().__init__(f"{engine} not found: {install}")
+        self.engine = engine
+        self.install = install
+
+
 def require(tier: str, extra: str, *modules: str) -> list[ModuleType]:
     """Import a tier's third-party ``modules`` or raise :class:`MissingExtra`."""
     loaded: list[ModuleType] = []
@@ -34,4 +49,4 @@ def require(tier: str, extra: str, *modules: str) -> list[ModuleType]:
     return loaded
 
 
-__all__ = ["MissingExtra", "require"]
+__all__ = ["EngineMissing", "MissingExtra", "require"]

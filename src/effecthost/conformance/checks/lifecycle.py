@@ -16,7 +16,7 @@ from effecthost.contract import (
     UnknownGroup,
 )
 
-from .._context import CheckContext
+from .._context import CheckContext, CheckFailed
 from .._registry import check
 from .._tools import ConformanceResolver
 
@@ -251,6 +251,39 @@ async def check_cancelling_an_await_changes_nothing(t: CheckContext) -> None:
         await waiter
     except asyncio.CancelledError:
         pass
+    t.expect(handle.consumed == 0, "a cancelled await moved the cursor")
+    t.release("b")
+    await t.next_is(ctl, handle, "b")
+    t.release("a")
+    await t.next_is(ctl, handle, "a")
+
+
+@check("G-19", requires=("waiter_probe",))
+async def check_cancelling_a_parked_await_changes_nothing(t: CheckContext) -> None:
+    """Cancelling an await while it is parked inside the host (an engine's waiting request
+    in flight) raises ``CancelledError`` in the awaiting task and leaves the handle and the
+    ranks as they were."""
+    ctl = await t.ctl()
+    group = t.group("g", [t.step("a"), t.step("b")])
+    handle = await t.open(ctl, group)
+    waiter = asyncio.ensure_future(ctl.await_next_settlement(handle))
+    await t.started("a")
+    await t.started("b")
+    await t.eventually(
+        lambda: t.host.awaiting(group.key, 1), bool, "the await of rank 1 to be parked"
+    )
+    t.expect(not waiter.done(), "the await finished before any child settled")
+    waiter.cancel()
+    try:
+        await t.within(waiter, "the cancelled await")
+    except asyncio.CancelledError:
+        pass
+    except Exception as exc:
+        raise CheckFailed(
+            f"a cancelled await raised {type(exc).__name__}, not CancelledError"
+        ) from None
+    else:
+        raise CheckFailed("a cancelled await returned a settlement")
     t.expect(handle.consumed == 0, "a cancelled await moved the cursor")
     t.release("b")
     await t.next_is(ctl, handle, "b")

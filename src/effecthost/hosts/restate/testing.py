@@ -31,7 +31,7 @@ from effecthost.conformance import (
     conformance_resolver,
 )
 from effecthost.contract import EffectController, EffectGroup, GroupExecutors
-from effecthost.hosts import require
+from effecthost.hosts import EngineMissing, require
 from effecthost.payloads import (
     AesGcmSealer,
     FileKeyStore,
@@ -60,18 +60,22 @@ def find_server_binary() -> str:
     above the working directory or this package. Never downloads anything.
 
     Raises:
-        FileNotFoundError: with the command that installs it.
+        EngineMissing: with the command that installs it.
     """
     explicit = os.environ.get(SERVER_ENV)
     if explicit:
+        if not Path(explicit).is_file():
+            raise EngineMissing(
+                f"restate-server ({SERVER_ENV}={explicit})",
+                "run scripts/install-restate.sh (it prints the path)",
+            )
         return explicit
     for base in (Path.cwd(), *Path.cwd().parents, *Path(__file__).resolve().parents):
         candidate = base / _RELATIVE_BINARY
         if candidate.is_file():
             return str(candidate)
-    raise FileNotFoundError(
-        "restate-server not found: run scripts/install-restate.sh (it prints the path) or "
-        f"set {SERVER_ENV}"
+    raise EngineMissing(
+        "restate-server", f"run scripts/install-restate.sh (it prints the path) or set {SERVER_ENV}"
     )
 
 

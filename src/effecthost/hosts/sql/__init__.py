@@ -20,6 +20,7 @@ from ._host import (
     SqlEffectHost,
 )
 from ._postgres import PostgresStore
+from ._preflight import DatabaseProblem, DatabaseRefused, check_sqlite_file
 from ._sqlite import SqliteStore
 from ._store import SCHEMA_VERSION, OpenGroup, SchemaVersionError, Store
 
@@ -65,6 +66,8 @@ __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_RENEW_EVERY",
     "SCHEMA_VERSION",
+    "DatabaseProblem",
+    "DatabaseRefused",
     "OpenGroup",
     "PostgresStore",
     "SchemaVersionError",
@@ -72,6 +75,7 @@ __all__ = [
     "SqlEffectHost",
     "SqliteStore",
     "Store",
+    "check_sqlite_file",
     "postgres_host",
     "sqlite_host",
 ]

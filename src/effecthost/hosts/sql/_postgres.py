@@ -25,6 +25,7 @@ from typing import Any
 
 from effecthost.hosts import require
 
+from ._preflight import SEALED_LIKE, DatabaseProblem, DatabaseRefused, sealed_outcomes
 from ._store import (
     SCHEMA_VERSION,
     ChildRow,
@@ -418,11 +419,15 @@ class PostgresStore(Store):
         schema: str = "effecthost",
         pool_size: int = 8,
         fault: Callable[[str], None] | None = None,
+        create: bool = True,
+        read_only: bool = False,
     ) -> None:
         if not _IDENT.match(schema):
             raise ValueError(f"schema name {schema!r} must match {_IDENT.pattern}")
         self.dsn = dsn
         self.schema = schema
+        self.create = create and not read_only
+        self.read_only = read_only
         self.channel = f"effecthost_{schema}"
         self.pool_size = pool_size
         self.fault = fault
@@ -432,12 +437,28 @@ class PostgresStore(Store):
         self._callback: Callable[[str, str], None] | None = None
 
     async def start(self) -> None:
+        """Connect; create the schema when absent, or check its version.
+
+        With ``create=False`` or ``read_only=True`` a schema without this release's tables
+        is refused and nothing is created; ``read_only`` sessions default to read-only
+        transactions.
+
+        Raises:
+            DatabaseRefused: (``create=False`` or ``read_only``) the schema holds no
+                effecthost tables.
+            SchemaVersionError: the schema records another schema version.
+        """
         (asyncpg,) = require("postgres", "postgres", "asyncpg")
         self._asyncpg = asyncpg
         settings = {"search_path": self.schema, "application_name": "effecthost"}
+        if self.read_only:
+            settings["default_transaction_read_only"] = "on"
         admin = await asyncpg.connect(self.dsn)
         try:
-            await self._schema(admin)
+            if self.create:
+                await self._schema(admin)
+            else:
+                await self._check_schema(admin)
         finally:
             await admin.close()
         self._pool = await asyncpg.create_pool(
@@ -476,6 +497,29 @@ class PostgresStore(Store):
                     name = _function_name(statement)
                     if name and found_src.get(name) != _function_body(statement):
                         await conn.execute(statement)
+
+    async def _check_schema(self, conn: Any) -> None:
+        """The schema's version, read only: no schema, table or function is created."""
+        found = await conn.fetchval("SELECT to_regclass($1)", f"{self.schema}.eh_schema")
+        if found is None:
+            raise DatabaseRefused(
+                DatabaseProblem.FOREIGN, f"schema {self.schema!r} holds no effecthost tables"
+            )
+        version = await conn.fetchval(f"SELECT max(version) FROM {self.schema}.eh_schema")
+        if version != SCHEMA_VERSION:
+            if version is None:
+                raise DatabaseRefused(
+                    DatabaseProblem.FOREIGN,
+                    f"schema {self.schema!r}: eh_schema records no schema version",
+                )
+            raise SchemaVersionError(int(version))
+
+    async def records_sealed(self) -> bool:
+        """Whether any recorded outcome is sealed (see :meth:`SqliteStore.records_sealed`)."""
+        rows = await self._pool.fetch(
+            "SELECT outcome FROM eh_children WHERE outcome LIKE $1 LIMIT 20", SEALED_LIKE
+        )
+        return sealed_outcomes([r[0] for r in rows])
 
     async def listen(self, callback: object) -> None:
         assert callable(callback)

@@ -29,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ._preflight import SEALED_LIKE, check_sqlite_file, read_only_uri, sealed_outcomes
 from ._store import (
     SCHEMA_VERSION,
     ChildRow,
@@ -189,9 +190,13 @@ class SqliteStore(Store):
         *,
         busy_timeout: float = 30.0,
         fault: Callable[[str], None] | None = None,
+        create: bool = True,
+        read_only: bool = False,
     ) -> None:
         self.path = Path(path)
         self.busy_timeout = busy_timeout
+        self.create = create and not read_only
+        self.read_only = read_only
         self.fault = fault
         self._pool: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None  # waits up to busy_timeout (the thread)
@@ -354,16 +359,44 @@ class SqliteStore(Store):
         return result
 
     async def start(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="effecthost-sqlite")
+        """Connect; create the schema in a new file, or check the version.
+
+        With ``create=False`` or ``read_only=True`` the file is checked first
+        (:func:`check_sqlite_file`) and nothing is created or changed when it is refused;
+        ``read_only`` connects with ``mode=ro`` (no write lock, no journal-mode change) and
+        allows only reads.
+
+        Raises:
+            DatabaseRefused: (``create=False`` or ``read_only``) not a usable database.
+            SchemaVersionError: the file records another schema version.
+        """
         loop = asyncio.get_running_loop()
+        if not self.create:
+            await loop.run_in_executor(
+                None,
+                functools.partial(
+                    check_sqlite_file,
+                    self.path,
+                    write=not self.read_only,
+                    lock_timeout=self.busy_timeout,
+                ),
+            )
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="effecthost-sqlite")
+        target, uri = (
+            (read_only_uri(self.path), True) if self.read_only else (str(self.path), False)
+        )
 
         def connect() -> sqlite3.Connection:
             conn = sqlite3.connect(
-                str(self.path),
+                target,
                 timeout=self.busy_timeout,
                 isolation_level=None,
                 check_same_thread=False,
+                uri=uri,
             )
+            if self.read_only:
+                conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+                return conn
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
@@ -371,11 +404,13 @@ class SqliteStore(Store):
 
         self._conn = await loop.run_in_executor(self._pool, connect)
         try:
-            await loop.run_in_executor(self._pool, self._schema, self._conn)
+            if not self.read_only:
+                await loop.run_in_executor(self._pool, self._schema, self._conn)
             inline = sqlite3.connect(
-                str(self.path), timeout=0, isolation_level=None, check_same_thread=False
+                target, timeout=0, isolation_level=None, check_same_thread=False, uri=uri
             )
-            inline.execute("PRAGMA synchronous=NORMAL")  # per connection, as the other's
+            if not self.read_only:
+                inline.execute("PRAGMA synchronous=NORMAL")  # per connection, as the other's
             inline.execute("PRAGMA busy_timeout=0")
             self._inline_conn = inline
         except BaseException:
@@ -876,6 +911,18 @@ class SqliteStore(Store):
         return await self._write(body)
 
     # -- the payload table ----------------------------------------------------------------
+
+    async def records_sealed(self) -> bool:
+        """Whether any recorded outcome is sealed (a drain without the payload settings
+        must not add plaintext to such a database)."""
+
+        def read(c: sqlite3.Connection) -> list[str]:
+            rows = c.execute(
+                "SELECT outcome FROM eh_children WHERE outcome LIKE ? LIMIT 20", (SEALED_LIKE,)
+            )
+            return [r[0] for r in rows]
+
+        return sealed_outcomes(await self._run(read))
 
     async def payload_put(
         self, group_key: str, name: str, replay_key: str, data: bytes, digest: str

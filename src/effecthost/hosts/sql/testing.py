@@ -35,7 +35,7 @@ from effecthost.conformance import (
     conformance_resolver,
 )
 from effecthost.contract import EffectController, GroupExecutors, UnknownGroup
-from effecthost.hosts import require
+from effecthost.hosts import EngineMissing, require
 from effecthost.payloads import (
     AesGcmSealer,
     FileKeyStore,
@@ -57,8 +57,16 @@ TEST_RENEW_EVERY = 0.25
 # -- a throwaway PostgreSQL server ------------------------------------------------------
 
 
+PG_BIN_ENV = "EFFECTHOST_PG_BIN"
+
+
 def find_pg_bin(name: str) -> str | None:
-    """``name`` (``initdb``, ``postgres``…) on PATH or under the Debian layout."""
+    """``name`` (``initdb``, ``postgres``…) in ``$EFFECTHOST_PG_BIN`` when set, else on
+    PATH or under the Debian layout."""
+    only = os.environ.get(PG_BIN_ENV)
+    if only:
+        candidate = Path(only) / name
+        return str(candidate) if candidate.is_file() else None
     found = shutil.which(name)
     if found:
         return found
@@ -89,10 +97,10 @@ class PostgresServer:
     def start(self, timeout: float = 60.0) -> str:
         initdb, postgres = find_pg_bin("initdb"), find_pg_bin("postgres")
         if initdb is None or postgres is None:
-            raise RuntimeError(
-                "PostgreSQL server binaries (initdb, postgres) not found on PATH or under "
-                "/usr/lib/postgresql/*/bin: install the Debian package postgresql "
-                "(scripts/install-sql.sh)"
+            raise EngineMissing(
+                "PostgreSQL server binaries (initdb, postgres)",
+                "apt-get install postgresql (scripts/install-sql.sh), or set "
+                f"{PG_BIN_ENV} to their directory",
             )
         self.dir = Path(tempfile.mkdtemp(prefix="effecthost-pg-", dir=self._base))
         data, sock = self.dir / "data", self.dir / "sock"
@@ -191,7 +199,7 @@ class SqlHostUnderTest(HostUnderTest):
     incarnation's leases have expired on the database clock — what a restarted process
     finds after its predecessor died — and builds new hosts with a new incarnation."""
 
-    capabilities = HostCapabilities(restart=True, durable_timers=True)
+    capabilities = HostCapabilities(restart=True, durable_timers=True, waiter_probe=True)
     timeout = 10.0
 
     def __init__(
@@ -233,6 +241,15 @@ class SqlHostUnderTest(HostUnderTest):
 
     def _all_hosts(self) -> list[SqlEffectHost]:
         return list(self._hosts.values())
+
+    async def awaiting(self, group_key: str, rank: int) -> bool:
+        """Whether a waiter of ``group_key`` is parked on this process's wake-ups (the
+        read that preceded it found no rank ``rank`` yet)."""
+        return any(
+            not waiter.done()
+            for host in self._all_hosts()
+            for waiter in host._changed.get(group_key, ())
+        )
 
     async def restart(self) -> None:
         owners = [h.owner for h in self._all_hosts()]
@@ -316,7 +333,7 @@ class SealedSqlHostUnderTest(SqlHostUnderTest):
     """
 
     capabilities = HostCapabilities(
-        restart=True, durable_timers=True, payload_refs=True, sealing=True
+        restart=True, durable_timers=True, payload_refs=True, sealing=True, waiter_probe=True
     )
 
     def __init__(

@@ -25,6 +25,7 @@ from ._codec import (  # noqa: E402
     sealed_data_converter,
 )
 from ._controller import GroupTooWide, TemporalEffectHost  # noqa: E402
+from ._exit import release_temporal_runtime  # noqa: E402
 from ._shared import (  # noqa: E402
     CHILD_ACTIVITY,
     INLINE_OUTCOME_BYTES,
@@ -51,6 +52,7 @@ __all__ = [
     "assign_rank",
     "connect_sealed",
     "create_worker",
+    "release_temporal_runtime",
     "sealed_client",
     "sealed_data_converter",
     "workflow_runner",

