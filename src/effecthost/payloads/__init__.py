@@ -4,7 +4,7 @@
   :class:`PostgresPayloadStore`): outcomes above an inline threshold are stored by
   reference.
 - :class:`AesGcmSealer` with a :class:`KeyStore` (:class:`InMemoryKeyStore`,
-  :class:`FileKeyStore`): AES-256-GCM bound to the slot (format tag, group key, replay key).
+  :class:`FileKeyStore`): AES-256-GCM bound to the slot (format tag, group key, replay key, position).
 - :class:`PayloadPolicy` with :func:`encode_outcome` / :func:`decode_outcome`: what every
   host calls before recording and before serving a settlement.
 
@@ -16,7 +16,9 @@ is first used (extra ``postgres``).
 from ._keys import KEY_BYTES, FileKeyStore, InMemoryKeyStore, KeyStore, new_key_id
 from ._policy import (
     DEFAULT_INLINE_THRESHOLD,
+    SHAPE_REFUSED,
     PayloadPolicy,
+    Recorded,
     StoredOutcome,
     decode_outcome,
     encode_outcome,
@@ -25,6 +27,7 @@ from ._policy import (
 from ._postgres import PostgresPayloadStore
 from ._sealing import (
     AES_256_GCM,
+    FORMAT_PREFIX,
     SEALED_FORMAT,
     AesGcmSealer,
     SealedEnvelope,
@@ -44,8 +47,10 @@ from ._store import (
 __all__ = [
     "AES_256_GCM",
     "DEFAULT_INLINE_THRESHOLD",
+    "FORMAT_PREFIX",
     "KEY_BYTES",
     "SEALED_FORMAT",
+    "SHAPE_REFUSED",
     "AesGcmSealer",
     "FileKeyStore",
     "FilesystemPayloadStore",
@@ -56,6 +61,7 @@ __all__ = [
     "PayloadRef",
     "PayloadStore",
     "PostgresPayloadStore",
+    "Recorded",
     "SealedEnvelope",
     "Sealer",
     "StoredOutcome",

@@ -264,7 +264,7 @@ class MemoryEffectHost(WiredController):
         close's cancel arriving meanwhile does not lose an outcome already computed; a
         store failure leaves the child unsettled (a drain pass runs it again)."""
         pending = asyncio.ensure_future(
-            encode_outcome(policy, record.key, child.replay_key, outcome)
+            encode_outcome(policy, record.key, child.replay_key, outcome, position=child.position)
         )
         while True:
             try:
@@ -302,7 +302,7 @@ class MemoryEffectHost(WiredController):
             child.outcome = outcome
         else:
             child.stored = encoded or encode_outcome_inline(
-                self._payloads, record.key, child.replay_key, outcome
+                self._payloads, record.key, child.replay_key, outcome, position=child.position
             )
         child.state = "settled"
         bisect.insort(record.settled, child, key=lambda c: c.seq or 0)
@@ -394,7 +394,12 @@ class MemoryEffectHost(WiredController):
         if child.stored is not None:
             # A refusal raises here: nothing recorded changes and the handle stays (G-49).
             outcome = await decode_outcome(
-                self._payloads, record.key, child.replay_key, child.stored, rank=rank
+                self._payloads,
+                record.key,
+                child.replay_key,
+                child.stored,
+                position=child.position,
+                rank=rank,
             )
         else:
             assert child.outcome is not None
