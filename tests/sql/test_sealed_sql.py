@@ -311,9 +311,7 @@ def _raw_dump_sqlite(path: Path) -> list[Any]:
     conn = sqlite3.connect(str(path), timeout=30, isolation_level=None)
     conn.text_factory = bytes  # a corrupted row need not be UTF-8
     try:
-        return [
-            conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall() for table in TABLES
-        ]
+        return [conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall() for table in TABLES]
     finally:
         conn.close()
 
