@@ -15,12 +15,16 @@ import pytest
 from gated_tools import Lab, group, step
 
 from effecthost.contract import (
+    EffectEnvelope,
+    EffectGroup,
+    InvalidEnvelope,
     LoserPolicy,
     Outcome,
     PayloadMissing,
     PayloadShredded,
     SealedPayloadUnreadable,
     ToolRegistry,
+    WakePolicy,
 )
 from effecthost.hosts.memory import MemoryEffectHost
 from effecthost.payloads import (
@@ -343,3 +347,22 @@ async def test_g49_a_tool_result_shaped_like_an_envelope_is_a_typed_failure_on_m
         assert settlement.outcome.error.type == "SealedShapeRefused"
     finally:
         await host.aclose()
+
+
+async def test_g49_an_event_payload_shaped_like_an_envelope_is_refused_and_records_nothing(
+    host: MemoryEffectHost,
+) -> None:
+    """G-49, ADR 0130 D6: a sealed value is minted by the host's sealer, never by a caller;
+    an event payload carrying the shape is ``InvalidEnvelope`` and settles nothing."""
+    g = EffectGroup(
+        key=KEY,
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[EffectEnvelope(replay_key=f"{KEY}:ev", kind="await_event", name="ev")],
+    )
+    await host.open_effect_group(g)
+    forged = {"wrapped": [{"format": "effecthost.sealed/2", "ciphertext": "QUJD"}]}
+    with pytest.raises(InvalidEnvelope):
+        await host.deliver_event(KEY, "ev", forged)
+    assert host._groups[KEY].settled == []
+    assert await host.deliver_event(KEY, "ev", {"wrapped": json.dumps(forged)}) == 1

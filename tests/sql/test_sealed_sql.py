@@ -23,6 +23,7 @@ from effecthost.contract import (
     EffectEnvelope,
     EffectGroup,
     EffectKind,
+    InvalidEnvelope,
     LoserPolicy,
     PayloadMissing,
     SealedPayloadUnreadable,
@@ -465,3 +466,27 @@ async def test_g49_forged_plaintext_in_a_sealed_sql_row_is_refused_unless_mixed(
     finally:
         await host.aclose()
         await mixed.aclose()
+
+
+async def test_g49_an_event_payload_shaped_like_an_envelope_is_refused_and_records_nothing(
+    substrate: Substrate,
+) -> None:
+    """G-49, ADR 0130 D6: an event payload carrying a sealed envelope's shape is
+    ``InvalidEnvelope`` and the rows stay byte-identical."""
+    key = group_key(f"t{secrets.token_hex(4)}", "g", 0)
+    group = EffectGroup(
+        key=key,
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[EffectEnvelope(replay_key=f"{key}.ev", kind=EffectKind.AWAIT_EVENT, name="ev")],
+    )
+    host = _host(substrate, _registry("s"), PayloadPolicy(sealer=AesGcmSealer(InMemoryKeyStore())))
+    try:
+        await host.open_effect_group(group)
+        before = await _dump(substrate)
+        forged = [{"format": "effecthost.sealed/2", "ciphertext": "QUJD"}]
+        with pytest.raises(InvalidEnvelope):
+            await host.deliver_event(key, "ev", {"x": forged})
+        assert await _dump(substrate) == before
+    finally:
+        await host.aclose()

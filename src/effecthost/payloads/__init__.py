@@ -23,6 +23,7 @@ from ._policy import (
     decode_outcome,
     encode_outcome,
     encode_outcome_inline,
+    event_value,
 )
 from ._postgres import PostgresPayloadStore
 from ._sealing import (
@@ -70,6 +71,7 @@ __all__ = [
     "default_scope",
     "encode_outcome",
     "encode_outcome_inline",
+    "event_value",
     "group_directory_name",
     "looks_sealed",
     "new_key_id",

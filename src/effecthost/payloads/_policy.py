@@ -16,9 +16,11 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from effecthost.contract import (
     EffectHostError,
+    InvalidEnvelope,
     Outcome,
     PayloadMissing,
     canonical_json,
+    normalize_json,
 )
 
 from ._sealing import FORMAT_PREFIX, SealedEnvelope, Sealer, looks_sealed, unreadable
@@ -99,6 +101,26 @@ SHAPE_REFUSED = "SealedShapeRefused"
 Recorded = StoredOutcome | str | bytes | Mapping[str, Any]
 """What a host read from its records: the model, its JSON text or bytes, or the parsed
 document (a plain outcome's document is read as the inline form)."""
+
+
+def event_value(group_key: str, name: str, payload: Any) -> Any:
+    """The strict-JSON value of an event payload for ``deliver_event`` on every tier.
+
+    A sealed value is minted by a host's sealer, never by a caller, so a payload carrying a
+    sealed envelope's shape anywhere is refused before anything is recorded (ADR 0130 D6);
+    relay foreign ciphertext as a string.
+
+    Raises:
+        InvalidEnvelope: the payload is not strict JSON, or carries the shape.
+    """
+    value = normalize_json(payload)
+    if looks_sealed(value):
+        raise InvalidEnvelope(
+            f"the payload of event {name!r} for group {group_key!r} holds a value shaped "
+            "like a sealed envelope; relay foreign ciphertext as a string",
+            group_key=group_key,
+        )
+    return value
 
 
 def _plain_bytes(outcome: Outcome) -> bytes:

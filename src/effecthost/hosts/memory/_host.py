@@ -41,7 +41,6 @@ from effecthost.contract import (
     canonical_json,
     group_shape_error,
     is_host_kind,
-    normalize_json,
     sleep_seconds,
 )
 from effecthost.payloads import (
@@ -50,6 +49,7 @@ from effecthost.payloads import (
     decode_outcome,
     encode_outcome,
     encode_outcome_inline,
+    event_value,
 )
 
 DEFAULT_MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
@@ -468,7 +468,7 @@ class MemoryEffectHost(WiredController):
 
     async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
         self._require_wired(group_key)
-        value = normalize_json(payload)
+        value = event_value(group_key, name, payload)
         size = len(canonical_json(value))
         if size > self._max_payload_bytes:
             raise PayloadTooLarge(

@@ -24,9 +24,8 @@ from effecthost.contract import (
     UnknownGroup,
     WiredController,
     group_shape_error,
-    normalize_json,
 )
-from effecthost.payloads import PayloadPolicy, decode_outcome
+from effecthost.payloads import PayloadPolicy, decode_outcome, event_value
 
 _ERRORS: dict[str, type[EffectHostError]] = {
     "group_closed": GroupClosed,
@@ -161,7 +160,7 @@ class GroupObjectClient(WiredController):
     async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
         self._require_wired(group_key)
         answer = await self._call(
-            group_key, "deliver", {"name": name, "payload": normalize_json(payload)}
+            group_key, "deliver", {"name": name, "payload": event_value(group_key, name, payload)}
         )
         _raise_refusal(answer)
         return int(answer["reached"])

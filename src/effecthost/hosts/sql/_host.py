@@ -72,13 +72,13 @@ from effecthost.contract import (
     UnknownGroup,
     WiredController,
     group_shape_error,
-    normalize_json,
     sleep_seconds,
 )
 from effecthost.payloads import (
     PayloadPolicy,
     decode_outcome,
     encode_outcome,
+    event_value,
 )
 
 from ._store import ChildRow, ChildSpec, Finalize, GroupRow, OpenGroup, RankRead, Store
@@ -968,7 +968,7 @@ class SqlEffectHost(WiredController):
         works whether or not the process that opened the group is alive."""
         self._require_wired(group_key)
         await self._ready()
-        value = normalize_json(payload)
+        value = event_value(group_key, name, payload)
         record = await self.store.get_group(group_key)
         if record is None:
             if await self.store.retired(group_key) is not None:

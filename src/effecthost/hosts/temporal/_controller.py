@@ -37,11 +37,17 @@ from effecthost.contract import (
     UnknownGroup,
     WiredController,
     group_shape_error,
-    normalize_json,
     sleep_seconds,
 )
 from effecthost.hosts import require
-from effecthost.payloads import AesGcmSealer, KeyStore, PayloadPolicy, StoredOutcome, decode_outcome
+from effecthost.payloads import (
+    AesGcmSealer,
+    KeyStore,
+    PayloadPolicy,
+    StoredOutcome,
+    decode_outcome,
+    event_value,
+)
 
 require("temporal", "temporal", "temporalio")
 
@@ -396,7 +402,7 @@ class TemporalEffectHost(WiredController):
 
     async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
         self._require_wired(group_key)
-        value = normalize_json(payload)
+        value = event_value(group_key, name, payload)
         try:
             reached: int = await self._update(group_key, EffectGroupWorkflow.deliver, name, value)
         except RPCError as exc:
