@@ -116,16 +116,16 @@ async def test_filesystem_store_hashes_group_keys_and_leaves_no_temp_files(
 async def test_small_outcomes_inline_large_by_reference_without_sealing() -> None:
     store = MemoryPayloadStore()
     policy = PayloadPolicy(store=store)
-    small = await encode_outcome(policy, GROUP, "r1", Outcome.success("s"))
+    small = await encode_outcome(policy, GROUP, "r1", Outcome.success("s"), position=0)
     assert small.form == "inline"
     big_value = "x" * 5000
-    big = await encode_outcome(policy, GROUP, "r2", Outcome.success(big_value))
+    big = await encode_outcome(policy, GROUP, "r2", Outcome.success(big_value), position=0)
     assert big.form == "ref" and not big.sealed and big.ref is not None
     assert SECRET not in big.model_dump_json()
-    decoded = await decode_outcome(policy, GROUP, "r2", big)
+    decoded = await decode_outcome(policy, GROUP, "r2", big, position=0)
     assert decoded == Outcome.success(big_value)
     restored = StoredOutcome.model_validate_json(big.model_dump_json())
-    assert await decode_outcome(policy, GROUP, "r2", restored) == decoded
+    assert await decode_outcome(policy, GROUP, "r2", restored, position=0) == decoded
 
 
 async def test_threshold_is_measured_on_canonical_json() -> None:
@@ -133,32 +133,32 @@ async def test_threshold_is_measured_on_canonical_json() -> None:
     size = len(canonical_json(outcome.model_dump(mode="json")))
     at = PayloadPolicy(store=MemoryPayloadStore(), inline_threshold=size)
     below = PayloadPolicy(store=MemoryPayloadStore(), inline_threshold=size - 1)
-    assert (await encode_outcome(at, GROUP, "r", outcome)).form == "inline"
-    assert (await encode_outcome(below, GROUP, "r", outcome)).form == "ref"
+    assert (await encode_outcome(at, GROUP, "r", outcome, position=0)).form == "inline"
+    assert (await encode_outcome(below, GROUP, "r", outcome, position=0)).form == "ref"
     with pytest.raises(ValueError):
         PayloadPolicy(inline_threshold=-1)
 
 
 async def test_a_reference_with_no_store_configured_is_missing_with_rank() -> None:
     policy = PayloadPolicy(store=MemoryPayloadStore(), inline_threshold=0)
-    stored = await encode_outcome(policy, GROUP, "r1", Outcome.success(1))
+    stored = await encode_outcome(policy, GROUP, "r1", Outcome.success(1), position=0)
     with pytest.raises(PayloadMissing) as caught:
-        await decode_outcome(PayloadPolicy(), GROUP, "r1", stored, rank=4)
+        await decode_outcome(PayloadPolicy(), GROUP, "r1", stored, rank=4, position=0)
     assert caught.value.rank == 4
 
 
 async def test_a_deleted_payload_is_missing_never_none() -> None:
     store = MemoryPayloadStore()
     policy = PayloadPolicy(store=store, inline_threshold=0)
-    stored = await encode_outcome(policy, GROUP, "r1", Outcome.success({"a": 1}))
+    stored = await encode_outcome(policy, GROUP, "r1", Outcome.success({"a": 1}), position=0)
     await store.delete_group(GROUP)
     with pytest.raises(PayloadMissing) as caught:
-        await decode_outcome(policy, GROUP, "r1", stored, rank=2)
+        await decode_outcome(policy, GROUP, "r1", stored, rank=2, position=0)
     assert caught.value.ids() == {
         "code": "payload_missing",
         "group_key": GROUP,
         "replay_key": "r1",
-        "position": None,
+        "position": 0,
         "rank": 2,
     }
 
@@ -178,12 +178,12 @@ async def test_sealed_round_trip_keeps_plaintext_out_of_the_record(size: int) ->
     store = MemoryPayloadStore()
     policy = sealed_policy(InMemoryKeyStore(), store)
     value = {"secret": SECRET, "pad": "p" * size}
-    stored = await encode_outcome(policy, GROUP, "r1", Outcome.success(value))
+    stored = await encode_outcome(policy, GROUP, "r1", Outcome.success(value), position=0)
     assert stored.sealed and stored.form == ("sealed" if size < 4096 else "ref")
     assert SECRET not in stored.model_dump_json()
     for payloads in store._groups.values():
         assert all(SECRET.encode() not in data for data in payloads.values())
-    assert (await decode_outcome(policy, GROUP, "r1", stored)).value == value
+    assert (await decode_outcome(policy, GROUP, "r1", stored, position=0)).value == value
 
 
 def envelope_of(stored: StoredOutcome) -> SealedEnvelope:
@@ -194,13 +194,16 @@ def envelope_of(stored: StoredOutcome) -> SealedEnvelope:
 async def test_every_seal_uses_a_fresh_nonce() -> None:
     policy = sealed_policy(InMemoryKeyStore())
     outcome = Outcome.success(SECRET)
-    envelopes = [envelope_of(await encode_outcome(policy, GROUP, "r1", outcome)) for _ in range(50)]
+    envelopes = [
+        envelope_of(await encode_outcome(policy, GROUP, "r1", outcome, position=0))
+        for _ in range(50)
+    ]
     nonces = {e.nonce for e in envelopes}
     assert len(nonces) == 50
     assert all(len(base64.b64decode(n)) == 12 for n in nonces)
     assert len({e.ciphertext for e in envelopes}) == 50
     assert {e.cipher for e in envelopes} == {"aes-256-gcm"}
-    assert {e.format for e in envelopes} == {"effecthost.sealed/1"}
+    assert {e.format for e in envelopes} == {"effecthost.sealed/2"}
 
 
 @pytest.mark.parametrize(
@@ -214,9 +217,11 @@ async def test_a_sealed_value_moved_to_another_slot_fails_typed(
 ) -> None:
     keys = InMemoryKeyStore()
     policy = sealed_policy(keys)
-    stored = await encode_outcome(policy, GROUP, "r1", Outcome.success(SECRET + "p" * size))
+    stored = await encode_outcome(
+        policy, GROUP, "r1", Outcome.success(SECRET + "p" * size), position=0
+    )
     with pytest.raises(SealedPayloadUnreadable) as caught:
-        await decode_outcome(policy, group, replay_key, stored, rank=1)
+        await decode_outcome(policy, group, replay_key, stored, rank=1, position=0)
     assert (caught.value.group_key, caught.value.replay_key, caught.value.rank) == (
         group,
         replay_key,
@@ -231,18 +236,22 @@ def envelope_of_or_ref(stored: StoredOutcome) -> str:
 
 async def test_a_sealed_value_never_decodes_without_a_key_store() -> None:
     stored = await encode_outcome(
-        sealed_policy(InMemoryKeyStore()), GROUP, "r1", Outcome.success(SECRET)
+        sealed_policy(InMemoryKeyStore()),
+        GROUP,
+        "r1",
+        Outcome.success(SECRET),
+        position=0,
     )
     for policy in (None, PayloadPolicy(), PayloadPolicy(store=MemoryPayloadStore())):
         with pytest.raises(SealedPayloadUnreadable) as caught:
-            await decode_outcome(policy, GROUP, "r1", stored)
+            await decode_outcome(policy, GROUP, "r1", stored, position=0)
         assert_no_leak(caught.value, SECRET, envelope_of(stored).ciphertext[:40])
 
 
 async def test_wrong_key_unknown_cipher_and_tampering_are_unreadable() -> None:
     keys = InMemoryKeyStore()
     policy = sealed_policy(keys)
-    stored = await encode_outcome(policy, GROUP, "r1", Outcome.success(SECRET))
+    stored = await encode_outcome(policy, GROUP, "r1", Outcome.success(SECRET), position=0)
     envelope = envelope_of(stored)
     ciphertext = envelope.ciphertext
 
@@ -271,7 +280,7 @@ async def test_wrong_key_unknown_cipher_and_tampering_are_unreadable() -> None:
     ]
     for reader, value in cases:
         with pytest.raises(SealedPayloadUnreadable) as caught:
-            await decode_outcome(reader, GROUP, "r1", value)
+            await decode_outcome(reader, GROUP, "r1", value, position=0)
         assert_no_leak(caught.value, SECRET, ciphertext[:40], ciphertext[-40:])
         assert not isinstance(caught.value, PayloadShredded)
 
@@ -279,12 +288,16 @@ async def test_wrong_key_unknown_cipher_and_tampering_are_unreadable() -> None:
 async def test_a_by_reference_envelope_is_never_decoded_as_plaintext() -> None:
     store = MemoryPayloadStore()
     stored = await encode_outcome(
-        sealed_policy(InMemoryKeyStore(), store), GROUP, "r1", Outcome.success(SECRET * 300)
+        sealed_policy(InMemoryKeyStore(), store),
+        GROUP,
+        "r1",
+        Outcome.success(SECRET * 300),
+        position=0,
     )
     assert stored.ref is not None
     forged = StoredOutcome(form="ref", ref=stored.ref, sealed=False)  # the marker stripped
     with pytest.raises(SealedPayloadUnreadable):
-        await decode_outcome(PayloadPolicy(store=store), GROUP, "r1", forged)
+        await decode_outcome(PayloadPolicy(store=store), GROUP, "r1", forged, position=0)
 
 
 def test_envelope_repr_never_shows_ciphertext() -> None:
@@ -297,48 +310,56 @@ def test_envelope_repr_never_shows_ciphertext() -> None:
 async def test_rotation_new_seals_use_the_newest_key_old_ones_still_open() -> None:
     keys = InMemoryKeyStore()
     policy = sealed_policy(keys)
-    old = await encode_outcome(policy, GROUP, "r1", Outcome.success("old"))
+    old = await encode_outcome(policy, GROUP, "r1", Outcome.success("old"), position=0)
     new_id = keys.rotate(default_scope(GROUP))
-    new = await encode_outcome(policy, GROUP, "r2", Outcome.success("new"))
+    new = await encode_outcome(policy, GROUP, "r2", Outcome.success("new"), position=0)
     assert envelope_of(new).key_id == new_id != envelope_of(old).key_id
-    assert (await decode_outcome(policy, GROUP, "r1", old)).value == "old"
-    assert (await decode_outcome(policy, GROUP, "r2", new)).value == "new"
+    assert (await decode_outcome(policy, GROUP, "r1", old, position=0)).value == "old"
+    assert (await decode_outcome(policy, GROUP, "r2", new, position=0)).value == "new"
 
 
 async def test_destroying_a_scope_shreds_its_payloads_only() -> None:
     keys = InMemoryKeyStore()
     store = MemoryPayloadStore()
     policy = sealed_policy(keys, store)
-    inline = await encode_outcome(policy, GROUP, "r1", Outcome.success(SECRET))
+    inline = await encode_outcome(policy, GROUP, "r1", Outcome.success(SECRET), position=0)
     keys.rotate(default_scope(GROUP))
-    by_ref = await encode_outcome(policy, GROUP, "r2", Outcome.success(SECRET * 500))
-    kept = await encode_outcome(policy, "tenant-8:group:x:0", "r1", Outcome.success("kept"))
+    by_ref = await encode_outcome(policy, GROUP, "r2", Outcome.success(SECRET * 500), position=0)
+    kept = await encode_outcome(
+        policy, "tenant-8:group:x:0", "r1", Outcome.success("kept"), position=0
+    )
     assert keys.destroy("tenant-7") == 2
     for replay_key, stored in (("r1", inline), ("r2", by_ref)):
         with pytest.raises(PayloadShredded) as caught:
-            await decode_outcome(policy, GROUP, replay_key, stored, rank=1)
+            await decode_outcome(policy, GROUP, replay_key, stored, rank=1, position=0)
         assert caught.value.replay_key == replay_key and caught.value.rank == 1
         assert_no_leak(caught.value, SECRET)
         # only the store that destroyed the key says so
         with pytest.raises(SealedPayloadUnreadable):
             await decode_outcome(
-                sealed_policy(InMemoryKeyStore(), store), GROUP, replay_key, stored
+                sealed_policy(InMemoryKeyStore(), store),
+                GROUP,
+                replay_key,
+                stored,
+                position=0,
             )
-    assert (await decode_outcome(policy, "tenant-8:group:x:0", "r1", kept)).value == "kept"
-    fresh = await encode_outcome(policy, GROUP, "r3", Outcome.success("after"))
-    assert (await decode_outcome(policy, GROUP, "r3", fresh)).value == "after"
+    assert (
+        await decode_outcome(policy, "tenant-8:group:x:0", "r1", kept, position=0)
+    ).value == "kept"
+    fresh = await encode_outcome(policy, GROUP, "r3", Outcome.success("after"), position=0)
+    assert (await decode_outcome(policy, GROUP, "r3", fresh, position=0)).value == "after"
 
 
 async def test_the_key_scope_is_configurable() -> None:
     keys = InMemoryKeyStore()
     policy = PayloadPolicy(sealer=AesGcmSealer(keys, scope_of=lambda key: key))
-    stored = await encode_outcome(policy, GROUP, "r1", Outcome.success(1))
+    stored = await encode_outcome(policy, GROUP, "r1", Outcome.success(1), position=0)
     assert envelope_of(stored).scope == GROUP
     keys.destroy("tenant-7")
-    assert (await decode_outcome(policy, GROUP, "r1", stored)).value == 1
+    assert (await decode_outcome(policy, GROUP, "r1", stored, position=0)).value == 1
     keys.destroy(GROUP)
     with pytest.raises(PayloadShredded):
-        await decode_outcome(policy, GROUP, "r1", stored)
+        await decode_outcome(policy, GROUP, "r1", stored, position=0)
 
 
 def test_default_scope() -> None:
@@ -348,9 +369,13 @@ def test_default_scope() -> None:
 
 async def test_file_key_store_persists_across_instances(tmp_path: Path) -> None:
     first = FileKeyStore(tmp_path / "keys")
-    stored = await encode_outcome(sealed_policy(first), GROUP, "r1", Outcome.success(SECRET))
+    stored = await encode_outcome(
+        sealed_policy(first), GROUP, "r1", Outcome.success(SECRET), position=0
+    )
     second = FileKeyStore(tmp_path / "keys")
-    assert (await decode_outcome(sealed_policy(second), GROUP, "r1", stored)).value == SECRET
+    assert (
+        await decode_outcome(sealed_policy(second), GROUP, "r1", stored, position=0)
+    ).value == SECRET
     new_id = second.rotate("tenant-7")
     assert first.current("tenant-7")[0] == new_id
     key_files = files(tmp_path / "keys", "*.key")
@@ -361,10 +386,14 @@ async def test_file_key_store_persists_across_instances(tmp_path: Path) -> None:
     assert not files(tmp_path / "keys", "*.key")
     third = FileKeyStore(tmp_path / "keys")
     with pytest.raises(PayloadShredded):
-        await decode_outcome(sealed_policy(third), GROUP, "r1", stored)
+        await decode_outcome(sealed_policy(third), GROUP, "r1", stored, position=0)
     with pytest.raises(SealedPayloadUnreadable):
         await decode_outcome(
-            sealed_policy(FileKeyStore(tmp_path / "elsewhere")), GROUP, "r1", stored
+            sealed_policy(FileKeyStore(tmp_path / "elsewhere")),
+            GROUP,
+            "r1",
+            stored,
+            position=0,
         )
 
 
@@ -393,13 +422,19 @@ async def test_g49_an_envelope_in_a_plaintext_slot_is_refused_not_served() -> No
     )
 
     sealer = AesGcmSealer(InMemoryKeyStore())
-    envelope = sealer.seal("s:group:g:0", "s:group:g:0:0", b'{"status":"success","value":1}')
+    envelope = sealer.seal(
+        "s:group:g:0", "s:group:g:0:0", b'{"status":"success","value":1}', position=0
+    )
     smuggled = StoredOutcome(
         form="inline", outcome=Outcome.success(envelope.model_dump(mode="json"))
     )
-    with pytest.raises(SealedPayloadUnreadable) as caught:
-        await decode_outcome(
-            PayloadPolicy(sealer=sealer), "s:group:g:0", "s:group:g:0:0", smuggled, rank=1
-        )
-    assert caught.value.rank == 1
-    assert envelope.ciphertext not in str(caught.value)
+    for policy in (
+        PayloadPolicy(sealer=sealer),
+        PayloadPolicy(sealer=sealer, accept_plaintext=True),
+    ):
+        with pytest.raises(SealedPayloadUnreadable) as caught:
+            await decode_outcome(
+                policy, "s:group:g:0", "s:group:g:0:0", smuggled, rank=1, position=0
+            )
+        assert caught.value.rank == 1
+        assert envelope.ciphertext not in str(caught.value)

@@ -86,7 +86,7 @@ async def test_a_host_configured_with_it_stores_only_envelopes_and_reads_them_ba
         pool = await store._ready()
         rows = await pool.fetch("SELECT data FROM eh_payload_store WHERE group_key = $1", key)
         assert len(rows) == 1
-        assert b"effecthost.sealed/1" in bytes(rows[0][0])
+        assert b"effecthost.sealed/2" in bytes(rows[0][0])
         assert secret.encode() not in bytes(rows[0][0])
         await host.close_effect_group(handle)  # retired: its payloads are deleted (by a task)
         for _ in range(200):

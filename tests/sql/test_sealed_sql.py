@@ -9,6 +9,7 @@ retired group's payload rows are gone; an older schema version is refused.
 from __future__ import annotations
 
 import asyncio
+import random
 import secrets
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,7 +23,9 @@ from effecthost.contract import (
     EffectEnvelope,
     EffectGroup,
     EffectKind,
+    InvalidEnvelope,
     LoserPolicy,
+    PayloadMissing,
     SealedPayloadUnreadable,
     ToolRegistry,
     WakePolicy,
@@ -176,7 +179,7 @@ async def test_nothing_sealed_is_stored_in_plaintext_and_a_keyed_reader_reads_it
                 assert not any(needle in blob for needle in needles)
         else:
             values_ = await _postgres_columns(substrate)
-            assert any(b"effecthost.sealed/1" in v for v in values_)
+            assert any(b"effecthost.sealed/2" in v for v in values_)
             for blob in values_:
                 assert not any(needle in blob for needle in needles)
     finally:
@@ -285,3 +288,205 @@ async def test_a_version_1_database_is_refused_with_schema_version_error(tmp_pat
     with pytest.raises(SchemaVersionError) as raised:
         await SqliteStore(path).start()
     assert (raised.value.found, raised.value.expected) == (1, 2)
+
+
+# -- hostile rows (G-48, G-49, R-10) ----------------------------------------------------
+
+
+async def _outcome_row(sub: Substrate, group: EffectGroup, seq: int) -> str:
+    rows = await sub.sql(
+        "SELECT outcome FROM eh_children WHERE group_key = {0} AND seq = {1}", (group.key, seq)
+    )
+    return str(rows[0][0])
+
+
+async def _set_outcome(sub: Substrate, group: EffectGroup, seq: int, value: str | bytes) -> None:
+    cast = "CAST({0} AS TEXT)" if isinstance(value, bytes) else "{0}"
+    await sub.sql(
+        f"UPDATE eh_children SET outcome = {cast} WHERE group_key = {{1}} AND seq = {{2}}",
+        (value, group.key, seq),
+    )
+
+
+def _raw_dump_sqlite(path: Path) -> list[Any]:
+    conn = sqlite3.connect(str(path), timeout=30, isolation_level=None)
+    conn.text_factory = bytes  # a corrupted row need not be UTF-8
+    try:
+        return [conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall() for table in TABLES]
+    finally:
+        conn.close()
+
+
+async def _raw_dump(sub: Substrate) -> list[Any]:
+    if sub.path is not None:
+        return await asyncio.to_thread(_raw_dump_sqlite, sub.path)
+    return await _dump(sub)
+
+
+def _corruptions(text: str, rng: random.Random, raw_bytes: bool) -> list[str | bytes]:
+    """What the issue's 480 tries did to a recorded outcome, and seeded bit flips."""
+    data = text.encode()
+    out: list[str | bytes] = [
+        "",
+        " " + text,
+        text[: len(text) // 2],
+        text[:-1],
+        text.replace('"sealed":true', '"sealed":false'),
+        text.replace('"form":"ref"', '"form":"sealed"').replace('"form":"sealed"', '"form":"inline"'),
+        "[" * 50_000,
+    ]  # fmt: skip
+    for _ in range(30):
+        at = rng.randrange(len(data))
+        bit = rng.randrange(8 if raw_bytes else 7)
+        flipped = data[:at] + bytes([data[at] ^ (1 << bit)]) + data[at + 1 :]
+        if b"\0" in flipped:
+            continue
+        try:
+            out.append(flipped.decode())
+        except UnicodeDecodeError:
+            out.append(flipped)  # SQLite keeps a row that is not UTF-8; PostgreSQL cannot
+    return out
+
+
+async def test_g49_corrupted_rows_are_typed_quote_nothing_and_change_nothing(
+    substrate: Substrate,
+) -> None:
+    """G-48, G-49: a child row's outcome truncated, emptied, with a leading space,
+    ``"sealed": false`` on a sealed form, another form tag, absurdly deep, or bit-flipped
+    (on SQLite also into bytes that are not UTF-8) reads as ``SealedPayloadUnreadable`` /
+    ``PayloadMissing`` (never a pydantic or ``sqlite3`` error), quotes no ciphertext, leaves
+    the cursor and every row as they were; or it still opens to the sealed value."""
+    secret = f"plain-{secrets.token_hex(8)}"
+    keys = InMemoryKeyStore()
+    policy = PayloadPolicy(sealer=AesGcmSealer(keys))
+    group = _group(f"t{secrets.token_hex(4)}")
+    host = _host(substrate, _registry(secret), policy)
+    reader = _host(substrate, _registry("unused"), PayloadPolicy(sealer=AesGcmSealer(keys)))
+    rng = random.Random(480)
+    refused = 0
+    try:
+        await _settle(host, group)
+        for seq in (1, 2):
+            original = await _outcome_row(substrate, group, seq)
+            envelope = StoredOutcome.model_validate_json(original).envelope
+            ciphertext = envelope.ciphertext if envelope is not None else None
+            for bad in _corruptions(original, rng, substrate.name == "sqlite"):
+                await _set_outcome(substrate, group, seq, bad)
+                before = await _raw_dump(substrate)
+                cursor = group.handle()
+                cursor.consumed = seq - 1
+                reader._ahead.clear()
+                try:
+                    got = await reader.await_next_settlement(cursor)
+                except (SealedPayloadUnreadable, PayloadMissing) as exc:
+                    assert cursor.consumed == seq - 1
+                    text = f"{exc!s} {exc!r} {vars(exc)!r}"
+                    assert secret not in text
+                    assert ciphertext is None or not any(
+                        ciphertext[i : i + 12] in text for i in range(len(ciphertext) - 12)
+                    )
+                    refused += 1
+                else:
+                    assert got.outcome.value["secret"] == secret
+                assert await _raw_dump(substrate) == before
+            await _set_outcome(substrate, group, seq, original)
+        assert refused >= 50
+    finally:
+        await host.aclose()
+        await reader.aclose()
+
+
+async def test_r10_swapped_position_columns_are_refused(substrate: Substrate) -> None:
+    """R-10: swapping two children's position columns no longer delivers a correctly
+    keyed value under the wrong position: each read is refused, the cursor and the rows
+    stay; swapping back reads both again."""
+    keys = InMemoryKeyStore()
+    group = _group(f"t{secrets.token_hex(4)}")
+    host = _host(substrate, _registry("s"), PayloadPolicy(sealer=AesGcmSealer(keys)))
+    small, large = f"{group.key}.small", f"{group.key}.large"
+
+    async def swap() -> None:
+        move = "UPDATE eh_children SET position = {0} WHERE replay_key = {1}"
+        old = {
+            key: (await substrate.sql("SELECT position FROM eh_children WHERE replay_key = {0}", (key,)))[0][0]
+            for key in (small, large)
+        }  # fmt: skip
+        await substrate.sql(move, (-1, small))
+        await substrate.sql(move, (old[small], large))
+        await substrate.sql(move, (old[large], small))
+
+    try:
+        await _settle(host, group)
+        await swap()
+        reader = _host(substrate, _registry("unused"), PayloadPolicy(sealer=AesGcmSealer(keys)))
+        try:
+            before = await _dump(substrate)
+            for consumed in (0, 1):
+                cursor = group.handle()
+                cursor.consumed = consumed
+                reader._ahead.clear()
+                with pytest.raises(SealedPayloadUnreadable):
+                    await reader.await_next_settlement(cursor)
+                assert cursor.consumed == consumed
+            assert await _dump(substrate) == before
+            await swap()
+            reader._ahead.clear()
+            handle = group.handle()
+            got = [await reader.await_next_settlement(handle) for _ in range(2)]
+            assert {(s.position, s.replay_key) for s in got} == {(0, small), (1, large)}
+        finally:
+            await reader.aclose()
+    finally:
+        await host.aclose()
+
+
+async def test_g49_forged_plaintext_in_a_sealed_sql_row_is_refused_unless_mixed(
+    substrate: Substrate,
+) -> None:
+    """G-49, ADR 0130 D8: a plain outcome written into a child row of a sealing host (the
+    default form of a host without a policy) is refused; a reader declaring
+    ``accept_plaintext`` reads it."""
+    keys = InMemoryKeyStore()
+    group = _group(f"t{secrets.token_hex(4)}")
+    host = _host(substrate, _registry("s"), PayloadPolicy(sealer=AesGcmSealer(keys)))
+    mixed = _host(
+        substrate,
+        _registry("unused"),
+        PayloadPolicy(sealer=AesGcmSealer(keys), accept_plaintext=True),
+    )
+    try:
+        await _settle(host, group)
+        await _set_outcome(
+            substrate, group, 1, '{"status":"success","value":"forged","error":null}'
+        )
+        host._ahead.clear()
+        with pytest.raises(SealedPayloadUnreadable):
+            await host.await_next_settlement(group.handle())
+        assert (await mixed.await_next_settlement(group.handle())).outcome.value == "forged"
+    finally:
+        await host.aclose()
+        await mixed.aclose()
+
+
+async def test_g49_an_event_payload_shaped_like_an_envelope_is_refused_and_records_nothing(
+    substrate: Substrate,
+) -> None:
+    """G-49, ADR 0130 D6: an event payload carrying a sealed envelope's shape is
+    ``InvalidEnvelope`` and the rows stay byte-identical."""
+    key = group_key(f"t{secrets.token_hex(4)}", "g", 0)
+    group = EffectGroup(
+        key=key,
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[EffectEnvelope(replay_key=f"{key}.ev", kind=EffectKind.AWAIT_EVENT, name="ev")],
+    )
+    host = _host(substrate, _registry("s"), PayloadPolicy(sealer=AesGcmSealer(InMemoryKeyStore())))
+    try:
+        await host.open_effect_group(group)
+        before = await _dump(substrate)
+        forged = [{"format": "effecthost.sealed/2", "ciphertext": "QUJD"}]
+        with pytest.raises(InvalidEnvelope):
+            await host.deliver_event(key, "ev", {"x": forged})
+        assert await _dump(substrate) == before
+    finally:
+        await host.aclose()

@@ -48,7 +48,7 @@ from effecthost.hosts.temporal.testing import (
     WorkerProcess,
     sealed_factory,
 )
-from effecthost.payloads import PayloadPolicy, group_directory_name
+from effecthost.payloads import InMemoryKeyStore, PayloadPolicy, group_directory_name
 
 from ._support import require_cli
 
@@ -265,3 +265,19 @@ async def _without_the_codec(root: Path) -> None:
 
 async def _settled(ctl: TemporalEffectHost, key: str, count: int) -> bool:
     return len(await ctl.settlement_order(key)) >= count
+
+
+def test_limit_the_codec_binds_a_fixed_slot() -> None:
+    """G-50, R-10 (a limit, docs/security.md): a codec sees a payload and nothing of where
+    it sits, so it binds a fixed slot and no position: a codec-sealed payload opens
+    wherever it is moved in the same deployment's history. Another key store cannot open
+    it, typed."""
+    keys = InMemoryKeyStore()
+    codec = SealingCodec(keys)
+    first = Payload(metadata={"encoding": b"json/plain"}, data=b'"first"')
+    second = Payload(metadata={"encoding": b"json/plain"}, data=b'"second"')
+    sealed = asyncio.run(codec.encode([first, second]))
+    assert json.loads(sealed[0].data)["format"] == "effecthost.sealed/2"
+    assert asyncio.run(codec.decode(list(reversed(sealed)))) == [second, first]
+    with pytest.raises(SealedPayloadUnreadable):
+        asyncio.run(SealingCodec(InMemoryKeyStore()).decode(sealed))

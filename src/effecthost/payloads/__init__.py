@@ -4,7 +4,7 @@
   :class:`PostgresPayloadStore`): outcomes above an inline threshold are stored by
   reference.
 - :class:`AesGcmSealer` with a :class:`KeyStore` (:class:`InMemoryKeyStore`,
-  :class:`FileKeyStore`): AES-256-GCM bound to the slot (format tag, group key, replay key).
+  :class:`FileKeyStore`): AES-256-GCM bound to the slot (format tag, group key, replay key, position).
 - :class:`PayloadPolicy` with :func:`encode_outcome` / :func:`decode_outcome`: what every
   host calls before recording and before serving a settlement.
 
@@ -16,15 +16,19 @@ is first used (extra ``postgres``).
 from ._keys import KEY_BYTES, FileKeyStore, InMemoryKeyStore, KeyStore, new_key_id
 from ._policy import (
     DEFAULT_INLINE_THRESHOLD,
+    SHAPE_REFUSED,
     PayloadPolicy,
+    Recorded,
     StoredOutcome,
     decode_outcome,
     encode_outcome,
     encode_outcome_inline,
+    event_value,
 )
 from ._postgres import PostgresPayloadStore
 from ._sealing import (
     AES_256_GCM,
+    FORMAT_PREFIX,
     SEALED_FORMAT,
     AesGcmSealer,
     SealedEnvelope,
@@ -44,8 +48,10 @@ from ._store import (
 __all__ = [
     "AES_256_GCM",
     "DEFAULT_INLINE_THRESHOLD",
+    "FORMAT_PREFIX",
     "KEY_BYTES",
     "SEALED_FORMAT",
+    "SHAPE_REFUSED",
     "AesGcmSealer",
     "FileKeyStore",
     "FilesystemPayloadStore",
@@ -56,6 +62,7 @@ __all__ = [
     "PayloadRef",
     "PayloadStore",
     "PostgresPayloadStore",
+    "Recorded",
     "SealedEnvelope",
     "Sealer",
     "StoredOutcome",
@@ -64,6 +71,7 @@ __all__ = [
     "default_scope",
     "encode_outcome",
     "encode_outcome_inline",
+    "event_value",
     "group_directory_name",
     "looks_sealed",
     "new_key_id",

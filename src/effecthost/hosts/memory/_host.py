@@ -41,7 +41,6 @@ from effecthost.contract import (
     canonical_json,
     group_shape_error,
     is_host_kind,
-    normalize_json,
     sleep_seconds,
 )
 from effecthost.payloads import (
@@ -50,6 +49,7 @@ from effecthost.payloads import (
     decode_outcome,
     encode_outcome,
     encode_outcome_inline,
+    event_value,
 )
 
 DEFAULT_MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
@@ -264,7 +264,7 @@ class MemoryEffectHost(WiredController):
         close's cancel arriving meanwhile does not lose an outcome already computed; a
         store failure leaves the child unsettled (a drain pass runs it again)."""
         pending = asyncio.ensure_future(
-            encode_outcome(policy, record.key, child.replay_key, outcome)
+            encode_outcome(policy, record.key, child.replay_key, outcome, position=child.position)
         )
         while True:
             try:
@@ -302,7 +302,7 @@ class MemoryEffectHost(WiredController):
             child.outcome = outcome
         else:
             child.stored = encoded or encode_outcome_inline(
-                self._payloads, record.key, child.replay_key, outcome
+                self._payloads, record.key, child.replay_key, outcome, position=child.position
             )
         child.state = "settled"
         bisect.insort(record.settled, child, key=lambda c: c.seq or 0)
@@ -394,7 +394,12 @@ class MemoryEffectHost(WiredController):
         if child.stored is not None:
             # A refusal raises here: nothing recorded changes and the handle stays (G-49).
             outcome = await decode_outcome(
-                self._payloads, record.key, child.replay_key, child.stored, rank=rank
+                self._payloads,
+                record.key,
+                child.replay_key,
+                child.stored,
+                position=child.position,
+                rank=rank,
             )
         else:
             assert child.outcome is not None
@@ -463,7 +468,7 @@ class MemoryEffectHost(WiredController):
 
     async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
         self._require_wired(group_key)
-        value = normalize_json(payload)
+        value = event_value(group_key, name, payload)
         size = len(canonical_json(value))
         if size > self._max_payload_bytes:
             raise PayloadTooLarge(

@@ -24,9 +24,8 @@ from effecthost.contract import (
     UnknownGroup,
     WiredController,
     group_shape_error,
-    normalize_json,
 )
-from effecthost.payloads import PayloadPolicy, StoredOutcome, decode_outcome
+from effecthost.payloads import PayloadPolicy, decode_outcome, event_value
 
 _ERRORS: dict[str, type[EffectHostError]] = {
     "group_closed": GroupClosed,
@@ -66,28 +65,19 @@ async def _settlement(
             :func:`~effecthost.payloads.decode_outcome`.
     """
     replay_key = answer["replay_key"]
+    position = answer["position"]
     if "stored" in answer:
-        stored = _stored_or_none(answer["stored"])
-        if stored is None:  # raised outside any handler: nothing quotes the record
-            raise PayloadMissing(
-                f"rank {rank} of group {group_key!r} ({replay_key!r}) is not a stored outcome",
-                group_key=group_key,
-                replay_key=replay_key,
-                rank=rank,
-            )
-        outcome = await decode_outcome(payloads, group_key, replay_key, stored, rank=rank)
+        outcome = await decode_outcome(
+            payloads, group_key, replay_key, answer["stored"], position=position, rank=rank
+        )
+    elif payloads is not None:  # a plain record under a policy: shape-guarded, and
+        # refused where the policy seals (unless it accepts plaintext)
+        outcome = await decode_outcome(
+            payloads, group_key, replay_key, answer["outcome"], position=position, rank=rank
+        )
     else:
         outcome = Outcome.model_validate(answer["outcome"])
-    return Settlement(
-        rank=rank, position=answer["position"], replay_key=replay_key, outcome=outcome
-    )
-
-
-def _stored_or_none(value: Any) -> StoredOutcome | None:
-    try:
-        return StoredOutcome.model_validate(value)
-    except ValueError:  # pydantic's ValidationError quotes its input: never let it out
-        return None
+    return Settlement(rank=rank, position=position, replay_key=replay_key, outcome=outcome)
 
 
 def _handle_doc(handle: GroupHandle) -> dict[str, Any]:
@@ -170,7 +160,7 @@ class GroupObjectClient(WiredController):
     async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
         self._require_wired(group_key)
         answer = await self._call(
-            group_key, "deliver", {"name": name, "payload": normalize_json(payload)}
+            group_key, "deliver", {"name": name, "payload": event_value(group_key, name, payload)}
         )
         _raise_refusal(answer)
         return int(answer["reached"])

@@ -463,18 +463,23 @@ def build_services(
         raw = await ctx.generic_call(service, handler, canonical_json(envelope.input))
         return Outcome.success(json.loads(raw) if raw else None)
 
-    async def encode(group_key: str, replay_key: str, document: dict[str, Any]) -> dict[str, Any]:
-        """The stored form of an outcome under ``payloads`` (sealed, by reference)."""
+    async def encode(
+        group_key: str, replay_key: str, position: int, document: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The stored form of an outcome under ``payloads`` (sealed for its slot and
+        position, by reference)."""
         assert payloads is not None
         outcome = Outcome.model_validate(document)
-        stored = await encode_outcome(payloads, group_key, replay_key, outcome)
+        stored = await encode_outcome(payloads, group_key, replay_key, outcome, position=position)
         return stored.model_dump(mode="json")
 
-    async def encoded(ctx: restate.Context, group_key: str, rk: str, outcome: Outcome) -> Any:
+    async def encoded(
+        ctx: restate.Context, group_key: str, rk: str, position: int, outcome: Outcome
+    ) -> Any:
         """Encode inside ``ctx.run``: a fresh nonce and payload name per attempt, so the
         journal must fix the one the settlement carries (a replay sends the same)."""
         document = outcome.model_dump(mode="json")
-        return await ctx.run("encode outcome", encode, args=(group_key, rk, document))
+        return await ctx.run("encode outcome", encode, args=(group_key, rk, position, document))
 
     @child.handler()
     async def run(ctx: restate.Context, req: dict[str, Any]) -> dict[str, Any]:
@@ -503,7 +508,7 @@ def build_services(
             elif payloads is not None:
 
                 async def sealed_action() -> dict[str, Any]:
-                    return await encode(group_key, rk, await execute_tool(envelope))
+                    return await encode(group_key, rk, position, await execute_tool(envelope))
 
                 stored = await ctx.run("execute", sealed_action)
             else:
@@ -527,7 +532,7 @@ def build_services(
         if payloads is not None:
             if stored is None:
                 assert outcome is not None
-                stored = await encoded(ctx, group_key, rk, outcome)
+                stored = await encoded(ctx, group_key, rk, position, outcome)
             message["stored"] = stored
             result: dict[str, Any] = stored
         else:

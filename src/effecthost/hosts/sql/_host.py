@@ -72,14 +72,13 @@ from effecthost.contract import (
     UnknownGroup,
     WiredController,
     group_shape_error,
-    normalize_json,
     sleep_seconds,
 )
 from effecthost.payloads import (
     PayloadPolicy,
-    StoredOutcome,
     decode_outcome,
     encode_outcome,
+    event_value,
 )
 
 from ._store import ChildRow, ChildSpec, Finalize, GroupRow, OpenGroup, RankRead, Store
@@ -107,6 +106,7 @@ class _Driver:
     fence: int
     attempt: int
     deadline: float  # local monotonic self-fencing deadline
+    position: int  # bound into a sealed outcome's associated data (R-10)
     task: asyncio.Task[None] | None = None
     running: bool = True  # in the executor (cancellable) rather than finalizing
     cancel_requested: bool = False
@@ -472,7 +472,9 @@ class SqlEffectHost(WiredController):
                 continue
             envelope = group.children[row.position]
             if row.cancel_requested:
-                await self._settle_free(row.group_key, row.replay_key, Outcome.cancelled())
+                await self._settle_free(
+                    row.group_key, row.replay_key, row.position, Outcome.cancelled()
+                )
                 continue
             executor = self._resolve(envelope)
             if executor is not None:
@@ -511,6 +513,7 @@ class SqlEffectHost(WiredController):
             fence=fence,
             attempt=attempt,
             deadline=sent + self.lease_ttl - self.self_fence_margin,
+            position=envelope.membership.position,
         )
         self._drivers[driver.replay_key] = driver
         driver.task = asyncio.get_running_loop().create_task(
@@ -536,7 +539,9 @@ class SqlEffectHost(WiredController):
             if driver.lost or time.monotonic() >= driver.deadline:
                 log.warning("lease on %s lost or past its deadline: not finalizing", driver)
                 return  # self-fenced: write nothing (G-33)
-            recorded = await self._encode(driver.group_key, driver.replay_key, outcome)
+            recorded = await self._encode(
+                driver.group_key, driver.replay_key, driver.position, outcome
+            )
             if self._dead or driver.lost or time.monotonic() >= driver.deadline:
                 return  # self-fenced while encoding: write nothing (G-33)
             seq = await self._finalize(driver, recorded)
@@ -691,7 +696,7 @@ class SqlEffectHost(WiredController):
             try:
                 for row in await self.store.due_sleeps():
                     outcome = Outcome.cancelled() if row.cancel_requested else Outcome.success()
-                    await self._settle_free(row.group_key, row.replay_key, outcome)
+                    await self._settle_free(row.group_key, row.replay_key, row.position, outcome)
                 if (
                     self.drain_every is not None
                     and time.monotonic() - last_drain >= self.drain_every
@@ -712,8 +717,10 @@ class SqlEffectHost(WiredController):
             self._timer_changed.clear()
             await _wait(self._timer_changed, wait)
 
-    async def _settle_free(self, group_key: str, replay_key: str, outcome: Outcome) -> bool:
-        recorded = await self._encode(group_key, replay_key, outcome)
+    async def _settle_free(
+        self, group_key: str, replay_key: str, position: int, outcome: Outcome
+    ) -> bool:
+        recorded = await self._encode(group_key, replay_key, position, outcome)
         seq = await self.store.settle_free(replay_key, self.owner, recorded)
         if seq is None:
             return False
@@ -727,30 +734,38 @@ class SqlEffectHost(WiredController):
 
     # -- payloads (G-47…G-50) ----------------------------------------------------------------
 
-    async def _encode(self, group_key: str, replay_key: str, outcome: Outcome) -> str:
+    async def _encode(
+        self, group_key: str, replay_key: str, position: int, outcome: Outcome
+    ) -> str:
         """What the child row's ``outcome`` column records: the outcome's JSON without a
         payload policy (unchanged), else its :class:`StoredOutcome` (sealed when the policy
         seals; above the threshold the bytes go to the payload store first)."""
         if self.payloads is None:
             return outcome.model_dump_json()
-        stored = await encode_outcome(self.payloads, group_key, replay_key, outcome)
+        stored = await encode_outcome(
+            self.payloads, group_key, replay_key, outcome, position=position
+        )
         return stored.model_dump_json()
 
-    async def _decode(self, group_key: str, replay_key: str, rank: int, recorded: str) -> Outcome:
+    async def _decode(
+        self, group_key: str, replay_key: str, position: int, rank: int, recorded: str | bytes
+    ) -> Outcome:
         """The outcome a child row records, opened with this host's policy. Reads only.
 
         Raises:
             SealedPayloadUnreadable, PayloadShredded, PayloadMissing: as
-                :func:`~effecthost.payloads.decode_outcome` (ids only).
+                :func:`~effecthost.payloads.decode_outcome` (ids only), also for a row
+                that is not a well-formed record.
         """
-        encoded = recorded.startswith('{"form"')  # a StoredOutcome (a policy wrote it)
-        if not encoded and self.payloads is None:
-            return Outcome.model_validate_json(recorded)  # the default path, unchanged
-        if encoded:
-            stored = StoredOutcome.model_validate_json(recorded)
-        else:  # a plain outcome read under a policy: still shape-guarded (ADR 0130 D2)
-            stored = StoredOutcome(form="inline", outcome=Outcome.model_validate_json(recorded))
-        return await decode_outcome(self.payloads, group_key, replay_key, stored, rank=rank)
+        if self.payloads is None and isinstance(recorded, str):
+            if not recorded.startswith('{"form"'):
+                with contextlib.suppress(ValueError, RecursionError):
+                    return Outcome.model_validate_json(recorded)  # the default path
+        # a stored form, a plain outcome under a policy (still shape-guarded, ADR 0130 D2)
+        # or a malformed row: decode_outcome refuses it typed
+        return await decode_outcome(
+            self.payloads, group_key, replay_key, recorded, position=position, rank=rank
+        )
 
     # -- consume --------------------------------------------------------------------------
 
@@ -811,7 +826,7 @@ class SqlEffectHost(WiredController):
                     assert read.position is not None
                     # decoded before the handle advances: a refusal leaves it (G-49)
                     outcome = await self._decode(
-                        handle.group_key, read.replay_key, rank, read.outcome
+                        handle.group_key, read.replay_key, read.position, rank, read.outcome
                     )
                     settlement = Settlement(
                         rank=rank,
@@ -942,7 +957,9 @@ class SqlEffectHost(WiredController):
                 driver.cancel_requested = True
                 self._cancel_driver(driver)
             elif row.lease_expired:
-                await self._settle_free(group_key, row.replay_key, Outcome.cancelled())
+                await self._settle_free(
+                    group_key, row.replay_key, row.position, Outcome.cancelled()
+                )
 
     # -- events ---------------------------------------------------------------------------
 
@@ -951,7 +968,7 @@ class SqlEffectHost(WiredController):
         works whether or not the process that opened the group is alive."""
         self._require_wired(group_key)
         await self._ready()
-        value = normalize_json(payload)
+        value = event_value(group_key, name, payload)
         record = await self.store.get_group(group_key)
         if record is None:
             if await self.store.retired(group_key) is not None:
@@ -960,7 +977,9 @@ class SqlEffectHost(WiredController):
         reached = 0
         for row in await self.store.children(group_key):
             if row.kind == EffectKind.AWAIT_EVENT and row.name == name and row.state != "settled":
-                if await self._settle_free(group_key, row.replay_key, Outcome.success(value)):
+                if await self._settle_free(
+                    group_key, row.replay_key, row.position, Outcome.success(value)
+                ):
                     reached += 1
         return reached
 
@@ -1000,12 +1019,16 @@ class SqlDrain(GroupDrain):
             if row.replay_key in host._drivers or not row.lease_expired:
                 continue
             if row.effective == _CANCEL or row.cancel_requested:
-                if await host._settle_free(row.group_key, row.replay_key, Outcome.cancelled()):
+                if await host._settle_free(
+                    row.group_key, row.replay_key, row.position, Outcome.cancelled()
+                ):
                     cancelled.append(ids)
                 continue
             if row.kind == EffectKind.SLEEP:
                 if row.due_at is not None and row.due_at <= await host.store.now():
-                    if await host._settle_free(row.group_key, row.replay_key, Outcome.success()):
+                    if await host._settle_free(
+                        row.group_key, row.replay_key, row.position, Outcome.success()
+                    ):
                         resumed.append(ids)
                 continue
             if row.kind == EffectKind.AWAIT_EVENT:

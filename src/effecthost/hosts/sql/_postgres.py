@@ -585,7 +585,7 @@ class PostgresStore(Store):
 
     async def read_ranks(
         self, group_key: str, seq: int, limit: int
-    ) -> tuple[GroupRow, list[tuple[int, int, str, str]]] | None:
+    ) -> tuple[GroupRow, list[tuple[int, int, str, str | bytes]]] | None:
         cols = ", ".join("g." + col for col in _GROUP_COLUMNS.split(", "))
         rows = await self._pool.fetch(
             f"SELECT {cols}, c.seq AS c_seq, c.position AS c_position, c.replay_key AS c_key, "

@@ -481,24 +481,26 @@ class SqliteStore(Store):
         def read(c: sqlite3.Connection) -> RankRead | None:
             row = c.execute(
                 f"SELECT {_G_COLUMNS}, "
-                "c.position, c.replay_key, c.outcome FROM eh_groups g "
+                "c.position, c.replay_key, CAST(c.outcome AS BLOB) FROM eh_groups g "
                 "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq = ? "
                 "WHERE g.group_key = ?",
                 (seq, group_key),
             ).fetchone()
             if row is None:
                 return None
-            return RankRead(_group(row[:9]), row[9], row[10], row[11])
+            return RankRead(_group(row[:9]), row[9], row[10], _outcome_text(row[11]))
 
         return await self._run(read)
 
     async def read_ranks(
         self, group_key: str, seq: int, limit: int
-    ) -> tuple[GroupRow, list[tuple[int, int, str, str]]] | None:
-        def read(c: sqlite3.Connection) -> tuple[GroupRow, list[tuple[int, int, str, str]]] | None:
+    ) -> tuple[GroupRow, list[tuple[int, int, str, str | bytes]]] | None:
+        def read(
+            c: sqlite3.Connection,
+        ) -> tuple[GroupRow, list[tuple[int, int, str, str | bytes]]] | None:
             rows = c.execute(
                 f"SELECT {_G_COLUMNS}, "
-                "c.seq, c.position, c.replay_key, c.outcome FROM eh_groups g "
+                "c.seq, c.position, c.replay_key, CAST(c.outcome AS BLOB) FROM eh_groups g "
                 "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq >= ? "
                 "AND c.seq < ? WHERE g.group_key = ? ORDER BY c.seq",
                 (seq, seq + limit, group_key),
@@ -506,7 +508,7 @@ class SqliteStore(Store):
             if not rows:
                 return None
             found = [
-                (int(r[9]), r[10], r[11], r[12])
+                (int(r[9]), r[10], r[11], _outcome_text(r[12]))
                 for r in rows
                 if r[9] is not None and r[12] is not None
             ]
@@ -951,3 +953,14 @@ class SqliteStore(Store):
             c.execute("DELETE FROM eh_payloads WHERE group_key = ?", (group_key,))
 
         await self._write(body)
+
+
+def _outcome_text(raw: bytes | None) -> Any:
+    """The outcome column read as bytes (a corrupted row may not be UTF-8, and sqlite3
+    would raise reading it as text): its text, or the bytes for the host to refuse typed."""
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw

@@ -129,7 +129,7 @@ class RankRead:
     group: GroupRow
     position: int | None
     replay_key: str | None
-    outcome: str | None
+    outcome: str | bytes | None  # bytes: a SQLite row that is not UTF-8
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,7 @@ class Store(ABC):
     @abstractmethod
     async def read_ranks(
         self, group_key: str, seq: int, limit: int
-    ) -> tuple[GroupRow, list[tuple[int, int, str, str]]] | None:
+    ) -> tuple[GroupRow, list[tuple[int, int, str, str | bytes]]] | None:
         """The group row and the recorded children holding sequences ``seq …
         seq + limit - 1`` as ``(seq, position, replay_key, outcome)`` in sequence order (a
         range scan on ``UNIQUE(group_key, seq)``), or ``None`` when the group is not

@@ -41,7 +41,11 @@ deployment unreadable (the workflows too): per-group erasure is the settlement s
 job (scope of the group key), not the codec's."""
 
 _SLOT = ("effecthost.temporal.payload", "payload")
-"""The fixed slot (associated data) of codec-sealed payloads."""
+"""The fixed slot (associated data) of codec-sealed payloads. A codec sees a payload and
+nothing of where it sits (no workflow id, event id, group key, replay key or position), so
+it binds only this fixed slot and no position: a codec-sealed payload moved to another
+place in the same deployment's history still opens. Settlement outcomes are additionally
+sealed per slot and position by the worker's payload policy (G-48, R-10)."""
 
 
 class SealingCodec(PayloadCodec):
@@ -65,7 +69,7 @@ class SealingCodec(PayloadCodec):
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
         sealed = []
         for payload in payloads:
-            envelope = self._sealer.seal(*_SLOT, payload.SerializeToString())
+            envelope = self._sealer.seal(*_SLOT, payload.SerializeToString(), position=None)
             sealed.append(
                 Payload(
                     metadata={"encoding": CODEC_ENCODING},
@@ -83,7 +87,7 @@ class SealingCodec(PayloadCodec):
             envelope = _envelope_or_none(payload.data)
             if envelope is None:
                 raise _malformed()
-            opened.append(Payload.FromString(self._sealer.open(*_SLOT, envelope)))
+            opened.append(Payload.FromString(self._sealer.open(*_SLOT, envelope, position=None)))
         return opened
 
 

@@ -8,6 +8,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from effecthost.contract import (
@@ -36,11 +37,17 @@ from effecthost.contract import (
     UnknownGroup,
     WiredController,
     group_shape_error,
-    normalize_json,
     sleep_seconds,
 )
 from effecthost.hosts import require
-from effecthost.payloads import AesGcmSealer, KeyStore, PayloadPolicy, StoredOutcome, decode_outcome
+from effecthost.payloads import (
+    AesGcmSealer,
+    KeyStore,
+    PayloadPolicy,
+    StoredOutcome,
+    decode_outcome,
+    event_value,
+)
 
 require("temporal", "temporal", "temporalio")
 
@@ -103,7 +110,10 @@ class TemporalEffectHost(WiredController):
     (the same store and keys as the worker's policy); a group opened with a store deletes
     its stored payloads when it retires. ``keys`` wires the sealing codec into ``client``
     (:func:`~._codec.sealed_client`) and, when ``payloads`` is not given, opens sealed
-    outcomes with ``AesGcmSealer(keys)``. ``test_hooks`` opens groups that accept the
+    outcomes with ``AesGcmSealer(keys)``. A sealing policy is read in mixed mode
+    (``accept_plaintext``): the workflow records the outcomes it derives itself without
+    keys, so only the tool results of child activities are sealed per slot; the codec
+    protects the rest of history. ``test_hooks`` opens groups that accept the
     record-tampering update of the conformance checks; never set it in production.
     """
 
@@ -124,6 +134,10 @@ class TemporalEffectHost(WiredController):
             client = sealed_client(client, keys)
             if payloads is None:
                 payloads = PayloadPolicy(sealer=AesGcmSealer(keys))
+        if payloads is not None and payloads.sealer is not None:
+            # the workflow records the outcomes it derives (a cancellation, an activity
+            # failure, a timer, an event) itself, holding no keys: read in mixed mode
+            payloads = replace(payloads, accept_plaintext=True)
         self._client = client
         self._task_queue = task_queue
         self._resolver = resolver
@@ -331,12 +345,13 @@ class TemporalEffectHost(WiredController):
                 if exc.status == RPCStatusCode.NOT_FOUND:
                     raise GroupClosed(f"group {key!r} was closed", group_key=key) from None
                 raise
-        replay_key = doc["replay_key"]
-        stored = _stored_form(key, replay_key, rank, doc["outcome"])
+        replay_key, position = doc["replay_key"], doc["position"]
         # Decoded before the handle advances: a refusal leaves the cursor (G-49).
-        outcome = await decode_outcome(self._payloads, key, replay_key, stored, rank=rank)
+        outcome = await decode_outcome(
+            self._payloads, key, replay_key, doc["outcome"], position=position, rank=rank
+        )
         settlement = Settlement(
-            rank=rank, position=doc["position"], replay_key=replay_key, outcome=outcome
+            rank=rank, position=position, replay_key=replay_key, outcome=outcome
         )
         handle.consumed = rank
         return settlement
@@ -397,7 +412,7 @@ class TemporalEffectHost(WiredController):
 
     async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
         self._require_wired(group_key)
-        value = normalize_json(payload)
+        value = event_value(group_key, name, payload)
         try:
             reached: int = await self._update(group_key, EffectGroupWorkflow.deliver, name, value)
         except RPCError as exc:

@@ -102,16 +102,18 @@ class ChildActivities:
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
         group_key = info.workflow_id or ids.get("group_key") or envelope.replay_key
-        return await self._record(group_key, envelope.replay_key, outcome)
+        return await self._record(group_key, envelope.replay_key, _position(info), outcome)
 
-    async def _record(self, group_key: str, replay_key: str, outcome: Outcome) -> dict[str, Any]:
+    async def _record(
+        self, group_key: str, replay_key: str, position: int, outcome: Outcome
+    ) -> dict[str, Any]:
         """What history carries for ``outcome``: the stored form with a policy (the
         workflow id is the group key), the plain outcome without one."""
         policy = self._payloads
         if policy is None:
             doc = outcome.model_dump(mode="json")
         else:
-            stored = await encode_outcome(policy, group_key, replay_key, outcome)
+            stored = await encode_outcome(policy, group_key, replay_key, outcome, position=position)
             doc = stored.model_dump(mode="json")
         size = len(json.dumps(doc))
         if size > INLINE_OUTCOME_BYTES:
@@ -124,9 +126,20 @@ class ChildActivities:
             )
             if policy is None:
                 return refusal.model_dump(mode="json")
-            stored = await encode_outcome(policy, group_key, replay_key, refusal)
+            stored = await encode_outcome(policy, group_key, replay_key, refusal, position=position)
             doc = stored.model_dump(mode="json")
         return doc
+
+
+def _position(info: activity.Info) -> int:
+    """The child's position: the workflow schedules child ``n`` as activity ``child-n``,
+    the position its settlement records (bound into a sealed outcome, R-10)."""
+    prefix, _, number = info.activity_id.partition("-")
+    if prefix != "child" or not number.isdigit():
+        raise ApplicationError(
+            f"activity {info.activity_id!r} is not a group child", type="NotAChild"
+        )
+    return int(number)
 
 
 async def _heartbeat() -> None:
