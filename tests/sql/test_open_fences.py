@@ -30,6 +30,7 @@ from effecthost.contract import (
     LoserPolicy,
     ReplayMismatch,
     ToolRegistry,
+    UnknownGroup,
     WakePolicy,
 )
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
@@ -276,4 +277,91 @@ async def test_concurrent_first_opens_with_other_inputs_are_one_open(db: Db) -> 
         assert all('"mine"' in e and "theirs" not in e for e in envelopes.values())
     finally:
         resume.set()
+        await other.aclose()
+
+
+@pytest.mark.parametrize("where", ["group key", "replay key", "name"])
+async def test_values_the_database_refuses_are_typed_and_record_nothing(
+    db: Db, host: SqlEffectHost, where: str
+) -> None:
+    """SPEC §7, G-10: a NUL byte in a key or name (PostgreSQL refuses it in text) is a
+    typed ``InvalidEnvelope`` naming the group only, never the driver's error; nothing is
+    recorded; it repeats. Awaiting or closing such a key is typed too. (SQLite stores a
+    NUL byte: there the open is recorded like any other.)"""
+    bad = "nul\x00byte"
+    key = f"v:group:{bad}:0" if where == "group key" else "v:group:ok:0"
+    child = EffectEnvelope(
+        replay_key=bad if where == "replay key" else "v.child",
+        kind=EffectKind.AWAIT_EVENT,
+        name=bad if where == "name" else "go",
+        input=None,
+    )
+    group = _group(key, child)
+    if db.kind == "sqlite":
+        await host.close_effect_group(await host.open_effect_group(group), LoserPolicy.CANCEL)
+        return
+    error = await _refused_twice(db, host, group, InvalidEnvelope)
+    assert error.group_key == key and "0x00" not in str(error)
+    assert error.__cause__ is None and error.__suppress_context__
+    tables = await db.tables()
+    with pytest.raises(InvalidEnvelope if where == "group key" else UnknownGroup):
+        await host.await_next_settlement(group.handle())
+    with pytest.raises(InvalidEnvelope if where == "group key" else UnknownGroup):
+        await host.close_effect_group(group.handle())
+    with pytest.raises(InvalidEnvelope if where == "group key" else UnknownGroup):
+        await host.deliver_event(key, "go")
+    assert await db.tables() == tables
+
+
+async def test_postgres_opens_in_flight_together_are_one_open(db: Db) -> None:
+    """R-7 on PostgreSQL, both opens inside their transactions at once: the creator is
+    held after its group row (a test transaction locks the children table), the second
+    open then waits on the creator's uncommitted group row; once both are released,
+    exactly one open recorded the group and the other is fenced as a reopen."""
+    if db.kind != "postgres":
+        pytest.skip("row-level interleaving inside one open is PostgreSQL's")
+    import asyncpg
+
+    key = "flight:group:first:0"
+    mine = _group(key, _tool("flight.a", "mine"), _event("flight.b"))
+    theirs = _group(key, _tool("flight.a", "theirs"), _event("flight.b"))
+    creator = SqlEffectHost(db.make(), _registry())
+    other = SqlEffectHost(db.make(), _registry())
+    await creator.start()
+    await other.start()
+    blocker = await asyncpg.connect(db.dsn, server_settings={"search_path": db.schema})
+    tasks: list[asyncio.Task[GroupHandle]] = []
+    try:
+        lock = blocker.transaction()
+        await lock.start()
+        await blocker.execute("LOCK TABLE eh_children IN SHARE MODE")
+
+        async def waiting(count: int) -> None:
+            query = (
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE NOT l.granted AND a.application_name = 'effecthost'"
+            )
+            async with asyncio.timeout(30):
+                # the server's lock table is the only signal: poll it (orders nothing)
+                while True:
+                    if await blocker.fetchval(query) >= count:
+                        return
+                    await asyncio.sleep(0.01)
+
+        tasks.append(asyncio.create_task(creator.open_effect_group(mine)))
+        await waiting(1)  # the creator holds its group row, waits for the children table
+        tasks.append(asyncio.create_task(other.open_effect_group(theirs)))
+        await waiting(2)  # the other waits for the creator's group row
+        await lock.commit()
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+        assert isinstance(results[0], GroupHandle), results
+        assert isinstance(results[1], ReplayMismatch), results
+        assert (results[1].position, results[1].replay_key) == (0, "flight.a")
+        envelopes = [r[5] for r in (await db.tables())["eh_children"]]
+        assert len(envelopes) == 2 and not any("theirs" in e for e in envelopes)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await blocker.close()
+        await creator.aclose()
         await other.aclose()

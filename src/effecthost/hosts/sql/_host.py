@@ -836,6 +836,10 @@ class SqlEffectHost(WiredController):
         return UnknownGroup(f"no group is recorded under {group_key!r}", group_key=group_key)
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        with self._refusing_input(handle.group_key):
+            return await self._await_next(handle)
+
+    async def _await_next(self, handle: GroupHandle) -> Settlement:
         self._require_wired(handle.group_key)
         await self._ready()
         rank = handle.consumed + 1
@@ -944,6 +948,10 @@ class SqlEffectHost(WiredController):
     async def close_effect_group(
         self, handle: GroupHandle, disposition: LoserPolicy | None = None
     ) -> None:
+        with self._refusing_input(handle.group_key):
+            await self._close(handle, disposition)
+
+    async def _close(self, handle: GroupHandle, disposition: LoserPolicy | None) -> None:
         self._require_wired(handle.group_key)
         await self._ready()
         key = handle.group_key
@@ -1012,6 +1020,10 @@ class SqlEffectHost(WiredController):
     async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
         """Durably settle the unsettled ``await_event`` children named ``name`` (G-51):
         works whether or not the process that opened the group is alive."""
+        with self._refusing_input(group_key):
+            return await self._deliver_event(group_key, name, payload)
+
+    async def _deliver_event(self, group_key: str, name: str, payload: Any) -> int:
         self._require_wired(group_key)
         await self._ready()
         value = normalize_json(payload)
