@@ -37,7 +37,7 @@ from effecthost.contract import (
     WiredController,
     group_shape_error,
     normalize_json,
-    sleep_seconds,
+    sleep_durations,
 )
 from effecthost.hosts import require
 from effecthost.payloads import AesGcmSealer, KeyStore, PayloadPolicy, StoredOutcome, decode_outcome
@@ -235,9 +235,7 @@ class TemporalEffectHost(WiredController):
                 group_key=group.key,
                 position=MAX_CHILDREN,
             )
-        for child in group.children:
-            if child.kind == EffectKind.SLEEP:
-                sleep_seconds(child)
+        sleep_durations(group)  # a malformed sleep refuses the open before it starts (G-10)
         spec = {
             "key": group.key,
             "wake": group.wake.value,
