@@ -154,6 +154,19 @@ class RanksByPositionHost(MemoryEffectHost):
         return child if child.state == "settled" else None
 
 
+class ReopensClosedHost(MemoryEffectHost):
+    """Breaks R-4 (checked under G-26): a reopen of a closed group that has not retired
+    yet returns a handle (every await then says ``GroupClosed``), as the SQL tiers did
+    before the ruling."""
+
+    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        record = self._groups.get(group.key)
+        if record is not None and record.closed:
+            self._fence_reopen(record, group)
+            return group.handle()  # the bug: a closed key is served a handle
+        return await super().open_effect_group(group)
+
+
 def _broken(
     host_type: type[MemoryEffectHost], env: FactoryEnv, **options: int
 ) -> MemoryHostUnderTest:
@@ -196,3 +209,7 @@ def widens_cancel_factory(env: FactoryEnv) -> MemoryHostUnderTest:
 
 def ranks_by_position_factory(env: FactoryEnv) -> MemoryHostUnderTest:
     return _broken(RanksByPositionHost, env)
+
+
+def reopens_closed_factory(env: FactoryEnv) -> MemoryHostUnderTest:
+    return _broken(ReopensClosedHost, env)

@@ -13,6 +13,7 @@ from broken_hosts import (
     dense_adversarial_factory,
     ranks_by_position_factory,
     records_refused_open_factory,
+    reopens_closed_factory,
     seeded_adversarial_factory,
     seeded_sequence_equality_factory,
     sequence_equality_factory,
@@ -86,6 +87,7 @@ async def test_correct_hosts_pass_the_whole_suite(host_factory: Factory) -> None
         pytest.param(clamping_cursor_factory, "G-20", None, True, id="clamping-cursor"),
         pytest.param(records_refused_open_factory, "G-10", None, True, id="records-refused-open"),
         pytest.param(widens_cancel_factory, "G-26", None, True, id="widens-cancel"),
+        pytest.param(reopens_closed_factory, "G-26", None, True, id="reopens-closed"),
         pytest.param(
             ranks_by_position_factory, "G-21", BROKEN_OBLIGATIONS, False, id="ranks-by-position"
         ),

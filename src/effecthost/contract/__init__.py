@@ -47,7 +47,7 @@ from ._errors import (
     UnknownGroup,
 )
 from ._keys import OccurrenceCounter, batch_id, group_key
-from ._kinds import is_host_kind, sleep_input, sleep_seconds
+from ._kinds import is_host_kind, sleep_durations, sleep_input, sleep_seconds
 from ._types import (
     EffectEnvelope,
     EffectGroup,
@@ -119,6 +119,7 @@ __all__ = [
     "is_host_kind",
     "normalize_json",
     "refuse_membership",
+    "sleep_durations",
     "sleep_input",
     "sleep_seconds",
     "validate_deployment",

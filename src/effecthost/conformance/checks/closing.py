@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from effecthost.contract import DispositionWidened, GroupHandle, LoserPolicy
+from effecthost.contract import DispositionWidened, GroupClosed, GroupHandle, LoserPolicy
 
 from .._context import CheckContext
 from .._registry import check
@@ -140,3 +140,45 @@ async def check_open_group_keys_are_inspectable(t: CheckContext) -> None:
     await ctl.close_effect_group(one, LoserPolicy.CANCEL)
     keys = await ctl.open_group_keys()
     t.expect(one.group_key not in keys and two.group_key in keys, "close must unlist only it")
+
+
+@check("G-26", "G-17")
+async def check_a_closed_key_stays_closed(t: CheckContext) -> None:
+    """Ruling R-4 (and R-2's order): a closed group's key keeps a tombstone. Every later
+    open of it (the same group, another shape, other inputs) and every await is
+    ``GroupClosed`` — while a loser still runs (not retired yet) and once every child
+    has settled (retired); a later close is a no-op; nothing runs again."""
+    ctl = await t.ctl()
+    running = t.group("running", [t.step("win", gate=False), t.step("lose")])
+    settled = t.group("settled", [t.step("done", gate=False)])
+    handles = [await t.open(ctl, running), await t.open(ctl, settled)]
+    await t.next_is(ctl, handles[0], "win")
+    await t.next_is(ctl, handles[1], "done")
+    await t.started("lose")
+    for handle in handles:
+        await ctl.close_effect_group(handle)
+    reopens = {
+        "running": [
+            running,
+            t.group("running", [t.step("win", gate=False)]),
+            t.group("running", [t.step("win", gate=False, result=1), t.step("lose")]),
+        ],
+        "settled": [
+            settled,
+            t.group("settled", [t.step("done", gate=False), t.step("more")]),
+            t.group("settled", [t.step("done", gate=False, result=1)]),
+        ],
+    }
+    for (label, groups), handle in zip(reopens.items(), handles, strict=True):
+        phase = "a closed group a loser still runs in" if label == "running" else "a retired group"
+        for group in groups:
+            await t.refuses(GroupClosed, ctl.open_effect_group(group), f"reopen of {phase}")
+        for cursor in (handle.copy_cursor(), groups[0].handle()):
+            await t.refuses(GroupClosed, ctl.await_next_settlement(cursor), f"await on {phase}")
+        await ctl.close_effect_group(handle)
+        t.expect(handle.group_key not in await ctl.open_group_keys(), f"{phase} is listed")
+    t.release("lose")
+    await t.finished("lose")
+    for label in ("win", "lose", "done"):
+        t.expect(t.count("started", label) == 1, f"{label} ran again after its group closed")
+    t.expect(t.count("started", "more") == 0, "a refused reopen ran a child")

@@ -1,10 +1,12 @@
-"""Child kinds, the deadline/signal select and engine routing: G-14, G-51…G-53."""
+"""Child kinds, the deadline/signal select and engine routing: G-14, G-51…G-53; a
+malformed sleep refuses the open (G-10)."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from effecthost.contract import EffectKind, LoserPolicy, WakePolicy
+from effecthost.contract import EffectEnvelope, EffectKind, InvalidEnvelope, LoserPolicy, WakePolicy
 
 from .._context import CheckContext
 from .._registry import check
@@ -147,3 +149,27 @@ async def check_unbound_target_is_a_terminal_404(t: CheckContext) -> None:
         bad.status == "error" and bad.error is not None and bad.error.code == 404,
         f"expected a terminal 404, got {bad}",
     )
+
+
+@check("G-10", "G-51")
+async def check_a_malformed_sleep_refuses_the_first_open(t: CheckContext) -> None:
+    """G-10 (a refused open records nothing; the same refusal repeats): a ``sleep`` child
+    whose input is not a finite, non-negative number of seconds (negative, a string,
+    missing, an integer beyond any float) refuses the whole open with
+    ``InvalidEnvelope`` naming its position and replay key; no sibling runs."""
+    ctl = await t.ctl()
+    values: list[Any] = [{"seconds": -1}, {"seconds": "soon"}, {}, {"seconds": 10**400}]
+    for i, value in enumerate(values):
+        bad = EffectEnvelope(
+            replay_key=t.tag(f"bad{i}"), kind=EffectKind.SLEEP, name="sleep", input=value
+        )
+        group = t.group(f"g{i}", [t.step(f"a{i}", gate=False), bad])
+        first = await t.refuses(InvalidEnvelope, ctl.open_effect_group(group), "first open")
+        t.expect(
+            (first.group_key, first.position, first.replay_key) == (group.key, 1, t.tag(f"bad{i}")),
+            f"refusal must name the group, position 1 and {t.tag(f'bad{i}')!r}: {first.ids()}",
+        )
+        second = await t.refuses(InvalidEnvelope, ctl.open_effect_group(group), "second open")
+        t.expect(first.ids() == second.ids(), "the second refusal differs: the first recorded")
+        t.expect(group.key not in await ctl.open_group_keys(), "the refused group is listed")
+        t.expect(t.count("started", f"a{i}") == 0, "a child of a refused group ran")

@@ -41,6 +41,7 @@ from effecthost.contract import (
     canonical_json,
     group_shape_error,
     is_host_kind,
+    sleep_durations,
     sleep_seconds,
 )
 from effecthost.payloads import (
@@ -116,6 +117,7 @@ class MemoryEffectHost(WiredController):
         self._max_payload_bytes = max_payload_bytes
         self._groups: dict[str, _Group] = {}
         self._retired: dict[str, LoserPolicy] = {}
+        self._replay_keys: dict[str, str] = {}  # replay key -> the group recording it
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._payloads = payloads
         self._encoded: dict[tuple[str, str, int], StoredOutcome] = {}
@@ -144,6 +146,8 @@ class MemoryEffectHost(WiredController):
             raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key)
         if record is None:
             self._check_sizes(group)
+            sleep_durations(group)
+            self._check_replay_keys(group)
             executors = self._resolve_all(group)
             record = self._record_group(group)
             for child, executor in zip(record.children, executors, strict=True):
@@ -164,6 +168,20 @@ class MemoryEffectHost(WiredController):
                 raise PayloadTooLarge(
                     f"input of child {child.replay_key!r} of group {group.key!r} encodes to {size} "
                     f"bytes, over the limit of {self._max_payload_bytes}",
+                    group_key=group.key,
+                    replay_key=child.replay_key,
+                    position=position,
+                )
+
+    def _check_replay_keys(self, group: EffectGroup) -> None:
+        """Replay keys are unique in the host's record, not only within a group (R-6);
+        a retired group's keys are free again, as on the SQL tiers."""
+        for position, child in enumerate(group.children):
+            holder = self._replay_keys.get(child.replay_key)
+            if holder is not None:
+                raise ReplayMismatch(
+                    f"child {child.replay_key!r} at position {position} of group "
+                    f"{group.key!r}: the replay key is recorded for group {holder!r}",
                     group_key=group.key,
                     replay_key=child.replay_key,
                     position=position,
@@ -191,6 +209,7 @@ class MemoryEffectHost(WiredController):
             ],
         )
         self._groups[group.key] = record
+        self._replay_keys.update((child.replay_key, group.key) for child in group.children)
         return record
 
     def _fence_reopen(self, record: _Group, group: EffectGroup) -> None:
@@ -327,6 +346,8 @@ class MemoryEffectHost(WiredController):
         if record.closed and len(record.settled) == record.child_count:
             self._groups.pop(record.key, None)
             self._retired[record.key] = record.effective
+            for child in record.children:
+                self._replay_keys.pop(child.replay_key, None)
             store = self._payloads.store if self._payloads is not None else None
             if store is not None:
                 task = asyncio.get_running_loop().create_task(store.delete_group(record.key))

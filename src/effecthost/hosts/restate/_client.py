@@ -24,6 +24,7 @@ from effecthost.contract import (
     UnknownGroup,
     WiredController,
     group_shape_error,
+    sleep_durations,
 )
 from effecthost.payloads import PayloadPolicy, decode_outcome, event_value
 
@@ -109,6 +110,7 @@ class GroupObjectClient(WiredController):
         """First open resolves every child here before anything is recorded (G-10); a
         reopen passes a miss through; the object fences the shape (G-13)."""
         self._require_wired(group.key)
+        sleep_durations(group)  # a malformed sleep refuses the open before it is recorded
         miss = self._first_unresolvable(group, skip=lambda position, _child: position in targets)
         if miss is not None:
             described = await self._call(group.key, "describe")

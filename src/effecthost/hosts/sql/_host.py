@@ -43,7 +43,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -63,6 +63,7 @@ from effecthost.contract import (
     GroupHandle,
     GroupShapeMismatch,
     HandleMismatch,
+    InvalidEnvelope,
     LoserPolicy,
     NoExecutor,
     Outcome,
@@ -72,7 +73,7 @@ from effecthost.contract import (
     UnknownGroup,
     WiredController,
     group_shape_error,
-    sleep_seconds,
+    sleep_durations,
 )
 from effecthost.payloads import (
     PayloadPolicy,
@@ -81,7 +82,16 @@ from effecthost.payloads import (
     event_value,
 )
 
-from ._store import ChildRow, ChildSpec, Finalize, GroupRow, OpenGroup, RankRead, Store
+from ._store import (
+    ChildRow,
+    ChildSpec,
+    Finalize,
+    GroupRow,
+    OpenGroup,
+    RankRead,
+    ReplayKeyTaken,
+    Store,
+)
 
 log = logging.getLogger("effecthost.sql")
 
@@ -319,23 +329,68 @@ class SqlEffectHost(WiredController):
     # -- open -----------------------------------------------------------------------------
 
     async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        """Open or reopen (G-08…G-13, R-2, R-4, R-6, R-7). Every check of the input runs
+        before anything is written; a first open records the group row and all its
+        children in one transaction, so a concurrent open of the same key finds either
+        nothing or the whole group and is fenced as a reopen."""
         self._require_wired(group.key)
         await self._ready()
         canonical = self._check_sizes(group)
+        hashes = [hashlib.sha256(data).hexdigest() for data in canonical]
+        specs = self._specs(group, canonical, hashes)
         executors: list[EffectExecutor | None] | None = None
 
         def resolve_all() -> None:  # first open only, before anything is written (G-10)
             nonlocal executors
             executors = self._resolve_all(group)
 
-        created, record, _tombstone = await self.store.open_group(
-            group.key, group.wake.value, group.disposition.value, group.child_count, resolve_all
-        )
-        if record is None:
+        sent = time.monotonic()
+        with self._refusing_input(group.key):
+            try:
+                opened = await self.store.open_group(
+                    group.key,
+                    group.wake.value,
+                    group.disposition.value,
+                    group.child_count,
+                    specs,
+                    self.owner,
+                    self.lease_ttl,
+                    resolve_all,
+                )
+            except ReplayKeyTaken as taken:
+                raise ReplayMismatch(
+                    f"child {taken.replay_key!r} at position {taken.position} of group "
+                    f"{group.key!r}: the replay key is recorded for group {taken.holder!r}",
+                    group_key=group.key,
+                    replay_key=taken.replay_key,
+                    position=taken.position,
+                ) from None
+        record = opened.group
+        if record is None or record.state == "closed":  # a closed key stays closed (R-4)
             raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key)
+        if opened.created:
+            self._fault("open:created")
+            self._start_children(group, specs, executors, record, sent)
+            return group.handle()
         self._fence_shape(record, group)
-        await self._ensure_children(group, executors, canonical, created, record)
+        self._fence_children(group, hashes, opened.children)
+        await self._resume_children(group, specs, opened.children)
         return group.handle()
+
+    @contextlib.contextmanager
+    def _refusing_input(self, group_key: str) -> Iterator[None]:
+        """A value the database itself refuses (a NUL byte, an unencodable string, a key
+        too long to index) is a typed refusal naming the group only; the driver's error,
+        which may quote the value, is dropped. Such a refusal wrote nothing: each store
+        operation is one transaction."""
+        try:
+            yield
+        except self.store.input_errors as exc:
+            raise InvalidEnvelope(
+                f"the database refused a key or value of group {group_key!r} "
+                f"({type(exc).__name__})",
+                group_key=group_key,
+            ) from None
 
     def _check_sizes(self, group: EffectGroup) -> list[bytes]:
         """Every child's canonical bytes (encoded once per open), each within the limit."""
@@ -351,6 +406,29 @@ class SqlEffectHost(WiredController):
                     position=position,
                 )
         return canonical
+
+    @staticmethod
+    def _specs(group: EffectGroup, canonical: list[bytes], hashes: list[str]) -> list[ChildSpec]:
+        """The child rows of a first open: tool calls leased to this host (a first open
+        resolves them all), host-run kinds unleased. Checks every sleep (G-10).
+
+        Raises:
+            InvalidEnvelope: a malformed ``sleep`` child (names its position).
+        """
+        durations = sleep_durations(group)
+        return [
+            ChildSpec(
+                replay_key=envelope.replay_key,
+                position=position,
+                kind=envelope.kind,
+                name=envelope.name,
+                envelope=canonical[position].decode(),
+                envelope_hash=hashes[position],
+                claim=envelope.kind == EffectKind.TOOL_CALL,
+                sleep_seconds=durations[position],
+            )
+            for position, envelope in enumerate(group.children)
+        ]
 
     def _resolve_all(self, group: EffectGroup) -> list[EffectExecutor | None]:
         """First open: resolve every child before recording anything (G-10)."""
@@ -385,25 +463,13 @@ class SqlEffectHost(WiredController):
                 group_key=group.key,
             )
 
-    async def _ensure_children(
-        self,
-        group: EffectGroup,
-        executors: list[EffectExecutor | None] | None,
-        canonical: list[bytes],
-        created: bool = False,
-        fresh: GroupRow | None = None,
-    ) -> None:
-        """Insert missing child rows (the first open inserts them all, leased to this
-        host), check recorded hashes (G-02), and dispatch what this host can run: a
-        reopen resolves only what it dispatches and refuses nothing (G-11). A group row
-        this call just created has no child rows to read yet (a row another process
-        inserts meanwhile is found as below, when the insert skips it)."""
-        hashes = [hashlib.sha256(data).hexdigest() for data in canonical]
-        rows: dict[int, ChildRow] = {}
-        if not created:
-            rows = {row.position: row for row in await self.store.children(group.key)}
+    @staticmethod
+    def _fence_children(group: EffectGroup, hashes: list[str], rows: tuple[ChildRow, ...]) -> None:
+        """Reopen is fenced on each recorded child's position, replay key and hash (G-02,
+        R-7): the loser of a concurrent first open is refused here like any reopen."""
+        recorded = {row.position: row for row in rows}
         for position, envelope in enumerate(group.children):
-            row = rows.get(position)
+            row = recorded.get(position)
             if row is not None and (
                 row.replay_key != envelope.replay_key or row.envelope_hash != hashes[position]
             ):
@@ -414,56 +480,53 @@ class SqlEffectHost(WiredController):
                     replay_key=envelope.replay_key,
                     position=position,
                 )
-        specs: list[ChildSpec] = []
-        to_run: dict[str, tuple[EffectEnvelope, EffectExecutor, str]] = {}
-        for position, envelope in enumerate(group.children):
-            if position in rows:
-                continue
-            executor: EffectExecutor | None = None
-            if envelope.kind == EffectKind.TOOL_CALL:
-                executor = executors[position] if executors is not None else None
-                if executor is None:
-                    executor = self._resolve(envelope)
-            if executor is not None:
-                to_run[envelope.replay_key] = (envelope, executor, hashes[position])
-            specs.append(
-                ChildSpec(
-                    replay_key=envelope.replay_key,
-                    position=position,
-                    kind=envelope.kind,
-                    name=envelope.name,
-                    envelope=canonical[position].decode(),
-                    envelope_hash=hashes[position],
-                    claim=executor is not None,
-                    sleep_seconds=sleep_seconds(envelope)
-                    if envelope.kind == EffectKind.SLEEP
-                    else None,
+
+    def _start_children(
+        self,
+        group: EffectGroup,
+        specs: list[ChildSpec],
+        executors: list[EffectExecutor | None] | None,
+        record: GroupRow,
+        sent: float,
+    ) -> None:
+        """A first open recorded every child; run the tool calls under the leases it
+        recorded (fence 1) with the executors it resolved."""
+        assert executors is not None
+        if all(spec.claim for spec in specs):
+            self._fresh[group.key] = record  # nothing of it can commit but through us
+        for spec, envelope, executor in zip(specs, group.children, executors, strict=True):
+            if spec.claim and executor is not None:
+                self._dispatch(
+                    envelope, executor, fence=1, attempt=1, sent=sent, digest=spec.envelope_hash
                 )
-            )
-        if specs:
-            sent = time.monotonic()
-            inserted = set(
-                await self.store.insert_children(group.key, specs, self.owner, self.lease_ttl)
-            )
-            if len(inserted) != len(specs):
-                # another process inserted some rows first (or a replay key is taken)
-                again = {row.replay_key: row for row in await self.store.children(group.key)}
-                for spec in specs:
-                    if spec.replay_key not in inserted and spec.replay_key not in again:
-                        raise ReplayMismatch(
-                            f"replay key {spec.replay_key!r} is recorded in another group",
-                            group_key=group.key,
-                            replay_key=spec.replay_key,
-                            position=spec.position,
-                        )
-            if created and fresh is not None and len(inserted) == len(to_run) == len(specs):
-                self._fresh[group.key] = fresh
-            for key, (envelope, executor, digest) in to_run.items():
-                if key in inserted:
-                    self._dispatch(envelope, executor, fence=1, attempt=1, sent=sent, digest=digest)
-            if any(s.sleep_seconds is not None for s in specs):
+        if any(spec.sleep_seconds is not None for spec in specs):
+            self._timer_changed.set()
+
+    async def _resume_children(
+        self, group: EffectGroup, specs: list[ChildSpec], rows: tuple[ChildRow, ...]
+    ) -> None:
+        """Reopen: dispatch what this host can run and nobody holds; a reopen resolves
+        only what it dispatches and refuses nothing (G-11). A group an older release
+        recorded without all its children gets the missing rows, fenced as above."""
+        have = {row.position for row in rows}
+        missing = [spec for spec in specs if spec.position not in have]
+        if missing:
+            missing = [replace(spec, claim=False) for spec in missing]
+            await self.store.insert_children(group.key, missing, self.owner, self.lease_ttl)
+            rows = tuple(await self.store.children(group.key))
+            hashes = [spec.envelope_hash for spec in specs]
+            self._fence_children(group, hashes, rows)
+            if len(rows) != group.child_count:
+                taken = next(s for s in missing if s.position not in {r.position for r in rows})
+                raise ReplayMismatch(
+                    f"replay key {taken.replay_key!r} is recorded in another group",
+                    group_key=group.key,
+                    replay_key=taken.replay_key,
+                    position=taken.position,
+                )
+            if any(spec.sleep_seconds is not None for spec in missing):
                 self._timer_changed.set()
-        for row in rows.values():
+        for row in rows:
             if (
                 row.state == "settled"
                 or row.kind != EffectKind.TOOL_CALL
@@ -788,6 +851,10 @@ class SqlEffectHost(WiredController):
         return UnknownGroup(f"no group is recorded under {group_key!r}", group_key=group_key)
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        with self._refusing_input(handle.group_key):
+            return await self._await_next(handle)
+
+    async def _await_next(self, handle: GroupHandle) -> Settlement:
         self._require_wired(handle.group_key)
         await self._ready()
         rank = handle.consumed + 1
@@ -896,6 +963,10 @@ class SqlEffectHost(WiredController):
     async def close_effect_group(
         self, handle: GroupHandle, disposition: LoserPolicy | None = None
     ) -> None:
+        with self._refusing_input(handle.group_key):
+            await self._close(handle, disposition)
+
+    async def _close(self, handle: GroupHandle, disposition: LoserPolicy | None) -> None:
         self._require_wired(handle.group_key)
         await self._ready()
         key = handle.group_key
@@ -966,6 +1037,10 @@ class SqlEffectHost(WiredController):
     async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
         """Durably settle the unsettled ``await_event`` children named ``name`` (G-51):
         works whether or not the process that opened the group is alive."""
+        with self._refusing_input(group_key):
+            return await self._deliver_event(group_key, name, payload)
+
+    async def _deliver_event(self, group_key: str, name: str, payload: Any) -> int:
         self._require_wired(group_key)
         await self._ready()
         value = event_value(group_key, name, payload)

@@ -33,9 +33,11 @@ from ._store import (
     Claim,
     Finalize,
     GroupRow,
+    Opened,
     OpenGroup,
     RankRead,
     Renewal,
+    ReplayKeyTaken,
     SchemaVersionError,
     Store,
 )
@@ -279,6 +281,60 @@ DDL = [
             SELECT seqs FROM eh_finalize_many_open(p_keys, p_hashes, p_owner, p_fences,
                                                    p_outcomes, p_channel)
         $$""",
+    # the open (R-7): the group row and every child row in one transaction, group row
+    # first; children in replay-key order, so two opens that share keys wait on each
+    # other in one order. Returns the group's created_at, or NULL when another open
+    # recorded the group first (nothing written here). A refusal raises and rolls back: EH001 the key was retired
+    # meanwhile; EH002 a replay key is held by another group (DETAIL the key, HINT the
+    # holder)
+    f"""CREATE OR REPLACE FUNCTION eh_open(
+            p_key text, p_wake text, p_disposition text, p_count integer, p_owner text,
+            p_ttl float8, p_keys text[], p_positions integer[], p_kinds text[],
+            p_names text[], p_envelopes text[], p_hashes text[], p_claims boolean[],
+            p_sleeps float8[])
+        RETURNS float8 LANGUAGE plpgsql AS $$
+        DECLARE
+            n integer := coalesce(array_length(p_keys, 1), 0);
+            created float8 := {NOW};
+            done integer;
+            taken text;
+            holder text;
+        BEGIN
+            INSERT INTO eh_groups (group_key, wake, disposition, effective, child_count,
+                                   created_at)
+            VALUES (p_key, p_wake, p_disposition, p_disposition, p_count, created)
+            ON CONFLICT (group_key) DO NOTHING;
+            IF NOT FOUND THEN
+                RETURN NULL;
+            END IF;
+            PERFORM 1 FROM eh_retired WHERE group_key = p_key;
+            IF FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'EH001', MESSAGE = 'effecthost: group retired';
+            END IF;
+            INSERT INTO eh_children (replay_key, group_key, position, kind, name, envelope,
+                   envelope_hash, state, lease_owner, fence, lease_expires, attempt, due_at)
+            SELECT k, p_key, p, kd, nm, env, h,
+                   CASE WHEN cl THEN 'claimed' ELSE 'pending' END,
+                   CASE WHEN cl THEN p_owner END, CASE WHEN cl THEN 1 ELSE 0 END,
+                   CASE WHEN cl THEN {NOW} + p_ttl END, CASE WHEN cl THEN 1 ELSE 0 END,
+                   CASE WHEN sl IS NOT NULL THEN {NOW} + sl END
+              FROM unnest(p_keys, p_positions, p_kinds, p_names, p_envelopes, p_hashes,
+                          p_claims, p_sleeps) AS t(k, p, kd, nm, env, h, cl, sl)
+             ORDER BY k
+            ON CONFLICT DO NOTHING;
+            GET DIAGNOSTICS done = ROW_COUNT;
+            IF done < n THEN
+                SELECT t.k, c.group_key INTO taken, holder
+                  FROM unnest(p_keys, p_positions) AS t(k, p)
+                  LEFT JOIN eh_children c ON c.replay_key = t.k
+                 WHERE c.group_key IS DISTINCT FROM p_key
+                 ORDER BY t.p LIMIT 1;
+                RAISE EXCEPTION USING ERRCODE = 'EH002',
+                    MESSAGE = 'effecthost: replay key held by another group',
+                    DETAIL = coalesce(taken, ''), HINT = coalesce(holder, '');
+            END IF;
+            RETURN created;
+        END $$""",
     # the retirement (G-36) in one round trip, the statements of ``retire`` in its order
     # (child rows locked first, then the group row); nothing unless the group is closed
     f"""CREATE OR REPLACE FUNCTION eh_retire(p_key text)
@@ -381,6 +437,11 @@ def _child(r: Any) -> ChildRow:
     )
 
 
+def _taken(specs: list[ChildSpec], replay_key: str, holder: str | None) -> ReplayKeyTaken:
+    position = next((s.position for s in specs if s.replay_key == replay_key), -1)
+    return ReplayKeyTaken(replay_key, position, holder)
+
+
 def _group(r: Any) -> GroupRow:
     return GroupRow(*(r[name] for name in _GROUP_COLUMNS.split(", ")))
 
@@ -450,6 +511,12 @@ class PostgresStore(Store):
         """
         (asyncpg,) = require("postgres", "postgres", "asyncpg")
         self._asyncpg = asyncpg
+        self.input_errors = (
+            UnicodeEncodeError,
+            OverflowError,
+            asyncpg.DataError,
+            asyncpg.exceptions.ProgramLimitExceededError,
+        )
         settings = {"search_path": self.schema, "application_name": "effecthost"}
         if self.read_only:
             settings["default_transaction_read_only"] = "on"
@@ -793,6 +860,74 @@ class PostgresStore(Store):
             "SELECT eh_close_retire($1, $2, $3)", group_key, effective, self.channel
         )
         return done >= 1, done == 2
+
+    async def open_group(
+        self,
+        group_key: str,
+        wake: str,
+        disposition: str,
+        child_count: int,
+        specs: list[ChildSpec],
+        owner: str,
+        ttl: float,
+        before_create: Callable[[], None],
+    ) -> Opened:
+        """A read (the group row, its tombstone, and the first child by position whose
+        replay key another group holds), ``before_create``, then :sql:`eh_open`: the
+        group row and its children in one transaction. When another open committed the
+        group in between, its record is read and returned as a reopen's."""
+        for _attempt in range(3):
+            cols = ", ".join("g." + col for col in _GROUP_COLUMNS.split(", "))
+            row = await self._pool.fetchrow(
+                f"SELECT {cols}, r.effective AS tombstone, h.replay_key AS taken, "
+                "h.group_key AS holder FROM (SELECT $1::text AS k) q "
+                "LEFT JOIN eh_groups g ON g.group_key = q.k "
+                "LEFT JOIN eh_retired r ON r.group_key = q.k "
+                "LEFT JOIN LATERAL (SELECT c.replay_key, c.group_key "
+                "  FROM unnest($2::text[]) WITH ORDINALITY AS t(k, i) "
+                "  JOIN eh_children c ON c.replay_key = t.k AND c.group_key <> q.k "
+                "  ORDER BY t.i LIMIT 1) h ON g.group_key IS NULL AND r.group_key IS NULL",
+                group_key,
+                [s.replay_key for s in specs],
+            )
+            if row["group_key"] is not None:
+                return Opened(False, _group(row), None, tuple(await self.children(group_key)))
+            if row["tombstone"] is not None:
+                return Opened(False, None, str(row["tombstone"]))
+            if row["taken"] is not None:
+                raise _taken(specs, row["taken"], row["holder"])
+            before_create()
+            try:
+                done = await self._pool.fetchval(
+                    "SELECT eh_open($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                    group_key,
+                    wake,
+                    disposition,
+                    child_count,
+                    owner,
+                    ttl,
+                    [s.replay_key for s in specs],
+                    [s.position for s in specs],
+                    [s.kind for s in specs],
+                    [s.name for s in specs],
+                    [s.envelope for s in specs],
+                    [s.envelope_hash for s in specs],
+                    [s.claim for s in specs],
+                    [s.sleep_seconds for s in specs],
+                )
+            except self._asyncpg.PostgresError as exc:
+                if exc.sqlstate == "EH002":
+                    raise _taken(specs, exc.detail, exc.hint or None) from None
+                if exc.sqlstate != "EH001":
+                    raise
+                continue  # retired meanwhile: the lookup answers with the tombstone
+            if done is not None:
+                row = GroupRow(
+                    group_key, wake, disposition, disposition, child_count, 0, "open", done
+                )
+                return Opened(True, row)
+            # recorded by another open since the read: read it as a reopen does
+        raise RuntimeError(f"group {group_key!r} changed under three opens in a row")
 
     async def lookup(self, group_key: str) -> tuple[GroupRow | None, str | None]:
         cols = ", ".join("g." + col for col in _GROUP_COLUMNS.split(", "))

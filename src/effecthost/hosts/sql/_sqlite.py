@@ -37,9 +37,11 @@ from ._store import (
     Claim,
     Finalize,
     GroupRow,
+    Opened,
     OpenGroup,
     RankRead,
     Renewal,
+    ReplayKeyTaken,
     SchemaVersionError,
     Store,
 )
@@ -183,6 +185,13 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
 
 class SqliteStore(Store):
     """SQLite file store. ``busy_timeout`` is in seconds."""
+
+    input_errors = (
+        UnicodeEncodeError,
+        OverflowError,
+        sqlite3.DataError,
+        sqlite3.InterfaceError,
+    )
 
     def __init__(
         self,
@@ -466,16 +475,16 @@ class SqliteStore(Store):
 
         return await self._run(read)
 
-    async def children(self, group_key: str) -> list[ChildRow]:
-        def read(c: sqlite3.Connection) -> list[ChildRow]:
-            rows = c.execute(
-                f"SELECT {_CHILD_COLUMNS} FROM eh_children c WHERE c.group_key = ? "
-                "ORDER BY c.position",
-                (group_key,),
-            ).fetchall()
-            return [_child(r) for r in rows]
+    @staticmethod
+    def _children(c: sqlite3.Connection, group_key: str) -> list[ChildRow]:
+        rows = c.execute(
+            f"SELECT {_CHILD_COLUMNS} FROM eh_children c WHERE c.group_key = ? ORDER BY c.position",
+            (group_key,),
+        ).fetchall()
+        return [_child(r) for r in rows]
 
-        return await self._run(read)
+    async def children(self, group_key: str) -> list[ChildRow]:
+        return await self._run(lambda c: self._children(c, group_key))
 
     async def read_rank(self, group_key: str, seq: int) -> RankRead | None:
         def read(c: sqlite3.Connection) -> RankRead | None:
@@ -606,37 +615,57 @@ class SqliteStore(Store):
         ).fetchone()
         return False, _group(row)
 
+    @staticmethod
+    def _insert_children(
+        c: sqlite3.Connection, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
+    ) -> list[str]:
+        inserted: list[str] = []
+        for start in range(0, len(specs), _INSERT_CHUNK):
+            chunk = specs[start : start + _INSERT_CHUNK]
+            params: list[Any] = []
+            for s in chunk:
+                params += (
+                    s.replay_key,
+                    group_key,
+                    s.position,
+                    s.kind,
+                    s.name,
+                    s.envelope,
+                    s.envelope_hash,
+                    "claimed" if s.claim else "pending",
+                    owner if s.claim else None,
+                    1 if s.claim else 0,
+                    s.claim,
+                    ttl,
+                    1 if s.claim else 0,
+                    s.sleep_seconds,
+                    s.sleep_seconds,
+                )
+            rows = c.execute(_insert_children_sql(len(chunk)), params).fetchall()
+            inserted += [r[0] for r in rows]
+        return inserted
+
     async def insert_children(
         self, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
     ) -> list[str]:
-        def body(c: sqlite3.Connection) -> list[str]:
-            inserted: list[str] = []
-            for start in range(0, len(specs), _INSERT_CHUNK):
-                chunk = specs[start : start + _INSERT_CHUNK]
-                params: list[Any] = []
-                for s in chunk:
-                    params += (
-                        s.replay_key,
-                        group_key,
-                        s.position,
-                        s.kind,
-                        s.name,
-                        s.envelope,
-                        s.envelope_hash,
-                        "claimed" if s.claim else "pending",
-                        owner if s.claim else None,
-                        1 if s.claim else 0,
-                        s.claim,
-                        ttl,
-                        1 if s.claim else 0,
-                        s.sleep_seconds,
-                        s.sleep_seconds,
-                    )
-                rows = c.execute(_insert_children_sql(len(chunk)), params).fetchall()
-                inserted += [r[0] for r in rows]
-            return inserted
+        return await self._write(lambda c: self._insert_children(c, group_key, specs, owner, ttl))
 
-        return await self._write(body)
+    @staticmethod
+    def _taken(c: sqlite3.Connection, group_key: str, specs: list[ChildSpec]) -> None:
+        """Refuse the first child (by position) whose replay key another group holds."""
+        held: dict[str, str] = {}
+        for start in range(0, len(specs), _INSERT_CHUNK):
+            keys = [s.replay_key for s in specs[start : start + _INSERT_CHUNK]]
+            held.update(
+                c.execute(
+                    "SELECT replay_key, group_key FROM eh_children WHERE group_key <> ? "
+                    f"AND replay_key IN ({', '.join('?' * len(keys))})",
+                    (group_key, *keys),
+                ).fetchall()
+            )
+        for spec in specs:
+            if spec.replay_key in held:
+                raise ReplayKeyTaken(spec.replay_key, spec.position, held[spec.replay_key])
 
     @staticmethod
     def _claim_sql(c: sqlite3.Connection, replay_key: str, owner: str, ttl: float) -> Any:
@@ -881,19 +910,30 @@ class SqliteStore(Store):
         wake: str,
         disposition: str,
         child_count: int,
+        specs: list[ChildSpec],
+        owner: str,
+        ttl: float,
         before_create: Callable[[], None],
-    ) -> tuple[bool, GroupRow | None, str | None]:
-        """One transaction: the lookup, and the group row when nothing is recorded
-        (``before_create`` runs inside it; when another process holds the write lock,
-        on this store's writer thread)."""
+    ) -> Opened:
+        """One transaction: the lookup, the replay-key check, ``before_create`` and the
+        group row with every child row (``before_create`` runs inside it; when another
+        process holds the write lock, on this store's writer thread). Writers are
+        serialised, so no other open can come between the lookup and the insert."""
 
-        def body(c: sqlite3.Connection) -> tuple[bool, GroupRow | None, str | None]:
+        def body(c: sqlite3.Connection) -> Opened:
             record, tombstone = self._lookup(c, group_key)
-            if record is not None or tombstone is not None:
-                return False, record, tombstone
+            if record is not None:
+                return Opened(False, record, None, tuple(self._children(c, group_key)))
+            if tombstone is not None:
+                return Opened(False, None, tombstone)
+            self._taken(c, group_key, specs)
             before_create()
-            created, row = self._create_body(c, group_key, wake, disposition, child_count)
-            return created, row, None
+            _created, row = self._create_body(c, group_key, wake, disposition, child_count)
+            inserted = self._insert_children(c, group_key, specs, owner, ttl)
+            if len(inserted) != len(specs):  # the check above makes this unreachable
+                self._taken(c, group_key, specs)
+                raise RuntimeError(f"children of group {group_key!r} were not all recorded")
+            return Opened(True, row)
 
         return await self._write(body)
 

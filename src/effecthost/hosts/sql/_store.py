@@ -133,6 +133,31 @@ class RankRead:
 
 
 @dataclass(frozen=True)
+class Opened:
+    """What :meth:`Store.open_group` found or did."""
+
+    created: bool  # this call recorded the group and all its children
+    group: GroupRow | None  # None: not recorded (then ``tombstone`` is set)
+    tombstone: str | None = None  # the disposition a retired group was closed with
+    children: tuple[ChildRow, ...] = ()  # the recorded children of a group found recorded
+
+
+class ReplayKeyTaken(Exception):
+    """An open met a replay key recorded for another group (R-6); it wrote nothing.
+
+    Attributes:
+        replay_key: the child's replay key; position: its position in the new group;
+        holder: the group key that records it (``None`` when it vanished meanwhile).
+    """
+
+    def __init__(self, replay_key: str, position: int, holder: str | None) -> None:
+        super().__init__(replay_key, position, holder)
+        self.replay_key = replay_key
+        self.position = position
+        self.holder = holder
+
+
+@dataclass(frozen=True)
 class OpenGroup:
     """An open group as ``open_groups`` lists it (G-30)."""
 
@@ -148,6 +173,11 @@ class Store(ABC):
     """One substrate. Every method is one transaction (or a read)."""
 
     wakes_across_processes: bool = False
+
+    input_errors: tuple[type[BaseException], ...] = (UnicodeEncodeError, OverflowError)
+    """Errors of the driver that mean the database refused a value it was given (a NUL
+    byte, an unencodable string, an out-of-range number, a key too long to index), as
+    opposed to an unreachable database. The host turns them into a typed refusal."""
     """True when another process's commit wakes this process without polling."""
 
     open_at_finalize: set[str] = frozenset()  # type: ignore[assignment]
@@ -184,8 +214,9 @@ class Store(ABC):
     async def create_group(
         self, group_key: str, wake: str, disposition: str, child_count: int
     ) -> tuple[bool, GroupRow]:
-        """Insert the group row in its own committed transaction (G-32). Returns
-        ``(created, row)``; ``created`` is false when the key was already recorded."""
+        """Insert the group row alone in its own committed transaction. Returns
+        ``(created, row)``; ``created`` is false when the key was already recorded. A
+        building block for tests and tools: the host opens through :meth:`open_group`."""
 
     @abstractmethod
     async def insert_children(
@@ -193,7 +224,8 @@ class Store(ABC):
     ) -> list[str]:
         """Insert missing child rows (one transaction, children only); rows with
         ``claim`` are inserted leased to ``owner`` with fence 1. Returns the replay keys
-        inserted (an existing row is left as it is)."""
+        inserted (an existing row is left as it is). The host uses it only to complete a
+        group an older release recorded without all its children."""
 
     @abstractmethod
     async def children(self, group_key: str) -> list[ChildRow]: ...
@@ -273,24 +305,30 @@ class Store(ABC):
         group = await self.get_group(group_key)
         return group is not None and group.state == "closed" and await self.retire(group_key)
 
+    @abstractmethod
     async def open_group(
         self,
         group_key: str,
         wake: str,
         disposition: str,
         child_count: int,
+        specs: list[ChildSpec],
+        owner: str,
+        ttl: float,
         before_create: Callable[[], None],
-    ) -> tuple[bool, GroupRow | None, str | None]:
-        """Look the group up; when neither its row nor its tombstone is recorded, call
-        ``before_create`` (the first open's resolution: when it raises, nothing is
-        written and the error propagates) and create the row (G-10, G-32). Returns
-        ``(created, row, tombstone)``. A store may do it in one transaction."""
-        record, tombstone = await self.lookup(group_key)
-        if record is not None or tombstone is not None:
-            return False, record, tombstone
-        before_create()
-        created, record = await self.create_group(group_key, wake, disposition, child_count)
-        return created, record, None
+    ) -> Opened:
+        """Open as one operation (R-7, G-10, R-6). Look the group up: when its row is
+        recorded, return it with its children; when its tombstone is, return that. Else
+        refuse a child whose replay key another group holds (:class:`ReplayKeyTaken`),
+        call ``before_create`` (the first open's resolution: when it raises, the error
+        propagates) and record the group row and every child row in **one** transaction,
+        group row first; rows with ``claim`` are leased to ``owner`` (fence 1). When
+        another open recorded the group first, return what it recorded, as a reopen. A
+        refusal writes nothing.
+
+        Raises:
+            ReplayKeyTaken: a replay key is recorded for another group.
+        """
 
     async def close_group(
         self, group_key: str, decide: Callable[[GroupRow | None, str | None], str | None]

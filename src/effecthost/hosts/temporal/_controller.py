@@ -37,7 +37,7 @@ from effecthost.contract import (
     UnknownGroup,
     WiredController,
     group_shape_error,
-    sleep_seconds,
+    sleep_durations,
 )
 from effecthost.hosts import require
 from effecthost.payloads import (
@@ -259,9 +259,7 @@ class TemporalEffectHost(WiredController):
                 group_key=group.key,
                 position=MAX_CHILDREN,
             )
-        for child in group.children:
-            if child.kind == EffectKind.SLEEP:
-                sleep_seconds(child)
+        sleep_durations(group)  # a malformed sleep refuses the open before it starts (G-10)
         spec = {
             "key": group.key,
             "wake": group.wake.value,
