@@ -66,10 +66,18 @@ def free_port() -> int:
 
 
 class PostgresServer:
-    """A private PostgreSQL cluster for tests: ``start()``, ``dsn``, ``stop()``."""
+    """A private PostgreSQL cluster for tests: ``start()``, ``dsn``, ``stop()``.
 
-    def __init__(self, base: str | os.PathLike[str] | None = None) -> None:
+    ``fsync`` is on unless asked otherwise: what the harness and the benchmarks measure is
+    durable. ``crash()`` stops the server as ``pg_ctl stop -m immediate`` does (SIGQUIT to
+    the postmaster: no checkpoint, crash recovery at the next start) and ``resume()``
+    starts it again on the same data directory and port.
+    """
+
+    def __init__(self, base: str | os.PathLike[str] | None = None, *, fsync: bool = True) -> None:
         self._base = base
+        self.fsync = fsync
+        self._as_user: dict[str, Any] = {}
         self.dir: Path | None = None
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -107,39 +115,66 @@ class PostgresServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        self._log = log = open(self.dir / "postgres.log", "wb")
+        self._as_user = as_user
+        self._log = open(self.dir / "postgres.log", "ab")
         for _attempt in range(5):
             self.port = free_port()
-            self.proc = subprocess.Popen(
-                [
-                    postgres,
-                    "-D",
-                    str(data),
-                    "-k",
-                    str(sock),
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    str(self.port),
-                    "-c",
-                    "fsync=off",
-                    "-c",
-                    "max_connections=200",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.dir,
-                **as_user,
-            )
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                with contextlib.suppress(OSError):
-                    socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                    if self._ready():
-                        return self.dsn
-                time.sleep(0.05)
-            self._kill()
+            if self._launch(timeout):
+                return self.dsn
         raise RuntimeError(f"PostgreSQL did not start; see {self.dir / 'postgres.log'}")
+
+    @property
+    def log_path(self) -> Path:
+        assert self.dir is not None
+        return self.dir / "postgres.log"
+
+    def _launch(self, timeout: float) -> bool:
+        postgres = find_pg_bin("postgres")
+        assert postgres is not None and self.dir is not None
+        self.proc = subprocess.Popen(
+            [
+                postgres,
+                "-D",
+                str(self.dir / "data"),
+                "-k",
+                str(self.dir / "sock"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-c",
+                f"fsync={'on' if self.fsync else 'off'}",
+                "-c",
+                "max_connections=200",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=self.dir,
+            **self._as_user,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                if self._ready():
+                    return True
+            time.sleep(0.05)
+        self._kill()
+        return False
+
+    def crash(self) -> None:
+        """Stop at once, as ``pg_ctl stop -m immediate``: the next start runs crash
+        recovery from the WAL."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGQUIT)
+            proc.wait(30)
+
+    def resume(self, timeout: float = 60.0) -> str:
+        """Start again on the same data directory and port (after :meth:`crash`)."""
+        if not self._launch(timeout):
+            raise RuntimeError(f"PostgreSQL did not restart; see {self.log_path}")
+        return self.dsn
 
     def _ready(self) -> bool:
         isready = find_pg_bin("pg_isready")
