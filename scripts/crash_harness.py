@@ -480,12 +480,24 @@ class Harness:
         if self.server is not None:
             self.server.stop()
 
-    def deadlocks(self) -> int:
+    def deadlocks(self, row: dict[str, Any]) -> int:
+        """``deadlock detected`` in the server log since the last call; the statements
+        involved go to the round's notes."""
         if self.server is None:
             return 0
         text = self.server.log_path.read_text(errors="replace")
-        found = text[self._log_offset :].count("deadlock detected")
-        self._log_offset = len(text)
+        fresh, self._log_offset = text[self._log_offset :], len(text)
+        lines = fresh.splitlines()
+        found = 0
+        for i, line in enumerate(lines):
+            if "deadlock detected" in line:
+                found += 1
+                statement = next(
+                    (x for x in lines[i + 1 : i + 8] if "STATEMENT:" in x or "CONTEXT:" in x), ""
+                )
+                row["notes"].append(
+                    f"deadlock (issue 10 defect 5): {statement.split(':', 3)[-1].strip()[:160]}"
+                )
         return found
 
     def _config(self, round_dir: Path, role: str, plan: Any, **extra: Any) -> dict[str, Any]:
@@ -744,7 +756,7 @@ class Harness:
             hung=row.get("hung", 0),
             wrong=wrong,
             cancel_ran=cancel_ran,
-            deadlocks=self.deadlocks(),
+            deadlocks=self.deadlocks(row),
         )
 
     async def _cancel_ran(self, round_dir: Path, prefix: str, row: dict[str, Any]) -> int:
@@ -799,6 +811,8 @@ class Harness:
                 row = await self.round(index, self._mode(index))
                 self.rows.append(row)
                 index += 1
+                if self.options.json:  # partial figures, readable while a long run goes on
+                    _write(self.options.json, {**self.summary(), "partial": True})
                 if self.options.verbose or any(
                     row.get(k)
                     for k in ("lost", "double", "divergent", "stuck", "hung", "wrong", "cancel_ran")
@@ -850,6 +864,11 @@ class Harness:
         }
 
 
+def _write(path: Path, summary: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2))
+
+
 def _stack(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip().startswith("File")]
     return " | ".join(lines[-4:]) if lines else _tail(text)
@@ -891,8 +910,7 @@ def main() -> None:
         for note in finding["notes"][:6]:
             print(f"    {note}")
     if options.json:
-        options.json.parent.mkdir(parents=True, exist_ok=True)
-        options.json.write_text(json.dumps(summary, indent=2))
+        _write(options.json, summary)
     bad = sum(summary[k] for k in ("divergent", "lost", "double", "stuck", "hung", "deadlocks"))
     bad += summary["wrong"] + summary["cancel_ran"]
     raise SystemExit(1 if bad else 0)
