@@ -683,7 +683,7 @@ async def main(options: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
         server: PostgresServer | None = None
         try:
             if not dsn:
-                server = PostgresServer()
+                server = PostgresServer(fsync=not options.no_fsync)
                 dsn = server.start()
             import asyncpg
 
@@ -757,6 +757,11 @@ def cli() -> None:
     parser.add_argument("--big", type=int, default=1000, help="children of the big group (0: skip)")
     parser.add_argument("--big-rounds", type=int, default=3)
     parser.add_argument("--substrates", default="postgres,sqlite")
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="run the throwaway PostgreSQL with fsync=off (not durable; default: fsync=on)",
+    )
     parser.add_argument(
         "--no-floor",
         dest="floor",

@@ -161,6 +161,11 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--substrates", default="sqlite,postgres")
     parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="run the throwaway PostgreSQL with fsync=off (not durable; default: fsync=on)",
+    )
+    parser.add_argument(
         "--out", default=str(Path(__file__).parent / "results" / "sql_sealing.json")
     )
     options = parser.parse_args()
@@ -182,7 +187,7 @@ async def main() -> None:
         server: PostgresServer | None = None
         try:
             if not dsn:
-                server = PostgresServer()
+                server = PostgresServer(fsync=not options.no_fsync)
                 dsn = server.start()
             schema = f"ehseal_{secrets.token_hex(4)}"
             chosen = dsn

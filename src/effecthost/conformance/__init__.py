@@ -7,7 +7,7 @@ needing an undeclared capability are printed skips. Run it with
 
 from ._context import CheckContext, CheckFailed
 from ._host import FactoryEnv, HostCapabilities, HostUnderTest
-from ._lab import Lab, LabClient, LabEvent
+from ._lab import Lab, LabClient, LabEvent, mark_killed
 from ._registry import OBLIGATIONS, Check, all_checks, check
 from ._runner import (
     CheckResult,
@@ -48,6 +48,7 @@ __all__ = [
     "conformance_resolver",
     "explain",
     "load_factory",
+    "mark_killed",
     "matches",
     "obligation_table",
     "run_suite",

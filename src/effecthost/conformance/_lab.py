@@ -24,6 +24,16 @@ from typing import Any
 
 SOCKET_NAME = "lab.sock"
 DENY_DIR = "deny"
+KILLED_DIR = "killed"
+
+
+def mark_killed(lab_path: str | os.PathLike[str], pid: int) -> None:
+    """Record that a factory SIGKILLed process ``pid`` (a restart): from now on an event
+    reported from that pid is a zombie — a dead incarnation still running children —
+    and fails the check it arrives in."""
+    directory = Path(lab_path) / KILLED_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / str(pid)).touch()
 
 
 def _safe(tag: str) -> str:
@@ -46,6 +56,8 @@ class Lab:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.events: list[LabEvent] = []
+        self.zombies: list[LabEvent] = []
+        """Events reported from a process a factory said it killed (:func:`mark_killed`)."""
         self._gates: dict[str, asyncio.Event] = {}
         self._open_prefixes: list[str] = []
         self._changed = asyncio.Event()
@@ -138,6 +150,9 @@ class Lab:
                 await asyncio.wait_for(changed.wait(), remaining)
 
     def _record(self, event: LabEvent) -> None:
+        pid = event.data.get("pid")
+        if pid is not None and (self.path / KILLED_DIR / str(pid)).exists():
+            self.zombies.append(event)
         self.events.append(event)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()

@@ -189,9 +189,17 @@ class SuiteRun:
         context = CheckContext(self.host, self.lab, scope)
         started = time.perf_counter()
         limit = self.host.timeout * 4
+        zombies = len(self.lab.zombies)
         try:
             async with asyncio.timeout(limit) as deadline:
                 await check.function(context)
+            if len(self.lab.zombies) > zombies:
+                first = self.lab.zombies[zombies]
+                why = (
+                    f"a killed process still ran children: {first.kind!r} of {first.tag!r} "
+                    f"came from pid {first.data.get('pid')} after the restart that killed it"
+                )
+                return CheckResult(check, "failed", why, _since(started))
         except TimeoutError as exc:
             why = f"check did not finish in {limit}s" if deadline.expired() else _describe(exc)
             return CheckResult(check, "failed", why, _since(started))

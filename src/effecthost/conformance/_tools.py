@@ -63,11 +63,11 @@ class StepExecutor(EffectExecutor):
             if spec.get("gate"):
                 await self._lab.wait_gate(tag)
         except asyncio.CancelledError:
-            await self._lab.report("cancelled", tag)
+            await self._lab.report("cancelled", tag, pid=os.getpid())
             if spec.get("hold_cancel"):
                 await self._lab.wait_gate(f"{tag}/release")
             raise
-        await self._lab.report("finished", tag)
+        await self._lab.report("finished", tag, pid=os.getpid())
         if spec.get("error"):
             raise ToolError(str(spec["error"]), f"step {tag} failed on purpose", {"tag": tag})
         return spec.get("result")

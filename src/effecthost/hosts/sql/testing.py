@@ -15,37 +15,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import glob
+import json
 import os
 import pwd
 import secrets
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from effecthost.conformance import (
-    FactoryEnv,
-    HostCapabilities,
-    HostUnderTest,
-    conformance_resolver,
-)
-from effecthost.contract import EffectController, GroupExecutors, UnknownGroup
+from effecthost.conformance import FactoryEnv, HostCapabilities, HostUnderTest, mark_killed
+from effecthost.contract import EffectController, UnknownGroup
 from effecthost.hosts import EngineMissing, require
-from effecthost.payloads import (
-    AesGcmSealer,
-    FileKeyStore,
-    PayloadPolicy,
-    StoredOutcome,
-    default_scope,
-)
+from effecthost.payloads import FileKeyStore, StoredOutcome, default_scope
 
-from ._host import SqlEffectHost
 from ._postgres import PostgresStore
+from ._remote import RemoteController
+from ._remote import call as remote_call
 from ._sqlite import SqliteStore
 from ._store import Store
 
@@ -81,10 +74,18 @@ def free_port() -> int:
 
 
 class PostgresServer:
-    """A private PostgreSQL cluster for tests: ``start()``, ``dsn``, ``stop()``."""
+    """A private PostgreSQL cluster for tests: ``start()``, ``dsn``, ``stop()``.
 
-    def __init__(self, base: str | os.PathLike[str] | None = None) -> None:
+    ``fsync`` is on unless asked otherwise: what the harness and the benchmarks measure is
+    durable. ``crash()`` stops the server as ``pg_ctl stop -m immediate`` does (SIGQUIT to
+    the postmaster: no checkpoint, crash recovery at the next start) and ``resume()``
+    starts it again on the same data directory and port.
+    """
+
+    def __init__(self, base: str | os.PathLike[str] | None = None, *, fsync: bool = True) -> None:
         self._base = base
+        self.fsync = fsync
+        self._as_user: dict[str, Any] = {}
         self.dir: Path | None = None
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -122,39 +123,66 @@ class PostgresServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        self._log = log = open(self.dir / "postgres.log", "wb")
+        self._as_user = as_user
+        self._log = open(self.dir / "postgres.log", "ab")
         for _attempt in range(5):
             self.port = free_port()
-            self.proc = subprocess.Popen(
-                [
-                    postgres,
-                    "-D",
-                    str(data),
-                    "-k",
-                    str(sock),
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    str(self.port),
-                    "-c",
-                    "fsync=off",
-                    "-c",
-                    "max_connections=200",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.dir,
-                **as_user,
-            )
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                with contextlib.suppress(OSError):
-                    socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                    if self._ready():
-                        return self.dsn
-                time.sleep(0.05)
-            self._kill()
+            if self._launch(timeout):
+                return self.dsn
         raise RuntimeError(f"PostgreSQL did not start; see {self.dir / 'postgres.log'}")
+
+    @property
+    def log_path(self) -> Path:
+        assert self.dir is not None
+        return self.dir / "postgres.log"
+
+    def _launch(self, timeout: float) -> bool:
+        postgres = find_pg_bin("postgres")
+        assert postgres is not None and self.dir is not None
+        self.proc = subprocess.Popen(
+            [
+                postgres,
+                "-D",
+                str(self.dir / "data"),
+                "-k",
+                str(self.dir / "sock"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-c",
+                f"fsync={'on' if self.fsync else 'off'}",
+                "-c",
+                "max_connections=200",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=self.dir,
+            **self._as_user,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                if self._ready():
+                    return True
+            time.sleep(0.05)
+        self._kill()
+        return False
+
+    def crash(self) -> None:
+        """Stop at once, as ``pg_ctl stop -m immediate``: the next start runs crash
+        recovery from the WAL."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGQUIT)
+            proc.wait(30)
+
+    def resume(self, timeout: float = 60.0) -> str:
+        """Start again on the same data directory and port (after :meth:`crash`)."""
+        if not self._launch(timeout):
+            raise RuntimeError(f"PostgreSQL did not restart; see {self.log_path}")
+        return self.dsn
 
     def _ready(self) -> bool:
         isready = find_pg_bin("pg_isready")
@@ -193,70 +221,132 @@ class PostgresServer:
 
 
 class SqlHostUnderTest(HostUnderTest):
-    """A wired and an unwired host over one database. ``restart()`` abandons both as a
-    SIGKILL would (nothing written any more, connections closed, child tasks left
-    unresumed-by-the-host rather than cancelled, so no cancellation handler runs), waits until the dead
-    incarnation's leases have expired on the database clock — what a restarted process
-    finds after its predecessor died — and builds new hosts with a new incarnation."""
+    """The SQL host in a deployment process of its own (:mod:`._remote`): every host the
+    checks use — wired, unwired, sealed readers — with its child tasks, keeper, timers and
+    drain lives there, and the checks drive it through :class:`RemoteController`.
+
+    ``restart()`` is a real one: it SIGKILLs that process (so no child of the dead
+    incarnation can finish, and no event from it reaches the lab afterwards: the lab
+    refuses events from a killed pid), waits until the dead incarnation's leases have
+    expired on the database clock — what a restarted process finds after its predecessor
+    died — and the next controller starts a new process with new incarnations.
+
+    ``target`` says which database (``{"store": "sqlite", "path": …}`` or
+    ``{"store": "postgres", "dsn": …, "schema": …}``); ``make_store`` opens it here, to
+    read lease expiries; ``host_class`` (``"module:Class"``) replaces
+    :class:`SqlEffectHost` in the deployment process, with ``sys_path`` prepended there.
+    """
 
     capabilities = HostCapabilities(restart=True, durable_timers=True, waiter_probe=True)
     timeout = 10.0
 
     def __init__(
         self,
+        env: FactoryEnv,
+        target: dict[str, Any],
         make_store: StoreMaker,
-        resolver: GroupExecutors,
         *,
         lease_ttl: float = TEST_LEASE_TTL,
         renew_every: float = TEST_RENEW_EVERY,
         on_close: list[object] | None = None,
-        payloads: PayloadPolicy | None = None,
+        sealed: bool = False,
+        host_class: str | None = None,
+        sys_path: list[str] | None = None,
     ) -> None:
+        self._env = env
         self._make_store = make_store
-        self._payloads = payloads
-        self._resolver = resolver
         self._lease_ttl = lease_ttl
         self._renew_every = renew_every
         self._on_close = on_close or []
-        self._hosts: dict[bool, SqlEffectHost] = {}
-        self._orphans: list[asyncio.Task[None]] = []
+        self._dir = Path(tempfile.mkdtemp(prefix="deploy-", dir=env.work_dir))
+        self._config: dict[str, Any] = {
+            **target,
+            "lab": str(env.lab_path),
+            "lease_ttl": lease_ttl,
+            "renew_every": renew_every,
+            "sealed": sealed,
+            "keys": str(env.work_dir / "keys"),
+            "wrong-keys": str(env.work_dir / "wrong-keys"),
+            "host_class": host_class,
+            "sys_path": list(sys_path or []),
+            "socket": str(self._dir / "host.sock"),
+            "ready": str(self._dir / "ready"),
+        }
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+        self._controllers: dict[str, RemoteController] = {}
+        self._owners: list[str] = []
+        self._readers = 0
 
-    def _build(self, wired: bool, payloads: PayloadPolicy | None = None) -> SqlEffectHost:
-        return SqlEffectHost(
-            self._make_store(),
-            self._resolver if wired else None,
-            node_id="conformance",
-            lease_ttl=self._lease_ttl,
-            renew_every=self._renew_every,
-            poll_interval=0.1,
-            payloads=payloads or self._payloads,
+    @property
+    def pid(self) -> int | None:
+        """The deployment process running every child now (``None`` before the first)."""
+        return None if self._proc is None else self._proc.pid
+
+    def _launch(self) -> subprocess.Popen[bytes]:
+        Path(self._config["ready"]).unlink(missing_ok=True)
+        config = self._dir / "config.json"
+        config.write_text(json.dumps(self._config))
+        if self._log is None:
+            self._log = open(self._dir / "deployment.log", "ab")
+        return subprocess.Popen(
+            [sys.executable, "-m", "effecthost.hosts.sql._remote", str(config)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
 
-    async def controller(self, *, wired: bool = True) -> EffectController:
-        host = self._hosts.get(wired)
-        if host is None:
-            host = self._hosts[wired] = self._build(wired)
-        await host.start()
-        return host
+    def _ready(self) -> bool:
+        return Path(self._config["ready"]).exists()
 
-    def _all_hosts(self) -> list[SqlEffectHost]:
-        return list(self._hosts.values())
+    async def _deployment(self) -> str:
+        if self._proc is not None and self._proc.poll() is None:
+            return str(self._config["socket"])
+        self._proc = proc = self._launch()
+        deadline = time.monotonic() + 60
+        while not self._ready():  # start-up only, never an ordering device
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the deployment process did not start; see {self._dir}")
+            await asyncio.sleep(0.02)
+        return str(self._config["socket"])
+
+    async def _controller(self, name: str) -> RemoteController:
+        found = self._controllers.get(name)
+        if found is not None and self._proc is not None and self._proc.poll() is None:
+            return found
+        socket_path = await self._deployment()
+        info = await remote_call(socket_path, "start", name)
+        controller = RemoteController(
+            socket_path, name, wired=bool(info["wired"]), owner=str(info["owner"])
+        )
+        self._owners.append(controller.owner)
+        self._controllers[name] = controller
+        return controller
+
+    async def controller(self, *, wired: bool = True) -> EffectController:
+        return await self._controller("wired" if wired else "unwired")
+
+    def _kill(self) -> int | None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        return proc.pid
 
     async def awaiting(self, group_key: str, rank: int) -> bool:
         """Whether a waiter of ``group_key`` is parked on this process's wake-ups (the
         read that preceded it found no rank ``rank`` yet)."""
-        return any(
-            not waiter.done()
-            for host in self._all_hosts()
-            for waiter in host._changed.get(group_key, ())
-        )
+        if self._proc is None or self._proc.poll() is not None:
+            return False
+        socket_path = str(self._config["socket"])
+        return bool(await remote_call(socket_path, "awaiting", "wired", group_key=group_key))
 
     async def restart(self) -> None:
-        owners = [h.owner for h in self._all_hosts()]
-        for host in self._all_hosts():
-            self._orphans += await host.abandon()
-        self._hosts.clear()
-        self._forget_extra_hosts()
+        killed = self._kill()
+        owners, self._owners = self._owners, []
+        self._controllers.clear()
         probe = self._make_store()
         await probe.start()
         try:
@@ -270,20 +360,17 @@ class SqlHostUnderTest(HostUnderTest):
             await asyncio.sleep(max(0.0, expiry - now) + 0.02)
         finally:
             await probe.aclose()
-
-    def _forget_extra_hosts(self) -> None:
-        """Hosts built besides the wired and unwired ones (readers) are forgotten here."""
+        if killed is not None:
+            # from now on the lab refuses (and the suite fails on) any event of that pid;
+            # what it sent before dying has been received during the wait above
+            mark_killed(self._env.lab_path, killed)
 
     async def aclose(self) -> None:
-        for host in self._all_hosts():
-            await host.aclose()
-        self._hosts.clear()
-        self._forget_extra_hosts()
-        for task in self._orphans:
-            task.cancel()
-        if self._orphans:
-            await asyncio.wait(self._orphans, timeout=10)
-        self._orphans = []
+        self._kill()
+        self._controllers.clear()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
         for closer in self._on_close:
             if callable(closer):
                 closer()
@@ -292,7 +379,7 @@ class SqlHostUnderTest(HostUnderTest):
 def sqlite_factory(env: FactoryEnv) -> SqlHostUnderTest:
     """The SQLite host under test, on a file in ``env.work_dir``."""
     path = env.work_dir / "effecthost.sqlite3"
-    return SqlHostUnderTest(lambda: SqliteStore(path), conformance_resolver(env.lab_path))
+    return SqlHostUnderTest(env, {"store": "sqlite", "path": str(path)}, lambda: SqliteStore(path))
 
 
 def _postgres_target() -> tuple[str, str, list[object]]:
@@ -311,8 +398,9 @@ def postgres_factory(env: FactoryEnv) -> SqlHostUnderTest:
     """The PostgreSQL host under test: ``EFFECTHOST_POSTGRES_DSN`` or its own server."""
     chosen, schema, closers = _postgres_target()
     return SqlHostUnderTest(
-        lambda: PostgresStore(chosen, schema=schema, pool_size=4),
-        conformance_resolver(env.lab_path),
+        env,
+        {"store": "postgres", "dsn": chosen, "schema": schema},
+        lambda: PostgresStore(chosen, schema=schema, pool_size=1),
         on_close=closers,
     )
 
@@ -339,38 +427,20 @@ class SealedSqlHostUnderTest(SqlHostUnderTest):
     def __init__(
         self,
         env: FactoryEnv,
+        target: dict[str, Any],
         make_store: StoreMaker,
         sql: Callable[[str, tuple[Any, ...]], Any],
         *,
         on_close: list[object] | None = None,
     ) -> None:
         self._keys = FileKeyStore(env.work_dir / "keys")
-        self._wrong_keys = FileKeyStore(env.work_dir / "wrong-keys")
-        super().__init__(
-            make_store,
-            conformance_resolver(env.lab_path),
-            on_close=on_close,
-            payloads=PayloadPolicy(sealer=AesGcmSealer(self._keys)),
-        )
+        FileKeyStore(env.work_dir / "wrong-keys")
+        super().__init__(env, target, make_store, on_close=on_close, sealed=True)
         self._sql = sql
-        self._readers: list[SqlEffectHost] = []
-
-    def _all_hosts(self) -> list[SqlEffectHost]:
-        return [*self._hosts.values(), *self._readers]
-
-    def _forget_extra_hosts(self) -> None:
-        self._readers = []
 
     async def reader(self, *, keys: Literal["none", "wrong", "right"]) -> EffectController:
-        sealer = {
-            "none": None,
-            "wrong": AesGcmSealer(self._wrong_keys),
-            "right": AesGcmSealer(self._keys),
-        }[keys]
-        host = self._build(True, PayloadPolicy(sealer=sealer))
-        self._readers.append(host)
-        await host.start()
-        return host
+        self._readers += 1
+        return await self._controller(f"reader:{keys}:{self._readers}")
 
     _SELECT = (
         "SELECT outcome FROM eh_children WHERE group_key = {0} AND replay_key = {1} "
@@ -438,7 +508,9 @@ def postgres_sql(dsn: str, schema: str) -> Callable[[str, tuple[Any, ...]], Any]
 def sqlite_sealed_factory(env: FactoryEnv) -> SealedSqlHostUnderTest:
     """The SQLite host with payload references and sealing (G-47…G-50)."""
     path = env.work_dir / "effecthost.sqlite3"
-    return SealedSqlHostUnderTest(env, lambda: SqliteStore(path), sqlite_sql(path))
+    return SealedSqlHostUnderTest(
+        env, {"store": "sqlite", "path": str(path)}, lambda: SqliteStore(path), sqlite_sql(path)
+    )
 
 
 def postgres_sealed_factory(env: FactoryEnv) -> SealedSqlHostUnderTest:
@@ -447,7 +519,8 @@ def postgres_sealed_factory(env: FactoryEnv) -> SealedSqlHostUnderTest:
     chosen, schema, closers = _postgres_target()
     return SealedSqlHostUnderTest(
         env,
-        lambda: PostgresStore(chosen, schema=schema, pool_size=4),
+        {"store": "postgres", "dsn": chosen, "schema": schema},
+        lambda: PostgresStore(chosen, schema=schema, pool_size=1),
         postgres_sql(chosen, schema),
         on_close=closers,
     )
