@@ -116,7 +116,8 @@ def _refusals(where: str) -> Iterator[None]:
     except DatabaseRefused as exc:
         raise Refused(ExitCode[exc.problem.name.replace("-", "_")], str(exc)) from None
     except SchemaVersionError as exc:
-        raise Refused(ExitCode.SCHEMA_VERSION, f"{where}: {exc}") from None
+        message = str(exc) if exc.where is not None else f"{where}: {exc}"
+        raise Refused(ExitCode.SCHEMA_VERSION, message) from None
     except MissingExtra as exc:
         raise Refused(ExitCode.ENGINE_MISSING, str(exc)) from None
     except sqlite3.Error as exc:
