@@ -476,7 +476,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Refused as refused:
         print(f"effecthost: {refused}", file=sys.stderr)
         return refused.code
+    finally:
+        _release_runtimes()
     return code
+
+
+def _release_runtimes() -> None:
+    """A command that ran a Temporal host or factory drops the SDK's runtime before the
+    process exits (see :func:`effecthost.hosts.temporal.release_temporal_runtime`)."""
+    if "temporalio.runtime" in sys.modules:
+        from effecthost.hosts.temporal import release_temporal_runtime
+
+        release_temporal_runtime()
 
 
 if __name__ == "__main__":
