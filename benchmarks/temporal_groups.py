@@ -324,6 +324,15 @@ def write_json(document: dict[str, Any], out: Path) -> None:
 
 
 def cli() -> None:
+    from effecthost.hosts.temporal import release_temporal_runtime
+
+    try:
+        _cli()
+    finally:
+        release_temporal_runtime()  # caller and worker processes: SDK threads stop here
+
+
+def _cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--rounds", type=int, default=60, help="groups per workload (the all runs a quarter)"

@@ -31,7 +31,12 @@ from effecthost.conformance import (
     run_suite,
 )
 from effecthost.hosts.memory import MemoryEffectHost
-from effecthost.hosts.memory.testing import MemoryHostUnderTest, adversarial_factory, factory
+from effecthost.hosts.memory.testing import (
+    MemoryHostUnderTest,
+    adversarial_factory,
+    factory,
+    sealed_factory,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -120,7 +125,7 @@ async def test_undeclared_capabilities_are_printed_skips() -> None:
     report = await run_suite(factory)
     skipped = report.by_status("skipped")
     assert skipped, "the memory host declares no restart, so some checks must skip"
-    declared = set(HostCapabilities().declared())
+    declared = set(MemoryHostUnderTest.capabilities.declared())
     for result in skipped:
         missing = [c for c in result.check.requires if c not in declared]
         assert missing, f"{result.check.node_name} skipped though it needs nothing undeclared"
@@ -132,6 +137,21 @@ async def test_undeclared_capabilities_are_printed_skips() -> None:
     table = report.table()
     assert "host does not declare restart" in table
     assert "host does not declare unroutable_children" in table
+
+
+@pytest.mark.parametrize(
+    "host_factory",
+    [
+        pytest.param(factory, id="memory"),
+        pytest.param(adversarial_factory, id="adversarial"),
+        pytest.param(sealed_factory, id="sealed"),
+    ],
+)
+async def test_the_parked_await_check_runs_on_every_memory_factory(host_factory: Factory) -> None:
+    """G-19: the memory factories declare ``waiter_probe``, so cancelling an await while it
+    is parked in the host is checked there, not skipped."""
+    report = await run_suite(host_factory, select="cancelling_a_parked_await_changes_nothing")
+    assert [r.status for r in report.results] == ["passed"], _explain(report)
 
 
 class _RestartFails(MemoryHostUnderTest):

@@ -14,7 +14,7 @@ from tools import registry
 
 from effecthost.combinators import Scope, all_, race, tool
 from effecthost.contract import validate_deployment
-from effecthost.hosts.temporal import TemporalEffectHost
+from effecthost.hosts.temporal import TemporalEffectHost, release_temporal_runtime
 
 
 async def main(address: str, task_queue: str) -> None:
@@ -46,3 +46,4 @@ if __name__ == "__main__":
     parser.add_argument("--task-queue", default="effecthost-demo")
     ns = parser.parse_args()
     asyncio.run(main(ns.address, ns.task_queue))
+    release_temporal_runtime()  # a short-lived process: stop the SDK's threads before exit

@@ -11,7 +11,7 @@ import asyncio
 from temporalio.client import Client
 from tools import registry
 
-from effecthost.hosts.temporal import create_worker
+from effecthost.hosts.temporal import create_worker, release_temporal_runtime
 
 
 async def main(address: str, task_queue: str) -> None:
@@ -26,4 +26,7 @@ if __name__ == "__main__":
     parser.add_argument("--address", default="127.0.0.1:7233")
     parser.add_argument("--task-queue", default="effecthost-demo")
     ns = parser.parse_args()
-    asyncio.run(main(ns.address, ns.task_queue))
+    try:
+        asyncio.run(main(ns.address, ns.task_queue))
+    finally:
+        release_temporal_runtime()  # also on Ctrl-C: stop the SDK's threads before exit

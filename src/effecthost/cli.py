@@ -116,7 +116,8 @@ def _refusals(where: str) -> Iterator[None]:
     except DatabaseRefused as exc:
         raise Refused(ExitCode[exc.problem.name.replace("-", "_")], str(exc)) from None
     except SchemaVersionError as exc:
-        raise Refused(ExitCode.SCHEMA_VERSION, f"{where}: {exc}") from None
+        message = str(exc) if exc.where is not None else f"{where}: {exc}"
+        raise Refused(ExitCode.SCHEMA_VERSION, message) from None
     except MissingExtra as exc:
         raise Refused(ExitCode.ENGINE_MISSING, str(exc)) from None
     except sqlite3.Error as exc:
@@ -475,7 +476,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Refused as refused:
         print(f"effecthost: {refused}", file=sys.stderr)
         return refused.code
+    finally:
+        _release_runtimes()
     return code
+
+
+def _release_runtimes() -> None:
+    """A command that ran a Temporal host or factory drops the SDK's runtime before the
+    process exits (see :func:`effecthost.hosts.temporal.release_temporal_runtime`)."""
+    if "temporalio.runtime" in sys.modules:
+        from effecthost.hosts.temporal import release_temporal_runtime
+
+        release_temporal_runtime()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from effecthost.contract import (
     WakePolicy,
     sleep_input,
 )
+from effecthost.hosts.temporal import release_temporal_runtime
 
 from ._support import running_host, step
 
@@ -88,3 +89,4 @@ async def record() -> None:
 
 if __name__ == "__main__":
     asyncio.run(record())
+    release_temporal_runtime()

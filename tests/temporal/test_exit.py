@@ -61,3 +61,25 @@ async def test_short_lived_callers_exit_zero(tmp_path: Path) -> None:
     async with running_host(tmp_path) as (host, lab):
         codes = await _run_callers(host.address, host.task_queue, str(lab.path), CALLERS)
     assert codes == [0] * CALLERS, codes
+
+
+def test_the_cli_releases_the_runtime_after_a_temporal_factory(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue: Temporal short-lived callers crash at exit (sdk-python#300): ``effecthost
+    conformance`` run against a Temporal factory drops the SDK's default runtime before
+    it returns, as every short-lived caller must."""
+    import temporalio.runtime
+
+    from effecthost.cli import main
+
+    code = main(
+        [
+            "conformance",
+            "effecthost.hosts.temporal.testing:factory",
+            "-k",
+            "open_group_keys_are_inspectable",
+        ]
+    )
+    assert code == 0, capsys.readouterr().out
+    assert temporalio.runtime._runtime_ref._default_runtime is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import copy
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +88,7 @@ class _Group:
     settled: list[_Child] = field(default_factory=list)  # ordered by seq
     closed: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    parked: Counter[int] = field(default_factory=Counter)  # awaits waiting, by rank
 
     @property
     def child_count(self) -> int:
@@ -409,7 +411,11 @@ class MemoryEffectHost(WiredController):
             )
         while (child := self._settled_at_rank(record, rank)) is None:
             changed = record.changed
-            await changed.wait()
+            record.parked[rank] += 1
+            try:
+                await changed.wait()
+            finally:
+                record.parked[rank] -= 1
             if record.closed:
                 raise GroupClosed(f"group {record.key!r} was closed", group_key=record.key)
         if child.stored is not None:

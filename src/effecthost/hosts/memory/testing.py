@@ -27,7 +27,7 @@ from ._host import MemoryEffectHost, _Child
 class MemoryHostUnderTest(HostUnderTest):
     """Memory declares no restart: nothing of it survives its process."""
 
-    capabilities = HostCapabilities()
+    capabilities = HostCapabilities(waiter_probe=True)
     timeout = 5.0
 
     def __init__(self, wired: MemoryEffectHost, unwired: MemoryEffectHost) -> None:
@@ -36,6 +36,12 @@ class MemoryHostUnderTest(HostUnderTest):
 
     async def controller(self, *, wired: bool = True) -> EffectController:
         return self._wired if wired else self._unwired
+
+    async def awaiting(self, group_key: str, rank: int) -> bool:
+        """Whether an await of ``rank`` waits on the group's wake-up (its read found no
+        such rank yet)."""
+        record = self._wired._groups.get(group_key)
+        return record is not None and record.parked[rank] > 0
 
     async def aclose(self) -> None:
         await self._wired.aclose()
@@ -46,7 +52,7 @@ class SealedMemoryHostUnderTest(MemoryHostUnderTest):
     """The reference host with a payload policy: a filesystem payload store, the default
     inline threshold and AES-256-GCM sealing with an in-memory key store."""
 
-    capabilities = HostCapabilities(payload_refs=True, sealing=True)
+    capabilities = HostCapabilities(payload_refs=True, sealing=True, waiter_probe=True)
 
     def __init__(self, env: FactoryEnv) -> None:
         self._keys = InMemoryKeyStore()

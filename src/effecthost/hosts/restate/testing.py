@@ -192,7 +192,14 @@ class LocalRestate:
             async with httpx.AsyncClient(timeout=2.0) as client:
                 admin = await client.get(f"{self.admin_url}/health")
                 ingress = await client.get(f"{self.ingress_url}/restate/health")
-            return bool(admin.status_code == 200 and ingress.status_code == 200)
+                # the SQL view answers only once the partitions are served again (a
+                # query right after a restart can fail with 500 while /health is 200)
+                query = await client.post(
+                    f"{self.admin_url}/query",
+                    json={"query": "SELECT count(*) AS n FROM state"},
+                    headers={"Accept": "application/json"},
+                )
+            return all(r.status_code == 200 for r in (admin, ingress, query))
 
         await _wait_until(healthy, "restate-server")
 
@@ -260,7 +267,9 @@ class LocalRestate:
 class RestateHostUnderTest(HostUnderTest):
     """The Restate tier under the conformance suite."""
 
-    capabilities = HostCapabilities(restart=True, durable_timers=True, unroutable_children=True)
+    capabilities = HostCapabilities(
+        restart=True, durable_timers=True, unroutable_children=True, waiter_probe=True
+    )
     timeout = 20.0
 
     payloads: PayloadPolicy | None = None
@@ -304,6 +313,21 @@ class RestateHostUnderTest(HostUnderTest):
         assert isinstance(controller, RestateController)
         await controller.open_routed(group, {0: UNBOUND_TARGET})
 
+    def _admin(self) -> RestateController:
+        if not self._controllers:
+            self._track(None, None)
+        return self._controllers[0]
+
+    async def awaiting(self, group_key: str, rank: int) -> bool:
+        """Whether an ``await_rank`` of ``rank`` is parked at the engine: the group object
+        records its awakeable under ``waiters`` once its read found no such rank, and
+        drops it when the rank is handed over (the admin SQL API's view of the state)."""
+        raw = (await group_state(self._admin(), group_key)).get("waiters")
+        if raw is None:
+            return False
+        waiters: dict[str, list[str]] = json.loads(raw)
+        return bool(waiters.get(str(rank)))
+
     async def aclose(self) -> None:
         await self._drop_controllers()
         await self.local.stop()
@@ -340,6 +364,7 @@ class SealedRestateHostUnderTest(RestateHostUnderTest):
         unroutable_children=True,
         payload_refs=True,
         sealing=True,
+        waiter_probe=True,
     )
 
     def __init__(self, env: FactoryEnv) -> None:
@@ -364,11 +389,6 @@ class SealedRestateHostUnderTest(RestateHostUnderTest):
                 sealer=AesGcmSealer(wrong),
             )
         return self._track(conformance_resolver(self.env.lab_path), policy)
-
-    def _admin(self) -> RestateController:
-        if not self._controllers:
-            self._track(None, None)
-        return self._controllers[0]
 
     async def _record(self, group_key: str, replay_key: str) -> tuple[str, dict[str, Any]]:
         """The rank-record key and record of a settled child (waits for the state view)."""

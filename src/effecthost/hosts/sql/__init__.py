@@ -28,12 +28,14 @@ from ._store import SCHEMA_VERSION, OpenGroup, SchemaVersionError, Store
 async def sqlite_host(
     path: str | Path, resolver: GroupExecutors | None = None, **options: Any
 ) -> SqlEffectHost:
-    """A started host over the SQLite file ``path`` (created when missing).
+    """A started host over the SQLite file ``path`` (created when missing or empty).
 
     ``options`` go to :class:`SqlEffectHost` (``lease_ttl``, ``renew_every``…), except
     ``busy_timeout`` which goes to the store.
 
     Raises:
+        DatabaseRefused: ``path`` is not a file, not SQLite, or another application's
+            database; the file is left as it was.
         SchemaVersionError: the file records another schema version.
     """
     store = SqliteStore(path, busy_timeout=options.pop("busy_timeout", 30.0))
@@ -53,6 +55,7 @@ async def postgres_host(
 
     Raises:
         MissingExtra: asyncpg is not installed (``pip install 'effecthost[postgres]'``).
+        DatabaseRefused: ``schema`` holds another application's objects.
         SchemaVersionError: the schema records another schema version.
     """
     store = PostgresStore(dsn, schema=schema, pool_size=options.pop("pool_size", 8))

@@ -500,13 +500,14 @@ class PostgresStore(Store):
     async def start(self) -> None:
         """Connect; create the schema when absent, or check its version.
 
-        With ``create=False`` or ``read_only=True`` a schema without this release's tables
-        is refused and nothing is created; ``read_only`` sessions default to read-only
-        transactions.
+        A schema that holds other objects but no effecthost tables is refused and nothing
+        is created in it (an absent or empty schema is new). With ``create=False`` or
+        ``read_only=True`` a schema without this release's tables is refused and nothing
+        is created; ``read_only`` sessions default to read-only transactions.
 
         Raises:
-            DatabaseRefused: (``create=False`` or ``read_only``) the schema holds no
-                effecthost tables.
+            DatabaseRefused: the schema holds another application's objects, or
+                (``create=False`` or ``read_only``) no effecthost tables.
             SchemaVersionError: the schema records another schema version.
         """
         (asyncpg,) = require("postgres", "postgres", "asyncpg")
@@ -540,6 +541,7 @@ class PostgresStore(Store):
         async with conn.transaction():
             # one process creates the schema at a time
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.channel)
+            await self._refuse_foreign(conn)
             await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
             await conn.execute(f"SET LOCAL search_path = {self.schema}")
             await conn.execute("CREATE TABLE IF NOT EXISTS eh_schema (version integer NOT NULL)")
@@ -549,7 +551,7 @@ class PostgresStore(Store):
                     await conn.execute(statement)
                 await conn.execute("INSERT INTO eh_schema (version) VALUES ($1)", SCHEMA_VERSION)
             elif found != SCHEMA_VERSION:
-                raise SchemaVersionError(int(found))
+                raise SchemaVersionError(int(found), where=self._where)
             else:
                 # the version numbers the table layout; functions are code: a schema made
                 # by another release of this version gets this release's functions where
@@ -565,6 +567,31 @@ class PostgresStore(Store):
                     if name and found_src.get(name) != _function_body(statement):
                         await conn.execute(statement)
 
+    @property
+    def _where(self) -> str:
+        """The database named in refusals: the schema (a DSN may carry a password)."""
+        return f"PostgreSQL schema {self.schema!r}"
+
+    async def _refuse_foreign(self, conn: Any) -> None:
+        """A schema without ``eh_schema`` that holds objects not named ``eh_…`` is another
+        application's: refused before anything is created in it (an absent or empty
+        schema is new, and so is one holding only a payload store's ``eh_payload_store``)."""
+        if await conn.fetchval("SELECT to_regclass($1)", f"{self.schema}.eh_schema"):
+            return
+        objects = await conn.fetchval(
+            "SELECT (SELECT count(*) FROM pg_class WHERE relnamespace = n.oid "
+            "AND relname NOT LIKE 'eh\\_%') "
+            "+ (SELECT count(*) FROM pg_proc WHERE pronamespace = n.oid "
+            "AND proname NOT LIKE 'eh\\_%') "
+            "FROM pg_namespace n WHERE n.nspname = $1",
+            self.schema,
+        )
+        if objects:
+            raise DatabaseRefused(
+                DatabaseProblem.FOREIGN,
+                f"{self._where} holds objects but no effecthost tables (another application's?)",
+            )
+
     async def _check_schema(self, conn: Any) -> None:
         """The schema's version, read only: no schema, table or function is created."""
         found = await conn.fetchval("SELECT to_regclass($1)", f"{self.schema}.eh_schema")
@@ -579,7 +606,7 @@ class PostgresStore(Store):
                     DatabaseProblem.FOREIGN,
                     f"schema {self.schema!r}: eh_schema records no schema version",
                 )
-            raise SchemaVersionError(int(version))
+            raise SchemaVersionError(int(version), where=self._where)
 
     async def records_sealed(self) -> bool:
         """Whether any recorded outcome is sealed (see :meth:`SqliteStore.records_sealed`)."""

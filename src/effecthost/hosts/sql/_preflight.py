@@ -165,36 +165,80 @@ def check_sqlite_file(path: str | Path, *, write: bool, lock_timeout: float) -> 
     except sqlite3.Error as exc:
         raise _classify(path, exc, lock_timeout) from None
     try:
-        found = {
-            row[0]
-            for row in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'eh\\_%' "
-                "ESCAPE '\\'"
-            )
-        }
-        if "eh_schema" not in found:
-            raise DatabaseRefused(
-                DatabaseProblem.FOREIGN,
-                f"{path}: a SQLite database with no effecthost tables (another application's?)",
-            )
-        version = conn.execute("SELECT max(version) FROM eh_schema").fetchone()[0]
-        if version != SCHEMA_VERSION:
-            if not isinstance(version, int):
-                raise DatabaseRefused(
-                    DatabaseProblem.FOREIGN, f"{path}: eh_schema records no schema version"
-                )
-            raise SchemaVersionError(version)
-        missing = [t for t in TABLES if t not in found]
-        if missing:
-            raise DatabaseRefused(
-                DatabaseProblem.CORRUPT, f"{path}: effecthost tables missing: {', '.join(missing)}"
-            )
+        _check_tables(path, conn, blank_ok=False)
     except sqlite3.Error as exc:
         raise _classify(path, exc, lock_timeout) from None
     finally:
         conn.close()
     if write:
         _probe_write_lock(path, lock_timeout)
+
+
+def _check_tables(path: Path, conn: sqlite3.Connection, *, blank_ok: bool) -> None:
+    """Refuse unless the tables are this release's (or, with ``blank_ok``, there are no
+    tables at all: a database nothing has been recorded in)."""
+    found = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if blank_ok and not found:
+        return
+    if "eh_schema" not in found:
+        raise DatabaseRefused(
+            DatabaseProblem.FOREIGN,
+            f"{path}: a SQLite database with no effecthost tables (another application's?)",
+        )
+    version = conn.execute("SELECT max(version) FROM eh_schema").fetchone()[0]
+    if version != SCHEMA_VERSION:
+        if not isinstance(version, int):
+            raise DatabaseRefused(
+                DatabaseProblem.FOREIGN, f"{path}: eh_schema records no schema version"
+            )
+        raise SchemaVersionError(version, where=str(path))
+    missing = [t for t in TABLES if t not in found]
+    if missing:
+        raise DatabaseRefused(
+            DatabaseProblem.CORRUPT, f"{path}: effecthost tables missing: {', '.join(missing)}"
+        )
+
+
+def check_creatable_sqlite_file(path: str | Path, *, lock_timeout: float) -> None:
+    """Refuse ``path`` before a store that may create it opens it for writing (the
+    library's default), unless it is new (missing, an empty file, a SQLite database with
+    no tables) or an effecthost database of this schema version. Reads only: opening a
+    file read-write already runs ``journal_mode=WAL`` on it, so another application's
+    file or one of another version must be refused before that.
+
+    Raises:
+        DatabaseRefused: not a file, not SQLite, another application's tables, or a
+            database SQLite cannot read; the message names the file.
+        SchemaVersionError: the database records another schema version.
+    """
+    path = Path(path)
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except PermissionError:
+        raise DatabaseRefused(
+            DatabaseProblem.UNREADABLE, f"{path}: permission denied (cannot reach the file)"
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a special file"
+        raise DatabaseRefused(DatabaseProblem.NOT_A_FILE, f"{path}: not a file ({kind})")
+    if st.st_size == 0:
+        return
+    if not _header(path).startswith(SQLITE_MAGIC):
+        raise DatabaseRefused(DatabaseProblem.NOT_SQLITE, f"{path}: not a SQLite database")
+    try:
+        conn = sqlite3.connect(
+            read_only_uri(path), uri=True, timeout=lock_timeout, isolation_level=None
+        )
+    except sqlite3.Error as exc:
+        raise _classify(path, exc, lock_timeout) from None
+    try:
+        _check_tables(path, conn, blank_ok=True)
+    except sqlite3.Error as exc:
+        raise _classify(path, exc, lock_timeout) from None
+    finally:
+        conn.close()
 
 
 def _probe_write_lock(path: Path, lock_timeout: float) -> None:

@@ -29,7 +29,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ._preflight import SEALED_LIKE, check_sqlite_file, read_only_uri, sealed_outcomes
+from ._preflight import (
+    SEALED_LIKE,
+    check_creatable_sqlite_file,
+    check_sqlite_file,
+    read_only_uri,
+    sealed_outcomes,
+)
 from ._store import (
     SCHEMA_VERSION,
     ChildRow,
@@ -370,26 +376,31 @@ class SqliteStore(Store):
     async def start(self) -> None:
         """Connect; create the schema in a new file, or check the version.
 
-        With ``create=False`` or ``read_only=True`` the file is checked first
-        (:func:`check_sqlite_file`) and nothing is created or changed when it is refused;
+        The file is checked first and nothing is created or changed when it is refused:
+        with ``create=True`` (:func:`check_creatable_sqlite_file`) only a new file (missing,
+        empty, no tables) or this release's database is accepted; with ``create=False`` or
+        ``read_only=True`` (:func:`check_sqlite_file`) only this release's database;
         ``read_only`` connects with ``mode=ro`` (no write lock, no journal-mode change) and
         allows only reads.
 
         Raises:
-            DatabaseRefused: (``create=False`` or ``read_only``) not a usable database.
+            DatabaseRefused: not a usable database (not a file, not SQLite, another
+                application's; with ``create=False`` or ``read_only`` also missing or empty).
             SchemaVersionError: the file records another schema version.
         """
         loop = asyncio.get_running_loop()
         if not self.create:
-            await loop.run_in_executor(
-                None,
-                functools.partial(
-                    check_sqlite_file,
-                    self.path,
-                    write=not self.read_only,
-                    lock_timeout=self.busy_timeout,
-                ),
+            check = functools.partial(
+                check_sqlite_file,
+                self.path,
+                write=not self.read_only,
+                lock_timeout=self.busy_timeout,
             )
+        else:
+            check = functools.partial(
+                check_creatable_sqlite_file, self.path, lock_timeout=self.busy_timeout
+            )
+        await loop.run_in_executor(None, check)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="effecthost-sqlite")
         target, uri = (
             (read_only_uri(self.path), True) if self.read_only else (str(self.path), False)

@@ -27,16 +27,21 @@ class SchemaVersionError(RuntimeError):
     Attributes:
         found: the version recorded in the database.
         expected: :data:`SCHEMA_VERSION`.
+        where: the database it concerns (a file, a schema; never a DSN), or ``None``.
     """
 
-    def __init__(self, found: int, expected: int = SCHEMA_VERSION) -> None:
+    def __init__(
+        self, found: int, expected: int = SCHEMA_VERSION, *, where: str | None = None
+    ) -> None:
+        prefix = "" if where is None else f"{where}: "
         super().__init__(
-            f"the database records effecthost SQL schema version {found}; this release reads "
-            f"version {expected} only and does not migrate: upgrade effecthost or use another "
-            "database"
+            f"{prefix}the database records effecthost SQL schema version {found}; this release "
+            f"reads version {expected} only and does not migrate: upgrade effecthost or use "
+            "another database"
         )
         self.found = found
         self.expected = expected
+        self.where = where
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ require("temporal", "temporal", "temporalio")
 
 from temporalio.client import Client  # noqa: E402
 
+from ._exit import release_temporal_runtime  # noqa: E402
 from ._worker import create_worker  # noqa: E402
 
 
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     resolver = load_resolver(ns.resolver, ns.resolver_arg)
     payloads, keys = payload_settings(ns.payload_dir, ns.key_dir, ns.inline_threshold)
     asyncio.run(serve(ns.address, ns.namespace, ns.task_queue, resolver, payloads, keys))
+    release_temporal_runtime()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,220 @@
+"""A store that may create its database (the library's default path: ``sqlite_host``,
+``SqliteStore(create=True)``, ``PostgresStore.start()``) refuses a database that is not its
+own, or of another schema version, with a typed error naming it, and changes nothing in
+it (SPEC §7: bad input changes nothing recorded). A new, empty or missing one is still
+created."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effecthost.hosts.sql import (
+    SCHEMA_VERSION,
+    DatabaseProblem,
+    DatabaseRefused,
+    PostgresStore,
+    SchemaVersionError,
+    SqliteStore,
+    sqlite_host,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+def _snapshot(path: Path) -> tuple[str, list[str]]:
+    """The file's bytes and what lies beside it (no journal or WAL left behind)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest(), sorted(os.listdir(path.parent))
+
+
+def _foreign(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.execute("INSERT INTO users (name) VALUES ('ada')")
+    conn.commit()
+    conn.close()
+
+
+async def _version_99(path: Path) -> None:
+    store = SqliteStore(path)
+    await store.start()
+    await store.aclose()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode=DELETE")  # as a copy or another release may leave it
+    conn.execute("UPDATE eh_schema SET version = 99")
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize("kind", ["foreign", "version-99", "random-bytes", "directory"])
+async def test_sqlite_default_start_refuses_what_it_does_not_own_and_changes_nothing(
+    tmp_path: Path, kind: str
+) -> None:
+    """SPEC §7 (bad input changes nothing recorded): ``sqlite_host(path)`` on another
+    application's SQLite file, a database of schema version 99, random bytes or a
+    directory raises a typed refusal naming the path, before ``journal_mode=WAL`` or any
+    ``CREATE`` touches it: the file stays byte-identical and nothing is left beside it."""
+    path = tmp_path / "db.sqlite3"
+    if kind == "foreign":
+        _foreign(path)
+    elif kind == "version-99":
+        await _version_99(path)
+    elif kind == "random-bytes":
+        path.write_bytes(os.urandom(8192))
+    else:
+        path.mkdir()
+        (path / "inside").write_text("x")
+    before = _snapshot(path / "inside" if kind == "directory" else path)
+
+    with pytest.raises((DatabaseRefused, SchemaVersionError)) as raised:
+        await sqlite_host(path)
+
+    assert str(path) in str(raised.value)
+    if kind == "version-99":
+        assert isinstance(raised.value, SchemaVersionError)
+        assert (raised.value.found, raised.value.expected) == (99, SCHEMA_VERSION)
+    else:
+        assert isinstance(raised.value, DatabaseRefused)
+        expected = {
+            "foreign": DatabaseProblem.FOREIGN,
+            "random-bytes": DatabaseProblem.NOT_SQLITE,
+            "directory": DatabaseProblem.NOT_A_FILE,
+        }[kind]
+        assert raised.value.problem is expected
+    assert _snapshot(path / "inside" if kind == "directory" else path) == before
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty-file", "sqlite-without-tables"])
+async def test_sqlite_default_start_still_creates_a_new_database(tmp_path: Path, kind: str) -> None:
+    """The refusals above leave the default path as it was for a database that is new:
+    a missing path, an empty file, a SQLite file with no tables get this release's
+    schema."""
+    path = tmp_path / "db.sqlite3"
+    if kind == "empty-file":
+        path.write_bytes(b"")
+    elif kind == "sqlite-without-tables":
+        sqlite3.connect(path).execute("PRAGMA user_version = 0").connection.close()
+    store = SqliteStore(path)
+    await store.start()
+    await store.aclose()
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT max(version) FROM eh_schema").fetchone()[0] == SCHEMA_VERSION
+    conn.close()
+
+
+async def _pg_snapshot(dsn: str, schema: str) -> Any:
+    """Every object in ``schema`` (with its row version: an ``ALTER`` shows) and every
+    table's rows."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        ns = await conn.fetchval("SELECT oid FROM pg_namespace WHERE nspname = $1", schema)
+        rels = await conn.fetch(
+            "SELECT relname, relkind, xmin::text FROM pg_class WHERE relnamespace = $1 "
+            "ORDER BY relname",
+            ns,
+        )
+        procs = await conn.fetch(
+            "SELECT proname, xmin::text, prosrc FROM pg_proc WHERE pronamespace = $1 "
+            "ORDER BY proname",
+            ns,
+        )
+        rows = {}
+        for rel in rels:
+            if rel["relkind"] == "r":
+                rows[rel["relname"]] = await conn.fetchval(
+                    f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) "
+                    f'FROM {schema}."{rel["relname"]}" t'
+                )
+        return ns, [tuple(r) for r in rels], [tuple(p) for p in procs], rows
+    finally:
+        await conn.close()
+
+
+async def test_postgres_start_refuses_another_applications_schema_and_changes_nothing(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """SPEC §7: ``PostgresStore.start()`` on a schema that holds another application's
+    tables (no ``eh_schema``) raises ``DatabaseRefused`` (foreign) naming the schema and
+    creates no table, index or function in it."""
+    import asyncpg
+
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(f"CREATE SCHEMA {pg_schema}")
+        await conn.execute(f"CREATE TABLE {pg_schema}.users (id serial PRIMARY KEY, name text)")
+        await conn.execute(f"INSERT INTO {pg_schema}.users (name) VALUES ('ada')")
+    finally:
+        await conn.close()
+    before = await _pg_snapshot(pg_dsn, pg_schema)
+
+    with pytest.raises(DatabaseRefused) as raised:
+        await PostgresStore(pg_dsn, schema=pg_schema).start()
+
+    assert raised.value.problem is DatabaseProblem.FOREIGN
+    assert pg_schema in str(raised.value)
+    assert await _pg_snapshot(pg_dsn, pg_schema) == before
+
+
+async def test_postgres_start_refuses_another_schema_version_and_changes_nothing(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """SPEC §7: ``PostgresStore.start()`` on a schema of effecthost schema version 99 that
+    also holds another table raises ``SchemaVersionError`` naming the schema, and leaves
+    every object and row as it was (no function replaced, nothing created)."""
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    await store.start()
+    await store._pool.execute("UPDATE eh_schema SET version = 99")
+    await store._pool.execute("CREATE TABLE other_app (id int)")
+    await store.aclose()
+    before = await _pg_snapshot(pg_dsn, pg_schema)
+
+    with pytest.raises(SchemaVersionError) as raised:
+        await PostgresStore(pg_dsn, schema=pg_schema).start()
+
+    assert (raised.value.found, raised.value.expected) == (99, SCHEMA_VERSION)
+    assert pg_schema in str(raised.value)
+    assert await _pg_snapshot(pg_dsn, pg_schema) == before
+
+
+async def test_postgres_start_still_creates_into_an_empty_schema(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """A schema that exists but holds nothing is new: the store creates its tables there."""
+    import asyncpg
+
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(f"CREATE SCHEMA {pg_schema}")
+    finally:
+        await conn.close()
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    await store.start()
+    try:
+        assert await store._pool.fetchval("SELECT max(version) FROM eh_schema") == SCHEMA_VERSION
+    finally:
+        await store.aclose()
+
+
+async def test_postgres_start_shares_a_schema_with_a_payload_store(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """A payload store's ``eh_payload_store`` made first is effecthost's own, not another
+    application's: the host store still creates its tables beside it."""
+    from effecthost.payloads import PostgresPayloadStore
+
+    payloads = PostgresPayloadStore(pg_dsn, schema=pg_schema)
+    await payloads._ready()
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    try:
+        await store.start()
+        assert await store._pool.fetchval("SELECT max(version) FROM eh_schema") == SCHEMA_VERSION
+    finally:
+        await store.aclose()
+        await payloads.aclose()
