@@ -114,9 +114,9 @@ def _refusals(where: str) -> Iterator[None]:
     try:
         yield
     except DatabaseRefused as exc:
-        raise Refused(ExitCode[exc.problem.name.replace("-", "_")], str(exc)) from None
+        raise Refused(ExitCode[exc.problem.name.replace("-", "_")], exc.message) from None
     except SchemaVersionError as exc:
-        message = str(exc) if exc.where is not None else f"{where}: {exc}"
+        message = exc.message if exc.where is not None else f"{where}: {exc.message}"
         raise Refused(ExitCode.SCHEMA_VERSION, message) from None
     except MissingExtra as exc:
         raise Refused(ExitCode.ENGINE_MISSING, str(exc)) from None

@@ -44,6 +44,7 @@ from ._errors import (
     ReplayMismatch,
     RuntimeErrorCode,
     SealedPayloadUnreadable,
+    StoreRefused,
     UnknownGroup,
 )
 from ._keys import OccurrenceCounter, batch_id, group_key
@@ -106,6 +107,7 @@ __all__ = [
     "RuntimeErrorCode",
     "SealedPayloadUnreadable",
     "Settlement",
+    "StoreRefused",
     "ToolError",
     "ToolFunction",
     "ToolRegistry",

@@ -39,6 +39,7 @@ class RuntimeErrorCode(StrEnum):
     EFFECT_FAILED = "effect_failed"
     ALL_EFFECTS_FAILED = "all_effects_failed"
     DEADLINE_EXCEEDED = "deadline_exceeded"
+    STORE_REFUSED = "store_refused"
 
 
 class EffectHostError(Exception):
@@ -46,6 +47,7 @@ class EffectHostError(Exception):
 
     Attributes:
         code: the :class:`RuntimeErrorCode` of the concrete class.
+        message: the text without the ``[code]`` prefix.
         group_key, replay_key, position, rank: the ids the error concerns, or ``None``.
     """
 
@@ -61,6 +63,7 @@ class EffectHostError(Exception):
         rank: int | None = None,
     ) -> None:
         super().__init__(f"[{self.code.value}] {message}")
+        self.message = message
         self.group_key = group_key
         self.replay_key = replay_key
         self.position = position
@@ -210,3 +213,10 @@ class PayloadShredded(EffectHostError):
     """The key of the payload's scope was destroyed (crypto-erasure, G-50)."""
 
     code = RuntimeErrorCode.PAYLOAD_SHREDDED
+
+
+class StoreRefused(EffectHostError):
+    """A host refused to open its storage (a file or schema it does not own, another
+    schema version, a locked or unreadable database) before writing anything to it."""
+
+    code = RuntimeErrorCode.STORE_REFUSED

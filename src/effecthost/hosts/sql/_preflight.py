@@ -17,6 +17,8 @@ import urllib.parse
 from enum import StrEnum
 from pathlib import Path
 
+from effecthost.contract import StoreRefused
+
 from ._store import SCHEMA_VERSION, SchemaVersionError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -39,7 +41,7 @@ class DatabaseProblem(StrEnum):
     UNREACHABLE = "unreachable"
 
 
-class DatabaseRefused(RuntimeError):
+class DatabaseRefused(StoreRefused):
     """A store refused to open a database it was told not to create or change, before
     writing anything.
 

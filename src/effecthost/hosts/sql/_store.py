@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from effecthost.contract import StoreRefused
 from effecthost.payloads import PayloadRef, PayloadStore
 from effecthost.payloads._store import _check, _make_ref, _missing
 
@@ -20,7 +21,7 @@ Version 2 added the payload table ``eh_payloads`` (G-47); a database recording v
 is refused like any other version (nothing is migrated)."""
 
 
-class SchemaVersionError(RuntimeError):
+class SchemaVersionError(StoreRefused):
     """The database holds a schema version this code does not know (a newer release or a
     foreign layout). Raised at start-up; nothing is migrated silently.
 
