@@ -108,6 +108,7 @@ class _Driver:
     attempt: int
     deadline: float  # local monotonic self-fencing deadline
     task: asyncio.Task[None] | None = None
+    started: bool = False  # the task has begun (a cancel before that would skip it whole)
     running: bool = True  # in the executor (cancellable) rather than finalizing
     cancel_requested: bool = False
     lost: bool = False
@@ -521,8 +522,13 @@ class SqlEffectHost(WiredController):
         return driver
 
     async def _drive(self, driver: _Driver, executor: EffectExecutor) -> None:
+        driver.started = True
         try:
+            if driver.lost:
+                return  # lost before it ran: write nothing (G-33)
             try:
+                if driver.cancel_requested:  # cancelled before it ran (G-27)
+                    raise asyncio.CancelledError
                 outcome = await executor.execute(ExecutionInput(driver.envelope, driver.attempt))
             except asyncio.CancelledError:
                 if not driver.cancel_requested or driver.lost:
@@ -627,10 +633,13 @@ class SqlEffectHost(WiredController):
 
     def _cancel_driver(self, driver: _Driver) -> None:
         """Cancel the child's task once: a second ``cancel()`` would interrupt the
-        executor's own cancellation handler."""
+        executor's own cancellation handler. A task that has not begun is not cancelled
+        (it would never run its handlers: no outcome, no deregistration); it reads
+        ``cancel_requested`` / ``lost`` when it begins."""
         if driver.running and not driver.cancel_sent and driver.task is not None:
             driver.cancel_sent = True
-            driver.task.cancel()
+            if driver.started:
+                driver.task.cancel()
 
     async def _keeper(self) -> None:
         """Renew every lease this host holds, one statement per tick; cancel drivers
