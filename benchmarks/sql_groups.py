@@ -215,11 +215,20 @@ class NullStore:
     async def due_sleeps(self) -> list[Any]:
         return []
 
-    async def renew(self, owner: str, ttl: float) -> list[Any]:
-        return []
+    async def renew(
+        self, owner: str, ttl: float, keys: list[str], groups: list[str], sent: Any = None
+    ) -> tuple[list[Any], list[str]]:
+        return [], groups
 
     async def open_group(
-        self, group_key: str, wake: str, disposition: str, child_count: int, before: Any
+        self,
+        group_key: str,
+        wake: str,
+        disposition: str,
+        child_count: int,
+        before: Any,
+        owner: str | None = None,
+        ttl: float = 0.0,
     ) -> tuple[bool, GroupRow | None, str | None]:
         before()
         row = GroupRow(group_key, wake, disposition, disposition, child_count, 0, "open", 0, None)
@@ -227,7 +236,7 @@ class NullStore:
         return True, row, None
 
     async def insert_children(
-        self, group_key: str, specs: list[Any], owner: str, ttl: float
+        self, group_key: str, specs: list[Any], owner: str, ttl: float, sent: Any = None
     ) -> list[str]:
         self.groups[group_key][1].update((s.replay_key, s.position) for s in specs)
         return [s.replay_key for s in specs]

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
+import random
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 
 from effecthost.hosts import require
 
@@ -36,7 +39,9 @@ from ._store import (
     RankRead,
     Renewal,
     SchemaVersionError,
+    Sent,
     Store,
+    _mark,
 )
 
 NOW = "extract(epoch from clock_timestamp())::float8"
@@ -101,7 +106,9 @@ DDL = [
         counter     bigint NOT NULL DEFAULT 0,
         state       text NOT NULL DEFAULT 'open',
         created_at  float8 NOT NULL,
-        closed_at   float8
+        closed_at   float8,
+        owner         text,
+        owner_expires float8
     )""",
     """CREATE TABLE IF NOT EXISTS eh_children (
         replay_key       text PRIMARY KEY,
@@ -226,6 +233,10 @@ DDL = [
             top bigint;
             st text;
         BEGIN
+            -- every child row of the batch locked by key before any is written (G-32)
+            PERFORM 1 FROM eh_children WHERE replay_key = ANY(p_keys)
+               AND lease_owner = p_owner AND state = 'claimed'
+             ORDER BY replay_key FOR UPDATE;
             IF n > 32 THEN
                 seqs := eh_finalize_many_planned(p_keys, p_hashes, p_owner, p_fences,
                                                  p_outcomes, p_channel);
@@ -291,7 +302,8 @@ DDL = [
                 RETURN false;
             END IF;
             SELECT count(*) FILTER (WHERE s.state <> 'settled') INTO n
-              FROM (SELECT state FROM eh_children WHERE group_key = p_key FOR UPDATE) s;
+              FROM (SELECT state FROM eh_children WHERE group_key = p_key
+                     ORDER BY replay_key FOR UPDATE) s;
             IF n > 0 THEN
                 RETURN false;
             END IF;
@@ -320,11 +332,14 @@ DDL = [
              WHERE group_key = p_key AND state <> 'settled';
             IF n = 0 THEN
                 SELECT count(*) FILTER (WHERE s.state <> 'settled') INTO n
-                  FROM (SELECT state FROM eh_children WHERE group_key = p_key FOR UPDATE) s;
+                  FROM (SELECT state FROM eh_children WHERE group_key = p_key
+                         ORDER BY replay_key FOR UPDATE) s;
             END IF;
             PERFORM pg_notify(p_channel, 'c:' || p_key);
             IF n > 0 THEN
                 IF p_effective = 'cancel' THEN
+                    PERFORM 1 FROM eh_children WHERE group_key = p_key AND state <> 'settled'
+                     ORDER BY replay_key FOR UPDATE;
                     UPDATE eh_children SET cancel_requested = true
                      WHERE group_key = p_key AND state <> 'settled';
                 END IF;
@@ -345,13 +360,67 @@ DDL = [
             VALUES (p_key, p_effective, {NOW}) ON CONFLICT DO NOTHING;
             RETURN 2;
         END $$""",
+    # the keeper's renewal (G-33, R-1): the leases of children with a live driver, then
+    # the ownership of open groups; child rows locked by key, then group rows by key
+    f"""CREATE OR REPLACE FUNCTION eh_renew(
+            p_owner text, p_ttl float8, p_keys text[], p_groups text[])
+        RETURNS TABLE (r_kind text, r_key text, r_fence bigint, r_cancel boolean)
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM 1 FROM eh_children c WHERE c.replay_key = ANY(p_keys)
+               AND c.lease_owner = p_owner AND c.state = 'claimed'
+             ORDER BY c.replay_key FOR UPDATE;
+            RETURN QUERY UPDATE eh_children c SET lease_expires = {NOW} + p_ttl
+             WHERE c.replay_key = ANY(p_keys) AND c.lease_owner = p_owner
+               AND c.state = 'claimed' AND c.lease_expires >= {NOW}
+            RETURNING 'c'::text, c.replay_key, c.fence, c.cancel_requested;
+            PERFORM 1 FROM eh_groups g WHERE g.group_key = ANY(p_groups)
+               AND g.owner = p_owner AND g.state = 'open'
+             ORDER BY g.group_key FOR UPDATE;
+            RETURN QUERY UPDATE eh_groups g SET owner_expires = {NOW} + p_ttl
+             WHERE g.group_key = ANY(p_groups) AND g.owner = p_owner AND g.state = 'open'
+               AND g.owner_expires >= {NOW}
+            RETURNING 'g'::text, g.group_key, 0::bigint, false;
+        END $$""",
 ]
+
+_RETRY_STATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock detected
+_RETRIES = 6
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+log = logging.getLogger("effecthost.sql")
+
+
+def _retried(
+    fn: Callable[_P, Coroutine[Any, Any, _T]],
+) -> Callable[_P, Coroutine[Any, Any, _T]]:
+    """Run a one-transaction operation again when the server rolled it back as a
+    serialization failure or a deadlock victim (SQLSTATE 40001 / 40P01): nothing of it
+    was written. Bounded; the last failure propagates."""
+
+    @functools.wraps(fn)
+    async def run(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        for attempt in range(_RETRIES):
+            try:
+                return await fn(*args, **kwargs)
+            except Exception as exc:
+                if getattr(exc, "sqlstate", None) not in _RETRY_STATES or attempt == _RETRIES - 1:
+                    raise
+                log.warning("%s rolled back (%s): retrying", fn.__name__, exc.sqlstate)  # type: ignore[attr-defined]
+                await asyncio.sleep(random.uniform(0, 0.005 * 2**attempt))
+        raise AssertionError("unreachable")
+
+    return run
+
 
 _CHILD_COLUMNS = (
     "c.replay_key, c.group_key, c.position, c.kind, c.name, c.envelope, c.envelope_hash, "
     "c.state, c.lease_owner, c.fence, "
     f"(c.lease_owner IS NULL OR c.lease_expires < {NOW}) AS lease_expired, "
     "c.attempt, c.cancel_requested, c.due_at, c.seq"
+)
+_OWNER_COLUMNS = (
+    f"g.owner AS group_owner, (g.state = 'open' AND g.owner_expires >= {NOW}) AS owner_live"
 )
 _GROUP_COLUMNS = (
     "group_key, wake, disposition, effective, child_count, counter, state, created_at, closed_at"
@@ -377,6 +446,8 @@ def _child(r: Any) -> ChildRow:
         seq=r["seq"],
         effective=r["effective"] if "effective" in r else "",
         group_state=r["group_state"] if "group_state" in r else "",
+        group_owner=r["group_owner"] if "group_owner" in r else None,
+        owner_live=bool(r["owner_live"]) if "owner_live" in r else False,
     )
 
 
@@ -578,7 +649,8 @@ class PostgresStore(Store):
 
     async def unfinished(self) -> list[ChildRow]:
         rows = await self._pool.fetch(
-            f"SELECT {_CHILD_COLUMNS}, g.effective, g.state AS group_state FROM eh_children c "
+            f"SELECT {_CHILD_COLUMNS}, g.effective, g.state AS group_state, {_OWNER_COLUMNS} "
+            "FROM eh_children c "
             "JOIN eh_groups g ON g.group_key = c.group_key "
             "WHERE c.state <> 'settled' ORDER BY c.group_key, c.position"
         )
@@ -601,25 +673,36 @@ class PostgresStore(Store):
 
     async def max_lease_expiry(self, owner: str) -> float | None:
         value = await self._pool.fetchval(
-            "SELECT max(lease_expires) FROM eh_children "
-            "WHERE lease_owner = $1 AND state = 'claimed'",
+            "SELECT max(x) FROM (SELECT max(lease_expires) AS x FROM eh_children "
+            "WHERE lease_owner = $1 AND state = 'claimed' UNION ALL "
+            "SELECT max(owner_expires) FROM eh_groups WHERE owner = $1 AND state = 'open') m",
             owner,
         )
         return None if value is None else float(value)
 
     # -- writes -------------------------------------------------------------------------
 
+    @_retried
     async def create_group(
-        self, group_key: str, wake: str, disposition: str, child_count: int
+        self,
+        group_key: str,
+        wake: str,
+        disposition: str,
+        child_count: int,
+        owner: str | None = None,
+        ttl: float = 0.0,
     ) -> tuple[bool, GroupRow]:
         row = await self._pool.fetchrow(
             "INSERT INTO eh_groups (group_key, wake, disposition, effective, child_count, "
-            f"created_at) VALUES ($1, $2, $3, $3, $4, {NOW}) "
+            f"created_at, owner, owner_expires) VALUES ($1, $2, $3, $3, $4, {NOW}, $5, "
+            f"CASE WHEN $5::text IS NOT NULL THEN {NOW} + $6 END) "
             f"ON CONFLICT (group_key) DO NOTHING RETURNING {_GROUP_COLUMNS}",
             group_key,
             wake,
             disposition,
             child_count,
+            owner,
+            ttl,
         )
         if row is not None:
             return True, _group(row)
@@ -627,10 +710,35 @@ class PostgresStore(Store):
         assert existing is not None, "a group row vanished between insert and read"
         return False, existing
 
+    @_retried
+    async def own(self, group_key: str, owner: str, ttl: float) -> bool:
+        status = await self._pool.execute(
+            f"UPDATE eh_groups SET owner = $1, owner_expires = {NOW} + $2 "
+            "WHERE group_key = $3 AND state = 'open'",
+            owner,
+            ttl,
+            group_key,
+        )
+        return bool(status == "UPDATE 1")
+
+    @_retried
     async def insert_children(
-        self, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
+        self,
+        group_key: str,
+        specs: list[ChildSpec],
+        owner: str,
+        ttl: float,
+        sent: Sent | None = None,
     ) -> list[str]:
-        rows = await self._pool.fetch(
+        async with self._pool.acquire() as conn:
+            _mark(sent)
+            return await self._insert_children(conn, group_key, specs, owner, ttl)
+
+    @staticmethod
+    async def _insert_children(
+        conn: Any, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
+    ) -> list[str]:
+        rows = await conn.fetch(
             "INSERT INTO eh_children (replay_key, group_key, position, kind, name, envelope, "
             "envelope_hash, state, lease_owner, fence, lease_expires, attempt, due_at) "
             "SELECT k, $1, p, kd, nm, env, h, "
@@ -655,10 +763,13 @@ class PostgresStore(Store):
         )
         return [r[0] for r in rows]
 
-    async def claim(self, replay_key: str, owner: str, ttl: float) -> Claim | None:
-        row = await self._pool.fetchrow(
-            "SELECT * FROM eh_claim($1, $2, $3)", replay_key, owner, ttl
-        )
+    @_retried
+    async def claim(
+        self, replay_key: str, owner: str, ttl: float, sent: Sent | None = None
+    ) -> Claim | None:
+        async with self._pool.acquire() as conn:
+            _mark(sent)
+            row = await conn.fetchrow("SELECT * FROM eh_claim($1, $2, $3)", replay_key, owner, ttl)
         if row is None:
             return None
         return Claim(
@@ -669,16 +780,35 @@ class PostgresStore(Store):
             float(row["lease_expires"]),
         )
 
-    async def renew(self, owner: str, ttl: float) -> list[Renewal]:
-        rows = await self._pool.fetch(
-            f"UPDATE eh_children SET lease_expires = {NOW} + $1 "
-            f"WHERE lease_owner = $2 AND state = 'claimed' AND lease_expires >= {NOW} "
-            "RETURNING replay_key, fence, cancel_requested",
-            ttl,
-            owner,
-        )
-        return [Renewal(r[0], int(r[1]), bool(r[2])) for r in rows]
+    @_retried
+    async def renew(
+        self,
+        owner: str,
+        ttl: float,
+        keys: list[str],
+        groups: list[str],
+        sent: Sent | None = None,
+    ) -> tuple[list[Renewal], list[str]]:
+        async with self._pool.acquire() as conn:
+            _mark(sent)
+            rows = await conn.fetch(
+                "SELECT * FROM eh_renew($1, $2, $3, $4)", owner, ttl, keys, groups
+            )
+        children = [Renewal(r[1], int(r[2]), bool(r[3])) for r in rows if r[0] == "c"]
+        return children, [r[1] for r in rows if r[0] == "g"]
 
+    @_retried
+    async def release(self, owner: str, replay_key: str, fence: int) -> None:
+        await self._pool.execute(
+            "UPDATE eh_children SET lease_owner = NULL, lease_expires = NULL, "
+            "state = 'pending' WHERE replay_key = $1 AND lease_owner = $2 AND fence = $3 "
+            "AND state = 'claimed'",
+            replay_key,
+            owner,
+            fence,
+        )
+
+    @_retried
     async def finalize(
         self, replay_key: str, envelope_hash: str, owner: str, fence: int, outcome: str
     ) -> int | None:
@@ -697,6 +827,7 @@ class PostgresStore(Store):
             self.open_at_finalize.add(replay_key)
         return int(row["seq"])
 
+    @_retried
     async def finalize_many(self, owner: str, items: list[Finalize]) -> list[int | None]:
         row = await self._pool.fetchrow(
             "SELECT * FROM eh_finalize_many_open($1, $2, $3, $4, $5, $6)",
@@ -714,6 +845,7 @@ class PostgresStore(Store):
             )
         return seqs
 
+    @_retried
     async def settle_free(self, replay_key: str, owner: str, outcome: str) -> int | None:
         value = await self._pool.fetchval(
             "SELECT eh_settle_free($1, $2, $3, $4)",
@@ -724,9 +856,15 @@ class PostgresStore(Store):
         )
         return None if value is None else int(value)
 
+    @_retried
     async def close(self, group_key: str, effective: str) -> bool:
         async with self._pool.acquire() as conn, conn.transaction():
-            if effective == "cancel":  # child rows first, then the group row
+            if effective == "cancel":  # child rows first (by key), then the group row
+                await conn.execute(
+                    "SELECT 1 FROM eh_children WHERE group_key = $1 AND state <> 'settled' "
+                    "ORDER BY replay_key FOR UPDATE",
+                    group_key,
+                )
                 await conn.execute(
                     "UPDATE eh_children SET cancel_requested = true "
                     "WHERE group_key = $1 AND state <> 'settled'",
@@ -741,9 +879,11 @@ class PostgresStore(Store):
             await conn.execute("SELECT pg_notify($1, $2)", self.channel, "c:" + group_key)
             return bool(status == "UPDATE 1")
 
+    @_retried
     async def retire_closed(self, group_key: str) -> bool:
         return bool(await self._pool.fetchval("SELECT eh_retire($1)", group_key))
 
+    @_retried
     async def close_retire(self, group_key: str, effective: str) -> tuple[bool, bool]:
         done = await self._pool.fetchval(
             "SELECT eh_close_retire($1, $2, $3)", group_key, effective, self.channel
@@ -763,11 +903,13 @@ class PostgresStore(Store):
         tomb = row["tombstone"]
         return None, None if tomb is None else str(tomb)
 
+    @_retried
     async def retire(self, group_key: str) -> bool:
         async with self._pool.acquire() as conn, conn.transaction():
             # child rows first (locked), then the group row
             states = await conn.fetch(
-                "SELECT state FROM eh_children WHERE group_key = $1 FOR UPDATE", group_key
+                "SELECT state FROM eh_children WHERE group_key = $1 ORDER BY replay_key FOR UPDATE",
+                group_key,
             )
             if any(r[0] != "settled" for r in states):
                 return False
@@ -790,6 +932,7 @@ class PostgresStore(Store):
 
     # -- the payload table ----------------------------------------------------------------
 
+    @_retried
     async def payload_put(
         self, group_key: str, name: str, replay_key: str, data: bytes, digest: str
     ) -> None:
@@ -809,5 +952,6 @@ class PostgresStore(Store):
         )
         return None if value is None else bytes(value)
 
+    @_retried
     async def payload_delete_group(self, group_key: str) -> None:
         await self._pool.execute("DELETE FROM eh_payloads WHERE group_key = $1", group_key)

@@ -6,6 +6,7 @@ A store owns its DDL and runs each operation below as one short transaction. The
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,10 +14,11 @@ from dataclasses import dataclass
 from effecthost.payloads import PayloadRef, PayloadStore
 from effecthost.payloads._store import _check, _make_ref, _missing
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The schema this code reads and writes. Another version in the database is refused.
 
-Version 2 added the payload table ``eh_payloads`` (G-47); a database recording version 1
+Version 2 added the payload table ``eh_payloads`` (G-47); version 3 added the group's owner
+and its owner-lease expiry to ``eh_groups`` (R-1). A database recording an earlier version
 is refused like any other version (nothing is migrated)."""
 
 
@@ -37,6 +39,24 @@ class SchemaVersionError(RuntimeError):
         )
         self.found = found
         self.expected = expected
+
+
+@dataclass
+class Sent:
+    """When a lease statement went out: the local monotonic time a store records just
+    before it sends the claim, insert or renewal (after any wait for a connection or a
+    lock), so a self-fencing deadline is measured from there and not from before the
+    wait (G-33, seed D11)."""
+
+    at: float | None = None
+
+    def mark(self) -> None:
+        self.at = time.monotonic()
+
+
+def _mark(sent: Sent | None) -> None:
+    if sent is not None:
+        sent.mark()
 
 
 @dataclass(frozen=True)
@@ -89,6 +109,8 @@ class ChildRow:
     seq: int | None
     effective: str = ""  # the group's disposition in force (drain reads)
     group_state: str = ""
+    group_owner: str | None = None  # the incarnation that last opened the group (R-1)
+    owner_live: bool = False  # the group is open and its owner's claim is unexpired
 
 
 @dataclass(frozen=True)
@@ -182,31 +204,67 @@ class Store(ABC):
 
     @abstractmethod
     async def create_group(
-        self, group_key: str, wake: str, disposition: str, child_count: int
+        self,
+        group_key: str,
+        wake: str,
+        disposition: str,
+        child_count: int,
+        owner: str | None = None,
+        ttl: float = 0.0,
     ) -> tuple[bool, GroupRow]:
-        """Insert the group row in its own committed transaction (G-32). Returns
+        """Insert the group row in its own committed transaction (G-32), owned by
+        ``owner`` for ``ttl`` seconds of the database clock (R-1). Returns
         ``(created, row)``; ``created`` is false when the key was already recorded."""
 
     @abstractmethod
+    async def own(self, group_key: str, owner: str, ttl: float) -> bool:
+        """Make ``owner`` the owner of an open group for ``ttl`` seconds (a reopen, R-1).
+        False when the group is not recorded open."""
+
+    @abstractmethod
     async def insert_children(
-        self, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
+        self,
+        group_key: str,
+        specs: list[ChildSpec],
+        owner: str,
+        ttl: float,
+        sent: Sent | None = None,
     ) -> list[str]:
         """Insert missing child rows (one transaction, children only); rows with
         ``claim`` are inserted leased to ``owner`` with fence 1. Returns the replay keys
-        inserted (an existing row is left as it is)."""
+        inserted (an existing row is left as it is). ``sent`` is marked just before the
+        statement goes out."""
 
     @abstractmethod
     async def children(self, group_key: str) -> list[ChildRow]: ...
 
     @abstractmethod
-    async def claim(self, replay_key: str, owner: str, ttl: float) -> Claim | None:
+    async def claim(
+        self, replay_key: str, owner: str, ttl: float, sent: Sent | None = None
+    ) -> Claim | None:
         """Conditional takeover: lease an unsettled child whose lease is absent or expired
         on the database clock, bumping the fence (G-33). ``None`` when a live lease (or a
-        settlement) is in the way."""
+        settlement) is in the way. ``sent`` is marked just before the statement goes out."""
 
     @abstractmethod
-    async def renew(self, owner: str, ttl: float) -> list[Renewal]:
-        """Extend every lease ``owner`` holds (one statement); returns those still held."""
+    async def renew(
+        self,
+        owner: str,
+        ttl: float,
+        keys: list[str],
+        groups: list[str],
+        sent: Sent | None = None,
+    ) -> tuple[list[Renewal], list[str]]:
+        """Extend the unexpired leases ``owner`` holds on the children ``keys`` (those
+        with a live driver) and its unexpired ownership of the open ``groups`` (R-1), in
+        one transaction, child rows by key, then group rows by key (G-32). Returns the
+        child leases and the groups still held. ``sent`` is marked just before the
+        statement goes out."""
+
+    @abstractmethod
+    async def release(self, owner: str, replay_key: str, fence: int) -> None:
+        """Give up a lease ``owner`` holds at ``fence`` without settling the child, so
+        another driver may claim it at once (a driver that ends without an outcome)."""
 
     @abstractmethod
     async def finalize(
@@ -280,16 +338,25 @@ class Store(ABC):
         disposition: str,
         child_count: int,
         before_create: Callable[[], None],
+        owner: str | None = None,
+        ttl: float = 0.0,
     ) -> tuple[bool, GroupRow | None, str | None]:
         """Look the group up; when neither its row nor its tombstone is recorded, call
         ``before_create`` (the first open's resolution: when it raises, nothing is
-        written and the error propagates) and create the row (G-10, G-32). Returns
-        ``(created, row, tombstone)``. A store may do it in one transaction."""
+        written and the error propagates) and create the row (G-10, G-32). The group,
+        created or found open, is then owned by ``owner`` for ``ttl`` seconds (R-1).
+        Returns ``(created, row, tombstone)``. A store may do it in one transaction."""
         record, tombstone = await self.lookup(group_key)
         if record is not None or tombstone is not None:
+            if record is not None and record.state == "open" and owner is not None:
+                await self.own(group_key, owner, ttl)
             return False, record, tombstone
         before_create()
-        created, record = await self.create_group(group_key, wake, disposition, child_count)
+        created, record = await self.create_group(
+            group_key, wake, disposition, child_count, owner, ttl
+        )
+        if not created and record.state == "open" and owner is not None:
+            await self.own(group_key, owner, ttl)
         return created, record, None
 
     async def close_group(
@@ -332,7 +399,8 @@ class Store(ABC):
 
     @abstractmethod
     async def max_lease_expiry(self, owner: str) -> float | None:
-        """The latest lease expiry ``owner`` holds (restart tooling and tests)."""
+        """The latest lease expiry ``owner`` holds, on a child or as the owner of an open
+        group (restart tooling and tests)."""
 
     # -- the payload table (G-47): bytes by reference, deleted with the group ----------------
 
