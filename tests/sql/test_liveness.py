@@ -396,3 +396,76 @@ async def test_G33_a_stall_before_the_claim_statement_does_not_fence_a_fresh_lea
 
 async def _later(store: Store, at: float) -> bool:
     return await store.now() > at
+
+
+async def test_G36_a_failed_retirement_does_not_fail_the_committed_close(
+    stores: Callable[[], Store],
+) -> None:
+    """G-36: when the retirement after a committed close fails (a deadlock victim past
+    its retries, a lost connection), the close still returns (it is recorded) and the
+    next close of the group retires it."""
+
+    async def quick(_value: object) -> str:
+        return "ok"
+
+    h = host(stores, quick)
+    await h.start()
+    try:
+        group = tools_group("live:retire-fails:0", n=1, disposition=LoserPolicy.RUN_TO_COMPLETION)
+        handle = await h.open_effect_group(group)
+        await asyncio.wait_for(h.await_next_settlement(handle), BOUND)
+        real = h.store.retire_closed
+
+        async def broken(_group_key: str) -> bool:
+            raise ConnectionResetError("the server went away")
+
+        h.store.retire_closed = broken  # type: ignore[method-assign]
+        h.store.close_retire = _close_only(h.store)  # type: ignore[method-assign]
+        await h.close_effect_group(handle)
+        record = await h.store.get_group(group.key)  # SQLite closes and retires in one
+        assert record is None or record.state == "closed"
+        h.store.retire_closed = real  # type: ignore[method-assign]
+        await h.close_effect_group(handle)
+        assert await h.store.retired(group.key) is not None
+    finally:
+        await h.aclose()
+
+
+def _close_only(store: Store) -> Callable[[str, str], Awaitable[tuple[bool, bool]]]:
+    """``close_retire`` without its retirement: the close commits, retirement is left to
+    the host's separate call."""
+
+    async def close_retire(group_key: str, effective: str) -> tuple[bool, bool]:
+        return await store.close(group_key, effective), False
+
+    return close_retire
+
+
+class _Victim(Exception):
+    sqlstate = "40P01"
+
+
+async def test_G32_postgres_deadlock_victims_run_again_bounded() -> None:
+    """G-32: an operation the server rolled back as a deadlock victim (40P01) or a
+    serialization failure (40001) runs again, a bounded number of times; any other error
+    propagates at once."""
+    from effecthost.hosts.sql._postgres import _RETRIES, _retried
+
+    calls = [0]
+
+    @_retried
+    async def flaky(fail: int, exc: type[Exception] = _Victim) -> str:
+        calls[0] += 1
+        if calls[0] <= fail:
+            raise exc()
+        return "ok"
+
+    assert await flaky(2) == "ok" and calls[0] == 3
+    calls[0] = 0
+    with pytest.raises(_Victim):
+        await flaky(_RETRIES)
+    assert calls[0] == _RETRIES
+    calls[0] = 0
+    with pytest.raises(ValueError):
+        await flaky(1, ValueError)
+    assert calls[0] == 1
