@@ -469,3 +469,39 @@ async def test_G32_postgres_deadlock_victims_run_again_bounded() -> None:
     with pytest.raises(ValueError):
         await flaky(1, ValueError)
     assert calls[0] == 1
+
+
+async def test_R1_a_caller_back_between_the_drains_read_and_its_cancel_wins(
+    stores: Callable[[], Store],
+) -> None:
+    """R-1 (seed D11, conditional takeover): a drain read the group as ownerless, then
+    the caller reopened before the drain's cancel: the cancel re-checks the owner under
+    the group row's lock and writes nothing."""
+    dead = host(stores)
+    await dead.start()
+    back = host(stores)
+    drainer = host(stores)
+    await back.start()
+    await drainer.start()
+    try:
+        group = select_group("live:race:0")
+        await dead.open_effect_group(group)
+        await dead.abandon()
+        await until(lambda: _ownerless(back.store, group.key), "the dead owner never expired")
+        real = drainer.store.unfinished
+        handles = []
+
+        async def read_then_reopen() -> Any:
+            rows = await real()
+            handles.append(await back.open_effect_group(group))  # the caller is back
+            return rows
+
+        drainer.store.unfinished = read_then_reopen  # type: ignore[method-assign]
+        report = await drainer.drain().run_pass()
+        assert not report.cancelled
+        assert await back.deliver_event(group.key, "sig", "back") == 1
+        first = await asyncio.wait_for(back.await_next_settlement(handles[0]), BOUND)
+        assert (first.position, first.outcome.status) == (0, "success")
+    finally:
+        await back.aclose()
+        await drainer.aclose()

@@ -759,9 +759,11 @@ class SqlEffectHost(WiredController):
             self._timer_changed.clear()
             await _wait(self._timer_changed, wait)
 
-    async def _settle_free(self, group_key: str, replay_key: str, outcome: Outcome) -> bool:
+    async def _settle_free(
+        self, group_key: str, replay_key: str, outcome: Outcome, orphan: bool = False
+    ) -> bool:
         recorded = await self._encode(group_key, replay_key, outcome)
-        seq = await self.store.settle_free(replay_key, self.owner, recorded)
+        seq = await self.store.settle_free(replay_key, self.owner, recorded, orphan)
         if seq is None:
             return False
         self._notify(group_key)
@@ -1091,7 +1093,10 @@ class SqlDrain(GroupDrain):
                 continue  # a live caller's group
             gone = not row.owner_live  # closed, or its owner's claim expired
             if row.cancel_requested or (gone and row.effective == _CANCEL):
-                if await host._settle_free(row.group_key, row.replay_key, Outcome.cancelled()):
+                # a declared CANCEL applies only while the owner is still gone
+                orphan = not row.cancel_requested
+                cancel = Outcome.cancelled()
+                if await host._settle_free(row.group_key, row.replay_key, cancel, orphan):
                     cancelled.append(ids)
                 continue
             if row.kind == EffectKind.SLEEP:

@@ -384,6 +384,11 @@ DDL = [
         END $$""",
 ]
 
+
+class _OwnerLive(Exception):
+    """Rolls back a drain's cancel: the group's caller is live again (R-1)."""
+
+
 _RETRY_STATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock detected
 _RETRIES = 6
 _P = ParamSpec("_P")
@@ -846,7 +851,11 @@ class PostgresStore(Store):
         return seqs
 
     @_retried
-    async def settle_free(self, replay_key: str, owner: str, outcome: str) -> int | None:
+    async def settle_free(
+        self, replay_key: str, owner: str, outcome: str, orphan: bool = False
+    ) -> int | None:
+        if orphan:
+            return await self._settle_orphan(replay_key, owner, outcome)
         value = await self._pool.fetchval(
             "SELECT eh_settle_free($1, $2, $3, $4)",
             replay_key,
@@ -855,6 +864,39 @@ class PostgresStore(Store):
             self.channel,
         )
         return None if value is None else int(value)
+
+    async def _settle_orphan(self, replay_key: str, owner: str, outcome: str) -> int | None:
+        """The claim (child row locked), then the group row locked and its owner read: a
+        live owner other than ``owner`` (a reopen committed meanwhile) rolls it all back."""
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                fence = await conn.fetchval(
+                    "SELECT fence FROM eh_claim($1, $2, 60.0)", replay_key, owner
+                )
+                if fence is None:
+                    return None
+                live = await conn.fetchval(
+                    f"SELECT g.state = 'open' AND g.owner_expires >= {NOW} "
+                    "AND g.owner IS DISTINCT FROM $2 FROM eh_groups g "
+                    "JOIN eh_children c ON c.group_key = g.group_key "
+                    "WHERE c.replay_key = $1 FOR UPDATE OF g",
+                    replay_key,
+                    owner,
+                )
+                if live:
+                    raise _OwnerLive
+                value = await conn.fetchval(
+                    "SELECT eh_finalize(c.replay_key, c.envelope_hash, $2, $3, $4, $5) "
+                    "FROM eh_children c WHERE c.replay_key = $1",
+                    replay_key,
+                    owner,
+                    fence,
+                    outcome,
+                    self.channel,
+                )
+                return None if value is None else int(value)
+        except _OwnerLive:
+            return None
 
     @_retried
     async def close(self, group_key: str, effective: str) -> bool:

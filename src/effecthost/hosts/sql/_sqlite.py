@@ -812,8 +812,19 @@ class SqliteStore(Store):
         seqs, _matched, _state = await self._write(body, after)
         return seqs
 
-    async def settle_free(self, replay_key: str, owner: str, outcome: str) -> int | None:
+    async def settle_free(
+        self, replay_key: str, owner: str, outcome: str, orphan: bool = False
+    ) -> int | None:
         def body(c: sqlite3.Connection) -> int | None:
+            if orphan:
+                live = c.execute(
+                    f"SELECT g.state = 'open' AND g.owner_expires >= {NOW} "
+                    "AND g.owner IS NOT ? FROM eh_children c "
+                    "JOIN eh_groups g ON g.group_key = c.group_key WHERE c.replay_key = ?",
+                    (owner, replay_key),
+                ).fetchone()
+                if live is not None and live[0]:
+                    return None  # the caller is back
             claim = self._claim_sql(c, replay_key, owner, 60.0)
             if claim is None:
                 return None

@@ -285,9 +285,14 @@ class Store(ABC):
         ``None`` for an item whose fenced update matched nothing (it bumped nothing)."""
 
     @abstractmethod
-    async def settle_free(self, replay_key: str, owner: str, outcome: str) -> int | None:
+    async def settle_free(
+        self, replay_key: str, owner: str, outcome: str, orphan: bool = False
+    ) -> int | None:
         """Claim an unleased (or expired) child and finalize it, in one transaction: how
-        timers fire, events are delivered and free children are cancelled."""
+        timers fire, events are delivered and free children are cancelled. With
+        ``orphan`` (a drain applying a declared ``CANCEL``) nothing is written when,
+        under the group row's lock taken after the child's, the group is open and
+        another owner's claim on it is live (R-1: the caller came back meanwhile)."""
 
     @abstractmethod
     async def read_rank(self, group_key: str, seq: int) -> RankRead | None:
