@@ -59,7 +59,7 @@ from effecthost.contract import (
     WakePolicy,
 )
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
-from effecthost.hosts.sql._store import Finalize, GroupRow
+from effecthost.hosts.sql._store import Finalize, GroupRow, Opened
 from effecthost.hosts.sql.testing import PostgresServer
 
 BIG_CONNECTIONS = 16
@@ -215,19 +215,34 @@ class NullStore:
     async def due_sleeps(self) -> list[Any]:
         return []
 
-    async def renew(self, owner: str, ttl: float) -> list[Any]:
-        return []
+    async def renew(
+        self, owner: str, ttl: float, keys: list[str], groups: list[str], sent: Any = None
+    ) -> tuple[list[Any], list[str]]:
+        return [], groups
 
     async def open_group(
-        self, group_key: str, wake: str, disposition: str, child_count: int, before: Any
-    ) -> tuple[bool, GroupRow | None, str | None]:
+        self,
+        group_key: str,
+        wake: str,
+        disposition: str,
+        child_count: int,
+        specs: list[Any],
+        owner: str,
+        ttl: float,
+        before: Any,
+        *,
+        reopen: Any = None,
+        sent: Any = None,
+    ) -> Opened:
         before()
+        if sent is not None:
+            sent.mark()
         row = GroupRow(group_key, wake, disposition, disposition, child_count, 0, "open", 0, None)
-        self.groups[group_key] = (row, {}, {})
-        return True, row, None
+        self.groups[group_key] = (row, {s.replay_key: s.position for s in specs}, {})
+        return Opened(True, row)
 
     async def insert_children(
-        self, group_key: str, specs: list[Any], owner: str, ttl: float
+        self, group_key: str, specs: list[Any], owner: str, ttl: float, sent: Any = None
     ) -> list[str]:
         self.groups[group_key][1].update((s.replay_key, s.position) for s in specs)
         return [s.replay_key for s in specs]

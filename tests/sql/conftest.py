@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +40,12 @@ def pg_dsn() -> str:
 @pytest.fixture
 def pg_schema() -> str:
     return f"ehtest_{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+def pg_log(pg_dsn: str) -> Path | None:
+    """The test server's log file, or ``None`` when ``EFFECTHOST_POSTGRES_DSN`` names a
+    server of someone else's."""
+    if os.environ.get("EFFECTHOST_POSTGRES_DSN") or _server is None or _server.dir is None:
+        return None
+    return Path(_server.dir) / "postgres.log"

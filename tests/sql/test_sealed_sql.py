@@ -32,6 +32,7 @@ from effecthost.contract import (
     group_key,
 )
 from effecthost.hosts.sql import (
+    SCHEMA_VERSION,
     PostgresStore,
     SchemaVersionError,
     SqlEffectHost,
@@ -287,7 +288,7 @@ async def test_a_version_1_database_is_refused_with_schema_version_error(tmp_pat
     conn.close()
     with pytest.raises(SchemaVersionError) as raised:
         await SqliteStore(path).start()
-    assert (raised.value.found, raised.value.expected) == (1, 2)
+    assert (raised.value.found, raised.value.expected) == (1, SCHEMA_VERSION)
 
 
 # -- hostile rows (G-48, G-49, R-10) ----------------------------------------------------

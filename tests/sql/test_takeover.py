@@ -108,14 +108,14 @@ async def test_G31_G33_stalled_host_driver_loses_to_a_drain_takeover(
         driver = a._drivers["s.c"]
         stalled = asyncio.Event()
 
-        async def stuck_renew(owner: str, ttl: float) -> list[object]:
+        async def stuck_renew(*_args: object) -> tuple[list[object], list[str]]:
             await stalled.wait()  # the store stalls for A: no renewal is confirmed
-            return []
+            return [], []
 
         a.store.renew = stuck_renew  # type: ignore[method-assign,assignment]
-        while True:  # the lease expires on the database clock
-            rows = await b.store.children(group.key)
-            if rows[0].lease_expired:
+        while True:  # the lease and A's ownership of the group expire (database clock)
+            rows = [r for r in await b.store.unfinished() if r.group_key == group.key]
+            if rows[0].lease_expired and not rows[0].owner_live:
                 break
             await asyncio.sleep(0.05)
         report = await b.drain().run_pass()

@@ -90,6 +90,7 @@ from ._store import (
     OpenGroup,
     RankRead,
     ReplayKeyTaken,
+    Sent,
     Store,
 )
 
@@ -118,6 +119,7 @@ class _Driver:
     deadline: float  # local monotonic self-fencing deadline
     position: int  # bound into a sealed outcome's associated data (R-10)
     task: asyncio.Task[None] | None = None
+    started: bool = False  # the task has begun (a cancel before that would skip it whole)
     running: bool = True  # in the executor (cancellable) rather than finalizing
     cancel_requested: bool = False
     lost: bool = False
@@ -201,6 +203,9 @@ class SqlEffectHost(WiredController):
         # groups this host created whose every child it runs under its own fresh lease,
         # and of which nothing has committed since: rank 1 cannot be recorded yet
         self._fresh: dict[str, GroupRow] = {}
+        # open groups this incarnation owns (opened or reopened last, R-1): the keeper
+        # renews their ownership with the child leases
+        self._owned: set[str] = set()
         self._timer_changed = asyncio.Event()
         self._keeper_changed = asyncio.Event()
         self._keeper_idle = False  # the keeper waits for a first lease
@@ -329,10 +334,12 @@ class SqlEffectHost(WiredController):
     # -- open -----------------------------------------------------------------------------
 
     async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
-        """Open or reopen (G-08…G-13, R-2, R-4, R-6, R-7). Every check of the input runs
-        before anything is written; a first open records the group row and all its
-        children in one transaction, so a concurrent open of the same key finds either
-        nothing or the whole group and is fenced as a reopen."""
+        """Open or reopen (G-08…G-13, R-1, R-2, R-4, R-6, R-7). Every check of the input
+        runs before anything is written; a first open records the group row, owned by
+        this incarnation, and all its children in one transaction, so a concurrent open
+        of the same key finds either nothing or the whole group and is fenced as a
+        reopen. A reopen that passes its fences makes this incarnation the owner in the
+        same store operation (on SQLite the same transaction)."""
         self._require_wired(group.key)
         await self._ready()
         canonical = self._check_sizes(group)
@@ -344,7 +351,14 @@ class SqlEffectHost(WiredController):
             nonlocal executors
             executors = self._resolve_all(group)
 
-        sent = time.monotonic()
+        def fence(record: GroupRow, rows: tuple[ChildRow, ...]) -> None:
+            # a reopen (or the loser of a concurrent first open), before it takes the
+            # group over: a refused reopen changes no owner
+            self._fence_shape(record, group)
+            self._fence_children(group, hashes, rows)
+
+        stamp = Sent()
+        before = time.monotonic()
         with self._refusing_input(group.key):
             try:
                 opened = await self.store.open_group(
@@ -356,6 +370,8 @@ class SqlEffectHost(WiredController):
                     self.owner,
                     self.lease_ttl,
                     resolve_all,
+                    reopen=fence,
+                    sent=stamp,
                 )
             except ReplayKeyTaken as taken:
                 raise ReplayMismatch(
@@ -368,12 +384,14 @@ class SqlEffectHost(WiredController):
         record = opened.group
         if record is None or record.state == "closed":  # a closed key stays closed (R-4)
             raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key)
+        self._owned.add(group.key)  # this incarnation is the caller now (R-1)
+        if self._keeper_idle:
+            self._keeper_changed.set()
         if opened.created:
             self._fault("open:created")
+            sent = before if stamp.at is None else stamp.at
             self._start_children(group, specs, executors, record, sent)
             return group.handle()
-        self._fence_shape(record, group)
-        self._fence_children(group, hashes, opened.children)
         await self._resume_children(group, specs, opened.children)
         return group.handle()
 
@@ -546,12 +564,16 @@ class SqlEffectHost(WiredController):
     # -- drivers --------------------------------------------------------------------------
 
     async def _claim_and_dispatch(self, envelope: EffectEnvelope, executor: EffectExecutor) -> bool:
-        """Conditional takeover through the child's own lease (G-33, G-34)."""
-        sent = time.monotonic()
-        claim = await self.store.claim(envelope.replay_key, self.owner, self.lease_ttl)
+        """Conditional takeover through the child's own lease (G-33, G-34). The
+        self-fencing deadline counts from when the claim statement went out, not from
+        any wait for a connection or a lock before it (seed D11)."""
+        stamp = Sent()
+        before = time.monotonic()
+        claim = await self.store.claim(envelope.replay_key, self.owner, self.lease_ttl, stamp)
         if claim is None:
             return False
         self._fault("claim")
+        sent = before if stamp.at is None else stamp.at
         driver = self._dispatch(envelope, executor, claim.fence, claim.attempt, sent)
         if claim.cancel_requested:
             driver.cancel_requested = True
@@ -587,8 +609,13 @@ class SqlEffectHost(WiredController):
         return driver
 
     async def _drive(self, driver: _Driver, executor: EffectExecutor) -> None:
+        driver.started = True
         try:
+            if driver.lost:
+                return  # lost before it ran: write nothing (G-33)
             try:
+                if driver.cancel_requested:  # cancelled before it ran (G-27)
+                    raise asyncio.CancelledError
                 outcome = await executor.execute(ExecutionInput(driver.envelope, driver.attempt))
             except asyncio.CancelledError:
                 if not driver.cancel_requested or driver.lost:
@@ -611,6 +638,13 @@ class SqlEffectHost(WiredController):
             if seq is not None:
                 self._fault("wake")
                 self._notify(driver.group_key)
+        except Exception:
+            # ended without an outcome (a store error): give the lease back so another
+            # driver takes the child at once, rather than leaving it to expire
+            if not self._dead and not driver.lost:
+                with contextlib.suppress(Exception):
+                    await self.store.release(self.owner, driver.replay_key, driver.fence)
+            raise
         finally:
             self._fresh.pop(driver.group_key, None)  # finalized, or never will be here
             if self._drivers.get(driver.replay_key) is driver:
@@ -695,10 +729,13 @@ class SqlEffectHost(WiredController):
 
     def _cancel_driver(self, driver: _Driver) -> None:
         """Cancel the child's task once: a second ``cancel()`` would interrupt the
-        executor's own cancellation handler."""
+        executor's own cancellation handler. A task that has not begun is not cancelled
+        (it would never run its handlers: no outcome, no deregistration); it reads
+        ``cancel_requested`` / ``lost`` when it begins."""
         if driver.running and not driver.cancel_sent and driver.task is not None:
             driver.cancel_sent = True
-            driver.task.cancel()
+            if driver.started:
+                driver.task.cancel()
 
     async def _keeper(self) -> None:
         """Renew every lease this host holds, one statement per tick; cancel drivers
@@ -710,7 +747,7 @@ class SqlEffectHost(WiredController):
                 if now >= driver.deadline and not driver.lost:
                     driver.lost = True
                     self._cancel_driver(driver)
-            if not self._drivers:
+            if not self._drivers and not self._owned:
                 self._keeper_changed.clear()
                 self._keeper_idle = True
                 try:
@@ -720,22 +757,32 @@ class SqlEffectHost(WiredController):
                 next_renew = max(next_renew, time.monotonic() + self.renew_every / 2)
                 continue
             wake_at = min([next_renew] + [d.deadline for d in self._drivers.values()])
+            if not self._drivers and not self._urgent:
+                wake_at = next_renew
             if wake_at > now and not self._urgent:
                 self._keeper_changed.clear()
                 await _wait(self._keeper_changed, wake_at - now)
                 if time.monotonic() < next_renew and not self._urgent:
                     continue
             self._urgent = False
-            held = dict(self._drivers)
-            sent = time.monotonic()
-            next_renew = sent + self.renew_every
+            # only children with a live driver are renewed: a lease whose driver ended
+            # without an outcome expires and is taken over
+            held = {k: d for k, d in self._drivers.items() if d.task is None or not d.task.done()}
+            owned = sorted(self._owned)
+            stamp = Sent()
+            before = time.monotonic()
+            next_renew = before + self.renew_every
             try:
-                renewed = await self.store.renew(self.owner, self.lease_ttl)
+                renewed, still_owned = await self.store.renew(
+                    self.owner, self.lease_ttl, sorted(held), owned, stamp
+                )
             except asyncio.CancelledError:
                 raise
             except Exception:  # the store is unreachable: the deadlines will fence
                 log.warning("lease renewal failed", exc_info=True)
                 continue
+            sent = before if stamp.at is None else stamp.at
+            self._owned.difference_update(set(owned) - set(still_owned))  # closed, or reopened
             still = {r.replay_key: r for r in renewed}
             for key, driver in held.items():
                 r = still.get(key)
@@ -781,10 +828,15 @@ class SqlEffectHost(WiredController):
             await _wait(self._timer_changed, wait)
 
     async def _settle_free(
-        self, group_key: str, replay_key: str, position: int, outcome: Outcome
+        self,
+        group_key: str,
+        replay_key: str,
+        position: int,
+        outcome: Outcome,
+        orphan: bool = False,
     ) -> bool:
         recorded = await self._encode(group_key, replay_key, position, outcome)
-        seq = await self.store.settle_free(replay_key, self.owner, recorded)
+        seq = await self.store.settle_free(replay_key, self.owner, recorded, orphan)
         if seq is None:
             return False
         self._notify(group_key)
@@ -792,7 +844,15 @@ class SqlEffectHost(WiredController):
         return True
 
     async def _maybe_retire(self, group_key: str) -> None:
-        if await self.store.retire_closed(group_key):
+        """Retire the group when it is closed and settled. Best effort: what committed
+        before it (a close, a finalize) stands, and whichever finalize or close of the
+        group comes next tries again."""
+        try:
+            retired = await self.store.retire_closed(group_key)
+        except Exception:
+            log.warning("retirement of %r failed; a later write retries", group_key, exc_info=True)
+            return
+        if retired:
             self._notify(group_key)
 
     # -- payloads (G-47…G-50) ----------------------------------------------------------------
@@ -859,6 +919,7 @@ class SqlEffectHost(WiredController):
         await self._ready()
         rank = handle.consumed + 1
         checked = False
+        adopt_at = time.monotonic() + self.renew_every
         while True:
             waiter = self._waiter(handle.group_key)  # taken before the read: no lost wake-up
             try:
@@ -903,9 +964,38 @@ class SqlEffectHost(WiredController):
                     )
                     handle.consumed = rank
                     return settlement
+                if time.monotonic() >= adopt_at:
+                    adopt_at = time.monotonic() + self.renew_every
+                    if await self._adopt(handle.group_key):
+                        continue
                 await self._sleep(waiter)
             finally:
                 self._forget(handle.group_key, waiter)
+
+    async def _adopt(self, group_key: str) -> bool:
+        """Take over the waited-on group's tool calls whose lease expired (G-33): a
+        restarted caller that reopened within the lease TTL, or this host's own driver
+        that lost its lease, would otherwise leave the rank to an external drain. True
+        when something was taken over or settled."""
+        acted = False
+        for row in await self.store.children(group_key):
+            if (
+                row.state == "settled"
+                or not row.lease_expired
+                or row.replay_key in self._drivers
+                or (row.kind != EffectKind.TOOL_CALL and not row.cancel_requested)
+            ):
+                continue  # sleeps fire from the timer loop, event waits on delivery
+            if row.cancel_requested:
+                acted |= await self._settle_free(
+                    group_key, row.replay_key, row.position, Outcome.cancelled()
+                )
+                continue
+            envelope = EffectEnvelope.model_validate(json.loads(row.envelope))
+            executor = self._resolve(envelope)
+            if executor is not None and await self._claim_and_dispatch(envelope, executor):
+                acted = True
+        return acted
 
     async def _sleep(self, waiter: asyncio.Future[None]) -> None:
         """Until a commit of the group here (or a notification) wakes ``waiter``, at most
@@ -970,6 +1060,7 @@ class SqlEffectHost(WiredController):
         self._require_wired(handle.group_key)
         await self._ready()
         key = handle.group_key
+        self._owned.discard(key)
         target: LoserPolicy | None = None
         already = False
 
@@ -1065,16 +1156,20 @@ class SqlEffectHost(WiredController):
 
 
 class SqlDrain(GroupDrain):
-    """Finishes children whose driver is gone (G-29, G-34, G-12).
+    """Finishes children whose driver is gone (G-29, G-34, G-12, R-1).
 
     A pass reads every unsettled child; children under a live lease are someone's and
-    are skipped. The others are claimed through their own lease (a conditional takeover
-    that bumps the fence, so two drain workers never both finalize one child) and the
-    disposition recorded on the group is applied: ``CANCEL`` settles them as cancelled
-    (even when no close came), ``RUN_TO_COMPLETION`` re-runs them through the registered
-    resolver; due timers fire. A child the resolver cannot run is reported
-    ``NoExecutor`` and stays visible; a host without a resolver reports every unfinished
-    child so.
+    are skipped, and so is every child of an open group whose owner (the incarnation that
+    last opened it) still holds its claim: its caller is live (R-1), and its host-run
+    children (``sleep``, ``await_event``) are its own like its tool calls. The others are
+    claimed through their own lease (a conditional takeover that bumps the fence, so two
+    drain workers never both finalize one child) and the disposition recorded on the
+    group is applied: ``CANCEL`` settles them as cancelled (even when no close came, once
+    the owner is gone), ``RUN_TO_COMPLETION`` re-runs them through the registered
+    resolver; due timers fire. The owner's own drain acts as the owner: it re-runs its
+    expired tool calls and cancels nothing the caller has not closed. A child the
+    resolver cannot run is reported ``NoExecutor`` and stays visible; a host without a
+    resolver reports every unfinished child so.
     """
 
     def __init__(self, host: SqlEffectHost) -> None:
@@ -1093,9 +1188,15 @@ class SqlDrain(GroupDrain):
                 continue
             if row.replay_key in host._drivers or not row.lease_expired:
                 continue
-            if row.effective == _CANCEL or row.cancel_requested:
+            if row.owner_live and row.group_owner != host.owner:
+                continue  # a live caller's group (R-1)
+            gone = not row.owner_live  # closed, or its owner's claim expired
+            if row.cancel_requested or (gone and row.effective == _CANCEL):
+                # a declared CANCEL applies only while the owner is still gone (R-1)
+                orphan = not row.cancel_requested
+                cancel = Outcome.cancelled()
                 if await host._settle_free(
-                    row.group_key, row.replay_key, row.position, Outcome.cancelled()
+                    row.group_key, row.replay_key, row.position, cancel, orphan
                 ):
                     cancelled.append(ids)
                 continue

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
+import random
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 
 from effecthost.hosts import require
 
@@ -39,7 +42,9 @@ from ._store import (
     Renewal,
     ReplayKeyTaken,
     SchemaVersionError,
+    Sent,
     Store,
+    _mark,
 )
 
 NOW = "extract(epoch from clock_timestamp())::float8"
@@ -104,7 +109,9 @@ DDL = [
         counter     bigint NOT NULL DEFAULT 0,
         state       text NOT NULL DEFAULT 'open',
         created_at  float8 NOT NULL,
-        closed_at   float8
+        closed_at   float8,
+        owner         text,
+        owner_expires float8
     )""",
     """CREATE TABLE IF NOT EXISTS eh_children (
         replay_key       text PRIMARY KEY,
@@ -229,6 +236,10 @@ DDL = [
             top bigint;
             st text;
         BEGIN
+            -- every child row of the batch locked by key before any is written (G-32)
+            PERFORM 1 FROM eh_children WHERE replay_key = ANY(p_keys)
+               AND lease_owner = p_owner AND state = 'claimed'
+             ORDER BY replay_key FOR UPDATE;
             IF n > 32 THEN
                 seqs := eh_finalize_many_planned(p_keys, p_hashes, p_owner, p_fences,
                                                  p_outcomes, p_channel);
@@ -281,12 +292,14 @@ DDL = [
             SELECT seqs FROM eh_finalize_many_open(p_keys, p_hashes, p_owner, p_fences,
                                                    p_outcomes, p_channel)
         $$""",
-    # the open (R-7): the group row and every child row in one transaction, group row
-    # first; children in replay-key order, so two opens that share keys wait on each
-    # other in one order. Returns the group's created_at, or NULL when another open
-    # recorded the group first (nothing written here). A refusal raises and rolls back: EH001 the key was retired
-    # meanwhile; EH002 a replay key is held by another group (DETAIL the key, HINT the
-    # holder)
+    # the open (R-7, R-1): the group row, owned by the opener, and every child row in one
+    # transaction, group row first; children in replay-key order, so two opens that
+    # share keys wait on each other in one order. Every row it writes is new, so no
+    # statement that locks existing rows (child rows by key, then group rows) waits on
+    # it: see Store.open_group. Returns the group's created_at, or NULL when another open
+    # recorded the group first (nothing written here). A refusal raises and rolls back:
+    # EH001 the key was retired meanwhile; EH002 a replay key is held by another group
+    # (DETAIL the key, HINT the holder)
     f"""CREATE OR REPLACE FUNCTION eh_open(
             p_key text, p_wake text, p_disposition text, p_count integer, p_owner text,
             p_ttl float8, p_keys text[], p_positions integer[], p_kinds text[],
@@ -301,8 +314,9 @@ DDL = [
             holder text;
         BEGIN
             INSERT INTO eh_groups (group_key, wake, disposition, effective, child_count,
-                                   created_at)
-            VALUES (p_key, p_wake, p_disposition, p_disposition, p_count, created)
+                                   created_at, owner, owner_expires)
+            VALUES (p_key, p_wake, p_disposition, p_disposition, p_count, created,
+                    p_owner, {NOW} + p_ttl)
             ON CONFLICT (group_key) DO NOTHING;
             IF NOT FOUND THEN
                 RETURN NULL;
@@ -348,7 +362,8 @@ DDL = [
                 RETURN false;
             END IF;
             SELECT count(*) FILTER (WHERE s.state <> 'settled') INTO n
-              FROM (SELECT state FROM eh_children WHERE group_key = p_key FOR UPDATE) s;
+              FROM (SELECT state FROM eh_children WHERE group_key = p_key
+                     ORDER BY replay_key FOR UPDATE) s;
             IF n > 0 THEN
                 RETURN false;
             END IF;
@@ -377,11 +392,14 @@ DDL = [
              WHERE group_key = p_key AND state <> 'settled';
             IF n = 0 THEN
                 SELECT count(*) FILTER (WHERE s.state <> 'settled') INTO n
-                  FROM (SELECT state FROM eh_children WHERE group_key = p_key FOR UPDATE) s;
+                  FROM (SELECT state FROM eh_children WHERE group_key = p_key
+                         ORDER BY replay_key FOR UPDATE) s;
             END IF;
             PERFORM pg_notify(p_channel, 'c:' || p_key);
             IF n > 0 THEN
                 IF p_effective = 'cancel' THEN
+                    PERFORM 1 FROM eh_children WHERE group_key = p_key AND state <> 'settled'
+                     ORDER BY replay_key FOR UPDATE;
                     UPDATE eh_children SET cancel_requested = true
                      WHERE group_key = p_key AND state <> 'settled';
                 END IF;
@@ -402,13 +420,72 @@ DDL = [
             VALUES (p_key, p_effective, {NOW}) ON CONFLICT DO NOTHING;
             RETURN 2;
         END $$""",
+    # the keeper's renewal (G-33, R-1): the leases of children with a live driver, then
+    # the ownership of open groups; child rows locked by key, then group rows by key
+    f"""CREATE OR REPLACE FUNCTION eh_renew(
+            p_owner text, p_ttl float8, p_keys text[], p_groups text[])
+        RETURNS TABLE (r_kind text, r_key text, r_fence bigint, r_cancel boolean)
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM 1 FROM eh_children c WHERE c.replay_key = ANY(p_keys)
+               AND c.lease_owner = p_owner AND c.state = 'claimed'
+             ORDER BY c.replay_key FOR UPDATE;
+            RETURN QUERY UPDATE eh_children c SET lease_expires = {NOW} + p_ttl
+             WHERE c.replay_key = ANY(p_keys) AND c.lease_owner = p_owner
+               AND c.state = 'claimed' AND c.lease_expires >= {NOW}
+            RETURNING 'c'::text, c.replay_key, c.fence, c.cancel_requested;
+            PERFORM 1 FROM eh_groups g WHERE g.group_key = ANY(p_groups)
+               AND g.owner = p_owner AND g.state = 'open'
+             ORDER BY g.group_key FOR UPDATE;
+            RETURN QUERY UPDATE eh_groups g SET owner_expires = {NOW} + p_ttl
+             WHERE g.group_key = ANY(p_groups) AND g.owner = p_owner AND g.state = 'open'
+               AND g.owner_expires >= {NOW}
+            RETURNING 'g'::text, g.group_key, 0::bigint, false;
+        END $$""",
 ]
+
+
+class _OwnerLive(Exception):
+    """Rolls back a drain's cancel: the group's caller is live again (R-1)."""
+
+
+_RETRY_STATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock detected
+_RETRIES = 6
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+log = logging.getLogger("effecthost.sql")
+
+
+def _retried(
+    fn: Callable[_P, Coroutine[Any, Any, _T]],
+) -> Callable[_P, Coroutine[Any, Any, _T]]:
+    """Run a one-transaction operation again when the server rolled it back as a
+    serialization failure or a deadlock victim (SQLSTATE 40001 / 40P01): nothing of it
+    was written. Bounded; the last failure propagates."""
+
+    @functools.wraps(fn)
+    async def run(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        for attempt in range(_RETRIES):
+            try:
+                return await fn(*args, **kwargs)
+            except Exception as exc:
+                if getattr(exc, "sqlstate", None) not in _RETRY_STATES or attempt == _RETRIES - 1:
+                    raise
+                log.warning("%s rolled back (%s): retrying", fn.__name__, exc.sqlstate)  # type: ignore[attr-defined]
+                await asyncio.sleep(random.uniform(0, 0.005 * 2**attempt))
+        raise AssertionError("unreachable")
+
+    return run
+
 
 _CHILD_COLUMNS = (
     "c.replay_key, c.group_key, c.position, c.kind, c.name, c.envelope, c.envelope_hash, "
     "c.state, c.lease_owner, c.fence, "
     f"(c.lease_owner IS NULL OR c.lease_expires < {NOW}) AS lease_expired, "
     "c.attempt, c.cancel_requested, c.due_at, c.seq"
+)
+_OWNER_COLUMNS = (
+    f"g.owner AS group_owner, (g.state = 'open' AND g.owner_expires >= {NOW}) AS owner_live"
 )
 _GROUP_COLUMNS = (
     "group_key, wake, disposition, effective, child_count, counter, state, created_at, closed_at"
@@ -434,6 +511,8 @@ def _child(r: Any) -> ChildRow:
         seq=r["seq"],
         effective=r["effective"] if "effective" in r else "",
         group_state=r["group_state"] if "group_state" in r else "",
+        group_owner=r["group_owner"] if "group_owner" in r else None,
+        owner_live=bool(r["owner_live"]) if "owner_live" in r else False,
     )
 
 
@@ -716,7 +795,8 @@ class PostgresStore(Store):
 
     async def unfinished(self) -> list[ChildRow]:
         rows = await self._pool.fetch(
-            f"SELECT {_CHILD_COLUMNS}, g.effective, g.state AS group_state FROM eh_children c "
+            f"SELECT {_CHILD_COLUMNS}, g.effective, g.state AS group_state, {_OWNER_COLUMNS} "
+            "FROM eh_children c "
             "JOIN eh_groups g ON g.group_key = c.group_key "
             "WHERE c.state <> 'settled' ORDER BY c.group_key, c.position"
         )
@@ -739,25 +819,36 @@ class PostgresStore(Store):
 
     async def max_lease_expiry(self, owner: str) -> float | None:
         value = await self._pool.fetchval(
-            "SELECT max(lease_expires) FROM eh_children "
-            "WHERE lease_owner = $1 AND state = 'claimed'",
+            "SELECT max(x) FROM (SELECT max(lease_expires) AS x FROM eh_children "
+            "WHERE lease_owner = $1 AND state = 'claimed' UNION ALL "
+            "SELECT max(owner_expires) FROM eh_groups WHERE owner = $1 AND state = 'open') m",
             owner,
         )
         return None if value is None else float(value)
 
     # -- writes -------------------------------------------------------------------------
 
+    @_retried
     async def create_group(
-        self, group_key: str, wake: str, disposition: str, child_count: int
+        self,
+        group_key: str,
+        wake: str,
+        disposition: str,
+        child_count: int,
+        owner: str | None = None,
+        ttl: float = 0.0,
     ) -> tuple[bool, GroupRow]:
         row = await self._pool.fetchrow(
             "INSERT INTO eh_groups (group_key, wake, disposition, effective, child_count, "
-            f"created_at) VALUES ($1, $2, $3, $3, $4, {NOW}) "
+            f"created_at, owner, owner_expires) VALUES ($1, $2, $3, $3, $4, {NOW}, $5, "
+            f"CASE WHEN $5::text IS NOT NULL THEN {NOW} + $6 END) "
             f"ON CONFLICT (group_key) DO NOTHING RETURNING {_GROUP_COLUMNS}",
             group_key,
             wake,
             disposition,
             child_count,
+            owner,
+            ttl,
         )
         if row is not None:
             return True, _group(row)
@@ -765,10 +856,35 @@ class PostgresStore(Store):
         assert existing is not None, "a group row vanished between insert and read"
         return False, existing
 
+    @_retried
+    async def own(self, group_key: str, owner: str, ttl: float) -> bool:
+        status = await self._pool.execute(
+            f"UPDATE eh_groups SET owner = $1, owner_expires = {NOW} + $2 "
+            "WHERE group_key = $3 AND state = 'open'",
+            owner,
+            ttl,
+            group_key,
+        )
+        return bool(status == "UPDATE 1")
+
+    @_retried
     async def insert_children(
-        self, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
+        self,
+        group_key: str,
+        specs: list[ChildSpec],
+        owner: str,
+        ttl: float,
+        sent: Sent | None = None,
     ) -> list[str]:
-        rows = await self._pool.fetch(
+        async with self._pool.acquire() as conn:
+            _mark(sent)
+            return await self._insert_children(conn, group_key, specs, owner, ttl)
+
+    @staticmethod
+    async def _insert_children(
+        conn: Any, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
+    ) -> list[str]:
+        rows = await conn.fetch(
             "INSERT INTO eh_children (replay_key, group_key, position, kind, name, envelope, "
             "envelope_hash, state, lease_owner, fence, lease_expires, attempt, due_at) "
             "SELECT k, $1, p, kd, nm, env, h, "
@@ -778,7 +894,7 @@ class PostgresStore(Store):
             f"CASE WHEN sl IS NOT NULL THEN {NOW} + sl END "
             "FROM unnest($4::text[], $5::int[], $6::text[], $7::text[], $8::text[], "
             "$9::text[], $10::bool[], $11::float8[]) AS t(k, p, kd, nm, env, h, cl, sl) "
-            "ON CONFLICT DO NOTHING RETURNING replay_key",
+            "ORDER BY k ON CONFLICT DO NOTHING RETURNING replay_key",
             group_key,
             owner,
             ttl,
@@ -793,10 +909,13 @@ class PostgresStore(Store):
         )
         return [r[0] for r in rows]
 
-    async def claim(self, replay_key: str, owner: str, ttl: float) -> Claim | None:
-        row = await self._pool.fetchrow(
-            "SELECT * FROM eh_claim($1, $2, $3)", replay_key, owner, ttl
-        )
+    @_retried
+    async def claim(
+        self, replay_key: str, owner: str, ttl: float, sent: Sent | None = None
+    ) -> Claim | None:
+        async with self._pool.acquire() as conn:
+            _mark(sent)
+            row = await conn.fetchrow("SELECT * FROM eh_claim($1, $2, $3)", replay_key, owner, ttl)
         if row is None:
             return None
         return Claim(
@@ -807,16 +926,35 @@ class PostgresStore(Store):
             float(row["lease_expires"]),
         )
 
-    async def renew(self, owner: str, ttl: float) -> list[Renewal]:
-        rows = await self._pool.fetch(
-            f"UPDATE eh_children SET lease_expires = {NOW} + $1 "
-            f"WHERE lease_owner = $2 AND state = 'claimed' AND lease_expires >= {NOW} "
-            "RETURNING replay_key, fence, cancel_requested",
-            ttl,
-            owner,
-        )
-        return [Renewal(r[0], int(r[1]), bool(r[2])) for r in rows]
+    @_retried
+    async def renew(
+        self,
+        owner: str,
+        ttl: float,
+        keys: list[str],
+        groups: list[str],
+        sent: Sent | None = None,
+    ) -> tuple[list[Renewal], list[str]]:
+        async with self._pool.acquire() as conn:
+            _mark(sent)
+            rows = await conn.fetch(
+                "SELECT * FROM eh_renew($1, $2, $3, $4)", owner, ttl, keys, groups
+            )
+        children = [Renewal(r[1], int(r[2]), bool(r[3])) for r in rows if r[0] == "c"]
+        return children, [r[1] for r in rows if r[0] == "g"]
 
+    @_retried
+    async def release(self, owner: str, replay_key: str, fence: int) -> None:
+        await self._pool.execute(
+            "UPDATE eh_children SET lease_owner = NULL, lease_expires = NULL, "
+            "state = 'pending' WHERE replay_key = $1 AND lease_owner = $2 AND fence = $3 "
+            "AND state = 'claimed'",
+            replay_key,
+            owner,
+            fence,
+        )
+
+    @_retried
     async def finalize(
         self, replay_key: str, envelope_hash: str, owner: str, fence: int, outcome: str
     ) -> int | None:
@@ -835,6 +973,7 @@ class PostgresStore(Store):
             self.open_at_finalize.add(replay_key)
         return int(row["seq"])
 
+    @_retried
     async def finalize_many(self, owner: str, items: list[Finalize]) -> list[int | None]:
         row = await self._pool.fetchrow(
             "SELECT * FROM eh_finalize_many_open($1, $2, $3, $4, $5, $6)",
@@ -852,7 +991,12 @@ class PostgresStore(Store):
             )
         return seqs
 
-    async def settle_free(self, replay_key: str, owner: str, outcome: str) -> int | None:
+    @_retried
+    async def settle_free(
+        self, replay_key: str, owner: str, outcome: str, orphan: bool = False
+    ) -> int | None:
+        if orphan:
+            return await self._settle_orphan(replay_key, owner, outcome)
         value = await self._pool.fetchval(
             "SELECT eh_settle_free($1, $2, $3, $4)",
             replay_key,
@@ -862,9 +1006,48 @@ class PostgresStore(Store):
         )
         return None if value is None else int(value)
 
+    async def _settle_orphan(self, replay_key: str, owner: str, outcome: str) -> int | None:
+        """The claim (child row locked), then the group row locked and its owner read: a
+        live owner other than ``owner`` (a reopen committed meanwhile) rolls it all back."""
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                fence = await conn.fetchval(
+                    "SELECT fence FROM eh_claim($1, $2, 60.0)", replay_key, owner
+                )
+                if fence is None:
+                    return None
+                live = await conn.fetchval(
+                    f"SELECT g.state = 'open' AND g.owner_expires >= {NOW} "
+                    "AND g.owner IS DISTINCT FROM $2 FROM eh_groups g "
+                    "JOIN eh_children c ON c.group_key = g.group_key "
+                    "WHERE c.replay_key = $1 FOR UPDATE OF g",
+                    replay_key,
+                    owner,
+                )
+                if live:
+                    raise _OwnerLive
+                value = await conn.fetchval(
+                    "SELECT eh_finalize(c.replay_key, c.envelope_hash, $2, $3, $4, $5) "
+                    "FROM eh_children c WHERE c.replay_key = $1",
+                    replay_key,
+                    owner,
+                    fence,
+                    outcome,
+                    self.channel,
+                )
+                return None if value is None else int(value)
+        except _OwnerLive:
+            return None
+
+    @_retried
     async def close(self, group_key: str, effective: str) -> bool:
         async with self._pool.acquire() as conn, conn.transaction():
-            if effective == "cancel":  # child rows first, then the group row
+            if effective == "cancel":  # child rows first (by key), then the group row
+                await conn.execute(
+                    "SELECT 1 FROM eh_children WHERE group_key = $1 AND state <> 'settled' "
+                    "ORDER BY replay_key FOR UPDATE",
+                    group_key,
+                )
                 await conn.execute(
                     "UPDATE eh_children SET cancel_requested = true "
                     "WHERE group_key = $1 AND state <> 'settled'",
@@ -879,9 +1062,11 @@ class PostgresStore(Store):
             await conn.execute("SELECT pg_notify($1, $2)", self.channel, "c:" + group_key)
             return bool(status == "UPDATE 1")
 
+    @_retried
     async def retire_closed(self, group_key: str) -> bool:
         return bool(await self._pool.fetchval("SELECT eh_retire($1)", group_key))
 
+    @_retried
     async def close_retire(self, group_key: str, effective: str) -> tuple[bool, bool]:
         done = await self._pool.fetchval(
             "SELECT eh_close_retire($1, $2, $3)", group_key, effective, self.channel
@@ -898,11 +1083,18 @@ class PostgresStore(Store):
         owner: str,
         ttl: float,
         before_create: Callable[[], None],
+        *,
+        reopen: Callable[[GroupRow, tuple[ChildRow, ...]], None] | None = None,
+        sent: Sent | None = None,
     ) -> Opened:
         """A read (the group row, its tombstone, and the first child by position whose
-        replay key another group holds), ``before_create``, then :sql:`eh_open`: the
-        group row and its children in one transaction. When another open committed the
-        group in between, its record is read and returned as a reopen's."""
+        replay key another group holds), then either, for a group recorded open,
+        ``reopen`` and the change of owner (R-1; an update of the group row alone, only
+        while it is still open: what ``reopen`` checked, the shape and the children,
+        never changes once recorded), or ``before_create`` and :sql:`eh_open`: the group
+        row, owned by ``owner``, and its children in one transaction. When another open
+        committed the group in between, or a close came between the read and the change
+        of owner, the record is read again and answered from."""
         for _attempt in range(3):
             cols = ", ".join("g." + col for col in _GROUP_COLUMNS.split(", "))
             row = await self._pool.fetchrow(
@@ -918,30 +1110,41 @@ class PostgresStore(Store):
                 [s.replay_key for s in specs],
             )
             if row["group_key"] is not None:
-                return Opened(False, _group(row), None, tuple(await self.children(group_key)))
+                record = _group(row)
+                children = tuple(await self.children(group_key))
+                if record.state != "open":
+                    return Opened(False, record, None, children)
+                if reopen is not None:
+                    reopen(record, children)
+                if not await self.own(group_key, owner, ttl):
+                    continue  # closed or retired since the read
+                return Opened(False, record, None, children)
             if row["tombstone"] is not None:
                 return Opened(False, None, str(row["tombstone"]))
             if row["taken"] is not None:
                 raise _taken(specs, row["taken"], row["holder"])
             before_create()
             try:
-                done = await self._pool.fetchval(
-                    "SELECT eh_open($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
-                    group_key,
-                    wake,
-                    disposition,
-                    child_count,
-                    owner,
-                    ttl,
-                    [s.replay_key for s in specs],
-                    [s.position for s in specs],
-                    [s.kind for s in specs],
-                    [s.name for s in specs],
-                    [s.envelope for s in specs],
-                    [s.envelope_hash for s in specs],
-                    [s.claim for s in specs],
-                    [s.sleep_seconds for s in specs],
-                )
+                async with self._pool.acquire() as conn:
+                    _mark(sent)
+                    done = await conn.fetchval(
+                        "SELECT eh_open($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, "
+                        "$13, $14)",
+                        group_key,
+                        wake,
+                        disposition,
+                        child_count,
+                        owner,
+                        ttl,
+                        [s.replay_key for s in specs],
+                        [s.position for s in specs],
+                        [s.kind for s in specs],
+                        [s.name for s in specs],
+                        [s.envelope for s in specs],
+                        [s.envelope_hash for s in specs],
+                        [s.claim for s in specs],
+                        [s.sleep_seconds for s in specs],
+                    )
             except self._asyncpg.PostgresError as exc:
                 if exc.sqlstate == "EH002":
                     raise _taken(specs, exc.detail, exc.hint or None) from None
@@ -969,11 +1172,13 @@ class PostgresStore(Store):
         tomb = row["tombstone"]
         return None, None if tomb is None else str(tomb)
 
+    @_retried
     async def retire(self, group_key: str) -> bool:
         async with self._pool.acquire() as conn, conn.transaction():
             # child rows first (locked), then the group row
             states = await conn.fetch(
-                "SELECT state FROM eh_children WHERE group_key = $1 FOR UPDATE", group_key
+                "SELECT state FROM eh_children WHERE group_key = $1 ORDER BY replay_key FOR UPDATE",
+                group_key,
             )
             if any(r[0] != "settled" for r in states):
                 return False
@@ -996,6 +1201,7 @@ class PostgresStore(Store):
 
     # -- the payload table ----------------------------------------------------------------
 
+    @_retried
     async def payload_put(
         self, group_key: str, name: str, replay_key: str, data: bytes, digest: str
     ) -> None:
@@ -1015,5 +1221,6 @@ class PostgresStore(Store):
         )
         return None if value is None else bytes(value)
 
+    @_retried
     async def payload_delete_group(self, group_key: str) -> None:
         await self._pool.execute("DELETE FROM eh_payloads WHERE group_key = $1", group_key)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -49,7 +50,9 @@ from ._store import (
     Renewal,
     ReplayKeyTaken,
     SchemaVersionError,
+    Sent,
     Store,
+    _mark,
 )
 
 T = TypeVar("T")
@@ -70,7 +73,9 @@ DDL = [
         counter     INTEGER NOT NULL DEFAULT 0,
         state       TEXT NOT NULL DEFAULT 'open',
         created_at  REAL NOT NULL,
-        closed_at   REAL
+        closed_at   REAL,
+        owner         TEXT,
+        owner_expires REAL
     )""",
     """CREATE TABLE IF NOT EXISTS eh_children (
         replay_key       TEXT PRIMARY KEY,
@@ -123,7 +128,13 @@ _CHILD_COLUMNS = (
 )
 
 
-def _child(row: Any, effective: str = "", group_state: str = "") -> ChildRow:
+def _child(
+    row: Any,
+    effective: str = "",
+    group_state: str = "",
+    group_owner: str | None = None,
+    owner_live: bool = False,
+) -> ChildRow:
     return ChildRow(
         replay_key=row[0],
         group_key=row[1],
@@ -142,6 +153,8 @@ def _child(row: Any, effective: str = "", group_state: str = "") -> ChildRow:
         seq=row[14],
         effective=effective,
         group_state=group_state,
+        group_owner=group_owner,
+        owner_live=owner_live,
     )
 
 
@@ -560,11 +573,12 @@ class SqliteStore(Store):
     async def unfinished(self) -> list[ChildRow]:
         def read(c: sqlite3.Connection) -> list[ChildRow]:
             rows = c.execute(
-                f"SELECT {_CHILD_COLUMNS}, g.effective, g.state FROM eh_children c "
+                f"SELECT {_CHILD_COLUMNS}, g.effective, g.state, g.owner, "
+                f"(g.state = 'open' AND g.owner_expires >= {NOW}) FROM eh_children c "
                 "JOIN eh_groups g ON g.group_key = c.group_key "
                 "WHERE c.state <> 'settled' ORDER BY c.group_key, c.position"
             ).fetchall()
-            return [_child(r[:15], r[15], r[16]) for r in rows]
+            return [_child(r[:15], r[15], r[16], r[17], bool(r[18])) for r in rows]
 
         return await self._run(read)
 
@@ -592,9 +606,10 @@ class SqliteStore(Store):
     async def max_lease_expiry(self, owner: str) -> float | None:
         def read(c: sqlite3.Connection) -> float | None:
             row = c.execute(
-                "SELECT max(lease_expires) FROM eh_children "
-                "WHERE lease_owner = ? AND state = 'claimed'",
-                (owner,),
+                "SELECT max(x) FROM (SELECT max(lease_expires) AS x FROM eh_children "
+                "WHERE lease_owner = ? AND state = 'claimed' UNION ALL "
+                "SELECT max(owner_expires) FROM eh_groups WHERE owner = ? AND state = 'open')",
+                (owner, owner),
             ).fetchone()
             return None if row[0] is None else float(row[0])
 
@@ -603,21 +618,34 @@ class SqliteStore(Store):
     # -- writes -------------------------------------------------------------------------
 
     async def create_group(
-        self, group_key: str, wake: str, disposition: str, child_count: int
+        self,
+        group_key: str,
+        wake: str,
+        disposition: str,
+        child_count: int,
+        owner: str | None = None,
+        ttl: float = 0.0,
     ) -> tuple[bool, GroupRow]:
         return await self._write(
-            lambda c: self._create_body(c, group_key, wake, disposition, child_count)
+            lambda c: self._create_body(c, group_key, wake, disposition, child_count, owner, ttl)
         )
 
     @staticmethod
     def _create_body(
-        c: sqlite3.Connection, group_key: str, wake: str, disposition: str, child_count: int
+        c: sqlite3.Connection,
+        group_key: str,
+        wake: str,
+        disposition: str,
+        child_count: int,
+        owner: str | None = None,
+        ttl: float = 0.0,
     ) -> tuple[bool, GroupRow]:
         row = c.execute(
             "INSERT INTO eh_groups (group_key, wake, disposition, effective, "
-            f"child_count, created_at) VALUES (?, ?, ?, ?, ?, {NOW}) "
+            f"child_count, created_at, owner, owner_expires) VALUES (?, ?, ?, ?, ?, {NOW}, "
+            f"?, CASE WHEN ? IS NOT NULL THEN {NOW} + ? END) "
             f"ON CONFLICT (group_key) DO NOTHING RETURNING {_GROUP_COLUMNS}",
-            (group_key, wake, disposition, disposition, child_count),
+            (group_key, wake, disposition, disposition, child_count, owner, owner, ttl),
         ).fetchone()
         if row is not None:
             return True, _group(row)
@@ -625,6 +653,18 @@ class SqliteStore(Store):
             f"SELECT {_GROUP_COLUMNS} FROM eh_groups WHERE group_key = ?", (group_key,)
         ).fetchone()
         return False, _group(row)
+
+    @staticmethod
+    def _own_body(c: sqlite3.Connection, group_key: str, owner: str, ttl: float) -> bool:
+        cur = c.execute(
+            f"UPDATE eh_groups SET owner = ?, owner_expires = {NOW} + ? "
+            "WHERE group_key = ? AND state = 'open'",
+            (owner, ttl, group_key),
+        )
+        return cur.rowcount == 1
+
+    async def own(self, group_key: str, owner: str, ttl: float) -> bool:
+        return await self._write(lambda c: self._own_body(c, group_key, owner, ttl))
 
     @staticmethod
     def _insert_children(
@@ -657,9 +697,18 @@ class SqliteStore(Store):
         return inserted
 
     async def insert_children(
-        self, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
+        self,
+        group_key: str,
+        specs: list[ChildSpec],
+        owner: str,
+        ttl: float,
+        sent: Sent | None = None,
     ) -> list[str]:
-        return await self._write(lambda c: self._insert_children(c, group_key, specs, owner, ttl))
+        def body(c: sqlite3.Connection) -> list[str]:
+            _mark(sent)
+            return self._insert_children(c, group_key, specs, owner, ttl)
+
+        return await self._write(body)
 
     @staticmethod
     def _taken(c: sqlite3.Connection, group_key: str, specs: list[ChildSpec]) -> None:
@@ -689,8 +738,11 @@ class SqliteStore(Store):
             (owner, ttl, replay_key),
         ).fetchone()
 
-    async def claim(self, replay_key: str, owner: str, ttl: float) -> Claim | None:
+    async def claim(
+        self, replay_key: str, owner: str, ttl: float, sent: Sent | None = None
+    ) -> Claim | None:
         def body(c: sqlite3.Connection) -> Claim | None:
+            _mark(sent)
             row = self._claim_sql(c, replay_key, owner, ttl)
             self._fault("claim")
             if row is None:
@@ -699,17 +751,43 @@ class SqliteStore(Store):
 
         return await self._write(body)
 
-    async def renew(self, owner: str, ttl: float) -> list[Renewal]:
-        def body(c: sqlite3.Connection) -> list[Renewal]:
+    async def renew(
+        self,
+        owner: str,
+        ttl: float,
+        keys: list[str],
+        groups: list[str],
+        sent: Sent | None = None,
+    ) -> tuple[list[Renewal], list[str]]:
+        def body(c: sqlite3.Connection) -> tuple[list[Renewal], list[str]]:
+            _mark(sent)
             rows = c.execute(
                 f"UPDATE eh_children SET lease_expires = {NOW} + ? "
                 f"WHERE lease_owner = ? AND state = 'claimed' AND lease_expires >= {NOW} "
+                "AND replay_key IN (SELECT value FROM json_each(?)) "
                 "RETURNING replay_key, fence, cancel_requested",
-                (ttl, owner),
+                (ttl, owner, json.dumps(sorted(keys))),
             ).fetchall()
-            return [Renewal(r[0], int(r[1]), bool(r[2])) for r in rows]
+            owned = c.execute(
+                f"UPDATE eh_groups SET owner_expires = {NOW} + ? "
+                f"WHERE owner = ? AND state = 'open' AND owner_expires >= {NOW} "
+                "AND group_key IN (SELECT value FROM json_each(?)) RETURNING group_key",
+                (ttl, owner, json.dumps(sorted(groups))),
+            ).fetchall()
+            return [Renewal(r[0], int(r[1]), bool(r[2])) for r in rows], [r[0] for r in owned]
 
         return await self._write(body)
+
+    async def release(self, owner: str, replay_key: str, fence: int) -> None:
+        def body(c: sqlite3.Connection) -> None:
+            c.execute(
+                "UPDATE eh_children SET lease_owner = NULL, lease_expires = NULL, "
+                "state = 'pending' WHERE replay_key = ? AND lease_owner = ? AND fence = ? "
+                "AND state = 'claimed'",
+                (replay_key, owner, fence),
+            )
+
+        await self._write(body)
 
     def _finalize_body(
         self,
@@ -808,8 +886,19 @@ class SqliteStore(Store):
         seqs, _matched, _state = await self._write(body, after)
         return seqs
 
-    async def settle_free(self, replay_key: str, owner: str, outcome: str) -> int | None:
+    async def settle_free(
+        self, replay_key: str, owner: str, outcome: str, orphan: bool = False
+    ) -> int | None:
         def body(c: sqlite3.Connection) -> int | None:
+            if orphan:
+                live = c.execute(
+                    f"SELECT g.state = 'open' AND g.owner_expires >= {NOW} "
+                    "AND g.owner IS NOT ? FROM eh_children c "
+                    "JOIN eh_groups g ON g.group_key = c.group_key WHERE c.replay_key = ?",
+                    (owner, replay_key),
+                ).fetchone()
+                if live is not None and live[0]:
+                    return None  # the caller is back (R-1)
             claim = self._claim_sql(c, replay_key, owner, 60.0)
             if claim is None:
                 return None
@@ -925,21 +1014,34 @@ class SqliteStore(Store):
         owner: str,
         ttl: float,
         before_create: Callable[[], None],
+        *,
+        reopen: Callable[[GroupRow, tuple[ChildRow, ...]], None] | None = None,
+        sent: Sent | None = None,
     ) -> Opened:
-        """One transaction: the lookup, the replay-key check, ``before_create`` and the
-        group row with every child row (``before_create`` runs inside it; when another
-        process holds the write lock, on this store's writer thread). Writers are
-        serialised, so no other open can come between the lookup and the insert."""
+        """One transaction: the lookup; for a group recorded open, ``reopen`` and the
+        change of owner (R-1); else the replay-key check, ``before_create`` and the group
+        row (owned by ``owner``) with every child row (``reopen`` and ``before_create``
+        run inside it; when another process holds the write lock, on this store's writer
+        thread). Writers are serialised, so no other open can come between the lookup
+        and the insert."""
 
         def body(c: sqlite3.Connection) -> Opened:
             record, tombstone = self._lookup(c, group_key)
             if record is not None:
-                return Opened(False, record, None, tuple(self._children(c, group_key)))
+                children = tuple(self._children(c, group_key))
+                if record.state == "open":
+                    if reopen is not None:
+                        reopen(record, children)
+                    self._own_body(c, group_key, owner, ttl)
+                return Opened(False, record, None, children)
             if tombstone is not None:
                 return Opened(False, None, tombstone)
             self._taken(c, group_key, specs)
             before_create()
-            _created, row = self._create_body(c, group_key, wake, disposition, child_count)
+            _mark(sent)
+            _created, row = self._create_body(
+                c, group_key, wake, disposition, child_count, owner, ttl
+            )
             inserted = self._insert_children(c, group_key, specs, owner, ttl)
             if len(inserted) != len(specs):  # the check above makes this unreachable
                 self._taken(c, group_key, specs)

@@ -6,6 +6,7 @@ A store owns its DDL and runs each operation below as one short transaction. The
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,10 +15,11 @@ from effecthost.contract import StoreRefused
 from effecthost.payloads import PayloadRef, PayloadStore
 from effecthost.payloads._store import _check, _make_ref, _missing
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The schema this code reads and writes. Another version in the database is refused.
 
-Version 2 added the payload table ``eh_payloads`` (G-47); a database recording version 1
+Version 2 added the payload table ``eh_payloads`` (G-47); version 3 added the group's owner
+and its owner-lease expiry to ``eh_groups`` (R-1). A database recording an earlier version
 is refused like any other version (nothing is migrated)."""
 
 
@@ -43,6 +45,24 @@ class SchemaVersionError(StoreRefused):
         self.found = found
         self.expected = expected
         self.where = where
+
+
+@dataclass
+class Sent:
+    """When a lease statement went out: the local monotonic time a store records just
+    before it sends the claim, insert or renewal (after any wait for a connection or a
+    lock), so a self-fencing deadline is measured from there and not from before the
+    wait (G-33, seed D11)."""
+
+    at: float | None = None
+
+    def mark(self) -> None:
+        self.at = time.monotonic()
+
+
+def _mark(sent: Sent | None) -> None:
+    if sent is not None:
+        sent.mark()
 
 
 @dataclass(frozen=True)
@@ -95,6 +115,8 @@ class ChildRow:
     seq: int | None
     effective: str = ""  # the group's disposition in force (drain reads)
     group_state: str = ""
+    group_owner: str | None = None  # the incarnation that last opened the group (R-1)
+    owner_live: bool = False  # the group is open and its owner's claim is unexpired
 
 
 @dataclass(frozen=True)
@@ -218,33 +240,69 @@ class Store(ABC):
 
     @abstractmethod
     async def create_group(
-        self, group_key: str, wake: str, disposition: str, child_count: int
+        self,
+        group_key: str,
+        wake: str,
+        disposition: str,
+        child_count: int,
+        owner: str | None = None,
+        ttl: float = 0.0,
     ) -> tuple[bool, GroupRow]:
-        """Insert the group row alone in its own committed transaction. Returns
+        """Insert the group row alone in its own committed transaction, owned by
+        ``owner`` for ``ttl`` seconds of the database clock when given (R-1). Returns
         ``(created, row)``; ``created`` is false when the key was already recorded. A
         building block for tests and tools: the host opens through :meth:`open_group`."""
 
     @abstractmethod
+    async def own(self, group_key: str, owner: str, ttl: float) -> bool:
+        """Make ``owner`` the owner of an open group for ``ttl`` seconds (a reopen, R-1).
+        False when the group is not recorded open."""
+
+    @abstractmethod
     async def insert_children(
-        self, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
+        self,
+        group_key: str,
+        specs: list[ChildSpec],
+        owner: str,
+        ttl: float,
+        sent: Sent | None = None,
     ) -> list[str]:
         """Insert missing child rows (one transaction, children only); rows with
         ``claim`` are inserted leased to ``owner`` with fence 1. Returns the replay keys
-        inserted (an existing row is left as it is). The host uses it only to complete a
-        group an older release recorded without all its children."""
+        inserted (an existing row is left as it is). ``sent`` is marked just before the
+        statement goes out. The host uses it only to complete a group an older release
+        recorded without all its children."""
 
     @abstractmethod
     async def children(self, group_key: str) -> list[ChildRow]: ...
 
     @abstractmethod
-    async def claim(self, replay_key: str, owner: str, ttl: float) -> Claim | None:
+    async def claim(
+        self, replay_key: str, owner: str, ttl: float, sent: Sent | None = None
+    ) -> Claim | None:
         """Conditional takeover: lease an unsettled child whose lease is absent or expired
         on the database clock, bumping the fence (G-33). ``None`` when a live lease (or a
-        settlement) is in the way."""
+        settlement) is in the way. ``sent`` is marked just before the statement goes out."""
 
     @abstractmethod
-    async def renew(self, owner: str, ttl: float) -> list[Renewal]:
-        """Extend every lease ``owner`` holds (one statement); returns those still held."""
+    async def renew(
+        self,
+        owner: str,
+        ttl: float,
+        keys: list[str],
+        groups: list[str],
+        sent: Sent | None = None,
+    ) -> tuple[list[Renewal], list[str]]:
+        """Extend the unexpired leases ``owner`` holds on the children ``keys`` (those
+        with a live driver) and its unexpired ownership of the open ``groups`` (R-1), in
+        one transaction, child rows by key, then group rows by key (G-32). Returns the
+        child leases and the groups still held. ``sent`` is marked just before the
+        statement goes out."""
+
+    @abstractmethod
+    async def release(self, owner: str, replay_key: str, fence: int) -> None:
+        """Give up a lease ``owner`` holds at ``fence`` without settling the child, so
+        another driver may claim it at once (a driver that ends without an outcome)."""
 
     @abstractmethod
     async def finalize(
@@ -265,9 +323,14 @@ class Store(ABC):
         ``None`` for an item whose fenced update matched nothing (it bumped nothing)."""
 
     @abstractmethod
-    async def settle_free(self, replay_key: str, owner: str, outcome: str) -> int | None:
+    async def settle_free(
+        self, replay_key: str, owner: str, outcome: str, orphan: bool = False
+    ) -> int | None:
         """Claim an unleased (or expired) child and finalize it, in one transaction: how
-        timers fire, events are delivered and free children are cancelled."""
+        timers fire, events are delivered and free children are cancelled. With
+        ``orphan`` (a drain applying a declared ``CANCEL``) nothing is written when,
+        under the group row's lock taken after the child's, the group is open and
+        another owner's claim on it is live (R-1: the caller came back meanwhile)."""
 
     @abstractmethod
     async def read_rank(self, group_key: str, seq: int) -> RankRead | None:
@@ -322,15 +385,32 @@ class Store(ABC):
         owner: str,
         ttl: float,
         before_create: Callable[[], None],
+        *,
+        reopen: Callable[[GroupRow, tuple[ChildRow, ...]], None] | None = None,
+        sent: Sent | None = None,
     ) -> Opened:
-        """Open as one operation (R-7, G-10, R-6). Look the group up: when its row is
-        recorded, return it with its children; when its tombstone is, return that. Else
-        refuse a child whose replay key another group holds (:class:`ReplayKeyTaken`),
-        call ``before_create`` (the first open's resolution: when it raises, the error
-        propagates) and record the group row and every child row in **one** transaction,
-        group row first; rows with ``claim`` are leased to ``owner`` (fence 1). When
-        another open recorded the group first, return what it recorded, as a reopen. A
-        refusal writes nothing.
+        """Open as one operation (R-7, G-10, R-6, R-1). Look the group up: when its row
+        is recorded open, call ``reopen`` with it and its children (the reopen's fences:
+        when it raises, nothing is written and the error propagates), make ``owner`` the
+        group's owner for ``ttl`` seconds of the database clock (R-1: a reopen takes the
+        group over) and return it with its children; when it is recorded closed, or its
+        tombstone is, return that and write nothing. Else refuse a child whose replay key
+        another group holds (:class:`ReplayKeyTaken`), call ``before_create`` (the first
+        open's resolution: when it raises, the error propagates) and record the group
+        row, owned by ``owner`` for ``ttl`` seconds, and every child row in **one**
+        transaction, group row first; rows with ``claim`` are leased to ``owner`` (fence
+        1). ``sent`` is marked just before the statement that records the leases goes
+        out (their self-fencing deadline counts from there). When another open recorded
+        the group first, it is handled as a reopen. A refusal writes nothing.
+
+        Only new rows are written by a first open, so inserting the group row before its
+        children cannot close a lock cycle with the statements that lock existing rows
+        (renewal, finalize, close, retirement: child rows by key, then group rows): none
+        of them can see, so none waits on, a row an uncommitted open inserted. An open
+        waits only on another writer of the same key (the same group key, or a replay
+        key another group is inserting or updating), and two opens insert their children
+        in replay-key order after their group rows, so they cannot wait on each other in
+        a cycle either. Taking over a reopened group updates its group row alone.
 
         Raises:
             ReplayKeyTaken: a replay key is recorded for another group.
@@ -376,7 +456,8 @@ class Store(ABC):
 
     @abstractmethod
     async def max_lease_expiry(self, owner: str) -> float | None:
-        """The latest lease expiry ``owner`` holds (restart tooling and tests)."""
+        """The latest lease expiry ``owner`` holds, on a child or as the owner of an open
+        group (restart tooling and tests)."""
 
     # -- the payload table (G-47): bytes by reference, deleted with the group ----------------
 

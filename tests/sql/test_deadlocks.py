@@ -1,0 +1,104 @@
+"""G-32 on PostgreSQL: the host's own statements (the keeper's renewal, batched
+finalizes in completion order, closes and retirements) never deadlock one another, and
+nothing of the driver escapes a public method."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+
+from effecthost.contract import (
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    LoserPolicy,
+    ToolRegistry,
+    WakePolicy,
+)
+from effecthost.hosts.sql import PostgresStore, SqlEffectHost
+
+pytestmark = pytest.mark.anyio
+
+SECONDS = 6.0
+CALLERS = 12
+CHILDREN = 8
+
+
+async def work(_value: object) -> str:
+    await asyncio.sleep(random.uniform(0, 0.03))  # the tool's own work, of random length
+    return "ok"
+
+
+def _group(key: str, disposition: LoserPolicy) -> EffectGroup:
+    return EffectGroup(
+        key=key,
+        wake=WakePolicy.ALL,
+        disposition=disposition,
+        children=[
+            EffectEnvelope(
+                replay_key=f"{key}.{i:02d}", kind=EffectKind.TOOL_CALL, name="t", input=i
+            )
+            for i in range(CHILDREN)
+        ],
+    )
+
+
+async def test_G32_no_deadlock_under_short_leases(
+    pg_dsn: str, pg_schema: str, pg_log: Path | None
+) -> None:
+    """G-32, G-33: under short leases (TTL 1.2 s, renewal every 0.1 s) two hosts open,
+    finalize (batched, in completion order), close under both dispositions and retire
+    groups for a few seconds while their keepers renew: the server logs no deadlock and
+    every public call either returns or raises a typed error."""
+    if pg_log is None:
+        pytest.skip("the server's log is not ours to read")
+    offset = pg_log.stat().st_size  # noqa: ASYNC240 - before any task runs
+    hosts = [
+        SqlEffectHost(
+            PostgresStore(pg_dsn, schema=pg_schema),
+            ToolRegistry({"t": work}),
+            lease_ttl=1.2,
+            renew_every=0.1,
+            poll_interval=0.05,
+        )
+        for _ in range(2)
+    ]
+    for h in hosts:
+        await h.start()
+    errors: list[BaseException] = []
+    done = [0]
+    stop = asyncio.get_running_loop().time() + SECONDS
+
+    async def caller(n: int) -> None:
+        h = hosts[n % 2]
+        i = 0
+        while asyncio.get_running_loop().time() < stop:
+            i += 1
+            cancel = i % 2 == 0
+            group = _group(
+                f"dl:{n}:{i}", LoserPolicy.CANCEL if cancel else LoserPolicy.RUN_TO_COMPLETION
+            )
+            try:
+                handle = await h.open_effect_group(group)
+                for _ in range(1 if cancel else CHILDREN):
+                    await h.await_next_settlement(handle)
+                await h.close_effect_group(handle)
+                done[0] += 1
+            except Exception as exc:
+                errors.append(exc)
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(caller(n) for n in range(CALLERS))), 60)
+    finally:
+        for h in hosts:
+            await h.aclose()
+    with pg_log.open("rb") as log:
+        log.seek(offset)
+        text = log.read().decode(errors="replace")
+    deadlocks = text.count("deadlock detected")
+    assert deadlocks == 0, f"{deadlocks} deadlocks in {SECONDS}s ({done[0]} groups)"
+    assert not errors, errors[:3]
+    assert done[0] > CALLERS
