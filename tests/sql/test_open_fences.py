@@ -227,6 +227,32 @@ async def test_open_error_order(db: Db, host: SqlEffectHost) -> None:
     assert (caught.value.position, caught.value.replay_key) == (1, "o.z")
 
 
+async def test_a_refused_reopen_changes_no_owner(db: Db, host: SqlEffectHost) -> None:
+    """R-1, R-2, G-13: a reopen by another incarnation that its fences refuse (shape,
+    then a child's hash) leaves every table as it was, the group's owner and owner-lease
+    expiry included; a reopen that passes them makes that incarnation the owner within
+    the open itself."""
+    key = "own:group:a:0"
+    group = _group(key, _event("own.a"), _event("own.b"))
+    await host.open_effect_group(group)
+
+    async def owners() -> set[str | None]:
+        return {r.group_owner for r in await host.store.unfinished() if r.group_key == key}
+
+    assert await owners() == {host.owner}
+    other = SqlEffectHost(db.make(), _registry(), poll_interval=0.05)
+    await other.start()
+    try:
+        await _refused_twice(db, other, _group(key, _event("own.a")), GroupShapeMismatch)
+        changed = _group(key, _event("own.a"), _tool("own.b"))
+        await _refused_twice(db, other, changed, ReplayMismatch)
+        assert await owners() == {host.owner}
+        await other.open_effect_group(group)
+        assert await owners() == {other.owner}
+    finally:
+        await other.aclose()
+
+
 async def test_concurrent_first_opens_with_other_inputs_are_one_open(db: Db) -> None:
     """R-7: the creator is paused right after its open committed; a second host opening
     the same key with the same shape but other inputs is fenced exactly as a reopen is
