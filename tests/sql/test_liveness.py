@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from effecthost.contract import (
+    DispositionWidened,
     EffectEnvelope,
     EffectGroup,
     EffectKind,
@@ -231,6 +232,33 @@ async def test_R1_G29_drain_cancels_once_the_owner_is_gone(
         ranks.append(await asyncio.wait_for(other.await_next_settlement(handle), BOUND))
         assert [s.outcome.status for s in ranks] == ["cancelled", "cancelled"]
     finally:
+        await other.aclose()
+
+
+async def test_R1_a_refused_close_keeps_the_caller_the_owner(
+    stores: Callable[[], Store],
+) -> None:
+    """R-1, R-2: a close the host refuses (``DispositionWidened``) leaves the group open
+    and its caller live: the owner's claim is still renewed past the TTL it held at the
+    refusal, so another host's drain does not apply the declared ``CANCEL``."""
+    caller = host(stores)
+    other = host(stores)
+    await caller.start()
+    await other.start()
+    try:
+        group = select_group("live:refused-close:0")
+        handle = await caller.open_effect_group(group)
+        with pytest.raises(DispositionWidened):
+            await caller.close_effect_group(handle, LoserPolicy.RUN_TO_COMPLETION)
+        expiry = await other.store.max_lease_expiry(caller.owner)
+        assert expiry is not None
+        await until(lambda: _later(other.store, expiry), "the database clock never passed")
+        report = await other.drain().run_pass()
+        assert not report.cancelled
+        assert await other.store.max_lease_expiry(caller.owner) is not None
+        await caller.close_effect_group(handle)
+    finally:
+        await caller.aclose()
         await other.aclose()
 
 

@@ -1060,7 +1060,6 @@ class SqlEffectHost(WiredController):
         self._require_wired(handle.group_key)
         await self._ready()
         key = handle.group_key
-        self._owned.discard(key)
         target: LoserPolicy | None = None
         already = False
 
@@ -1081,6 +1080,9 @@ class SqlEffectHost(WiredController):
 
         # closed, and retired in the same transaction when every child has settled
         _record, recorded, done = await self.store.close_group(key, decide)
+        # closed (or found closed or retired): nothing left to own. A refused close raised
+        # above and the group stays this caller's
+        self._owned.discard(key)
         if already:
             await self._maybe_retire(key)
             return
