@@ -218,3 +218,86 @@ async def test_postgres_start_shares_a_schema_with_a_payload_store(
     finally:
         await store.aclose()
         await payloads.aclose()
+
+
+_WRITER = """
+import sqlite3, sys
+blob = b"x" * 30000
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+n = 0
+while True:
+    n += 1
+    conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(
+        "INSERT INTO eh_payloads (group_key, name, replay_key, data, digest, created_at) "
+        "VALUES (?, ?, ?, ?, ?, 0)",
+        (f"g{n}", "o", f"r{n}", blob, "d"),
+    )
+    conn.execute("DELETE FROM eh_payloads WHERE group_key <> ?", (f"g{n}",))
+    conn.execute("COMMIT")
+    conn.close()  # the last connection: checkpoints and removes the -wal and -shm files
+"""
+
+
+async def test_starting_beside_a_live_writer_is_not_a_refusal(tmp_path: Path) -> None:
+    """SPEC §3 (many processes share one SQLite file) and §7: the start-up check that
+    refuses files the store does not own must not refuse its own database while another
+    process writes it (connections opening and closing: WAL files created, checkpointed
+    and removed). The conformance
+    factories start hosts this way beside a live deployment process."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "shared.sqlite3"
+    first = SqliteStore(str(path))
+    await first.start()
+    await first.aclose()
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert writer.stdout is not None
+        assert writer.stdout.readline().strip() == "ready"
+        for _ in range(60):
+            store = SqliteStore(str(path))
+            await store.start()
+            await store.aclose()
+    finally:
+        writer.kill()
+        writer.wait()
+        if writer.stdout is not None:
+            writer.stdout.close()
+
+
+async def test_the_start_check_opens_the_database_only_through_sqlite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC §3 (hosts share one SQLite file; the conformance deployment process runs
+    several stores on it): closing any descriptor of a database file drops every POSIX
+    lock the process holds on it, SQLite's included, so another process can then reset
+    the WAL under a live connection (seen as SQLITE_IOERR_SHORT_READ when a second store
+    started). A store starting beside another in one process must read the file only
+    through SQLite."""
+    import builtins
+
+    from effecthost.hosts.sql import _preflight
+
+    path = tmp_path / "shared.sqlite3"
+    first = SqliteStore(str(path))
+    await first.start()
+    opened: list[str] = []
+    real_open = builtins.open
+
+    def spy(file: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", spy)
+    try:
+        _preflight.check_creatable_sqlite_file(path, lock_timeout=1.0)
+    finally:
+        monkeypatch.setattr(builtins, "open", real_open)
+        await first.aclose()
+    assert str(path) not in opened

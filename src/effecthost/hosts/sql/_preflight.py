@@ -227,12 +227,17 @@ def check_creatable_sqlite_file(path: str | Path, *, lock_timeout: float) -> Non
         raise DatabaseRefused(DatabaseProblem.NOT_A_FILE, f"{path}: not a file ({kind})")
     if st.st_size == 0:
         return
-    if not _header(path).startswith(SQLITE_MAGIC):
-        raise DatabaseRefused(DatabaseProblem.NOT_SQLITE, f"{path}: not a SQLite database")
-    try:
-        conn = sqlite3.connect(
-            read_only_uri(path), uri=True, timeout=lock_timeout, isolation_level=None
+    if not os.access(path, os.R_OK):
+        raise DatabaseRefused(
+            DatabaseProblem.UNREADABLE, f"{path}: permission denied (cannot read the file)"
         )
+    try:
+        # Only SQLite opens the file here: this process may hold SQLite connections to it
+        # (another store), and closing any other descriptor of the file would drop their
+        # POSIX locks. A plain connection that only reads (``mode=ro`` cannot rebuild a
+        # WAL index whose ``-shm`` another process's last close removed); a file that is
+        # not SQLite fails its first read with SQLITE_NOTADB and is left as it was.
+        conn = sqlite3.connect(str(path), timeout=lock_timeout, isolation_level=None)
     except sqlite3.Error as exc:
         raise _classify(path, exc, lock_timeout) from None
     try:
