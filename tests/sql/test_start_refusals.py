@@ -254,7 +254,7 @@ async def test_starting_beside_a_live_writer_is_not_a_refusal(tmp_path: Path) ->
     first = SqliteStore(str(path))
     await first.start()
     await first.aclose()
-    writer = subprocess.Popen(
+    writer = subprocess.Popen(  # noqa: ASYNC220 - started once, before the loop
         [sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True
     )
     try:
