@@ -83,6 +83,8 @@ def test_keyword_selects_the_checks_of_one_obligation(sandbox: pytest.Pytester) 
     for check in all_checks():
         ran = f"{check.node_name} PASSED" in output or f"{check.node_name} SKIPPED" in output
         assert ran == ("G-20" in check.ids), check.node_name
+    rows = {line.split()[0] for line in output.splitlines() if line.startswith("G-")}
+    assert rows == {i for c in covering for i in c.ids}, "only the rows of the checks run"
 
 
 def test_a_broken_host_fails_naming_the_check_and_its_ids(sandbox: pytest.Pytester) -> None:

@@ -60,8 +60,15 @@ class SuiteReport:
 
 
 def obligation_table(results: Iterable[CheckResult]) -> str:
-    """Obligation id, checks run, passed, failed, skipped (why) — one row per id."""
-    rows: dict[str, list[CheckResult]] = {obligation: [] for obligation in OBLIGATIONS}
+    """Obligation id, checks run, passed, failed, skipped (why) — one row per id.
+
+    A run of every registered check lists every obligation (one no check covers shows
+    0); a selection (``-k``, ``-m``) lists only the obligations of the checks it ran."""
+    results = list(results)
+    everything = {c.name for c in all_checks()} <= {r.check.name for r in results}
+    rows: dict[str, list[CheckResult]] = (
+        {obligation: [] for obligation in OBLIGATIONS} if everything else {}
+    )
     for result in results:
         for obligation in result.check.ids:
             rows.setdefault(obligation, []).append(result)
@@ -78,7 +85,7 @@ def obligation_table(results: Iterable[CheckResult]) -> str:
             f"{sum(r.status == 'failed' for r in entries):>8}"
             f"{len(skipped):>9}  {'; '.join(reasons)}".rstrip()
         )
-    totals = list(results)
+    totals = results
     lines.append(
         f"{len(totals)} checks: {sum(r.status == 'passed' for r in totals)} passed, "
         f"{sum(r.status == 'failed' for r in totals)} failed, "
