@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,17 @@ def test_a_broken_host_fails_naming_the_check_and_its_ids(sandbox: pytest.Pytest
     assert TABLE_HEADER in output
     row = next(line for line in output.splitlines() if line.startswith("G-20 "))
     assert row.split()[:4] == ["G-20", "1", "0", "1"], row
+
+
+def test_a_failing_item_names_the_last_lab_events(sandbox: pytest.Pytester) -> None:
+    """A failing item's text lists the lab events its check saw last (child starts,
+    ends, gates), as the CLI does."""
+    sandbox.syspathinsert(TESTS_DIR)
+    result = sandbox.runpytest(
+        "--effecthost-factory", "broken_hosts:widens_cancel_factory", "-k", "close_only_narrows"
+    )
+    result.assert_outcomes(failed=1)
+    output = result.stdout.str()
+    assert "close_only_narrows[G-26] failed: CheckFailed: widening CANCEL" in output
+    assert "last lab events" in output
+    assert re.search(r"^ +\+\d+\.\d{3}s +started +s +attempt=1 .*pid=\d+", output, re.M), output

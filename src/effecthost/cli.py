@@ -88,6 +88,11 @@ def _conformance(args: argparse.Namespace) -> int:
         report = asyncio.run(run_suite(factory, select=args.k, on_result=show))
     except (EngineMissing, MissingExtra) as exc:
         raise Refused(ExitCode.ENGINE_MISSING, f"{args.factory}: {exc}") from None
+    failed = report.by_status("failed")
+    if failed:
+        print()
+        for result in failed:
+            print(f"FAILED {result.check.node_name}: {result.failure_text()}")
     print()
     print(report.table())
     return 0 if report.ok else 1

@@ -18,11 +18,14 @@ from typing import Literal
 
 from ._context import CheckContext
 from ._host import FactoryEnv, HostUnderTest
-from ._lab import Lab
+from ._lab import Lab, LabEvent
 from ._registry import OBLIGATIONS, Check, all_checks
 
 Factory = Callable[[FactoryEnv], "HostUnderTest | Awaitable[HostUnderTest]"]
 Status = Literal["passed", "failed", "skipped"]
+
+LAST_EVENTS = 10
+"""How many of the lab events a failing check saw its failure text shows."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,34 @@ class CheckResult:
     seconds: float = 0.0
     missing: tuple[str, ...] = ()
     """The undeclared capabilities that made a check skip."""
+    events: tuple[LabEvent, ...] = ()
+    """A failed check's last :data:`LAST_EVENTS` lab events (journal entries), oldest
+    first, with ``at`` relative to the check's start."""
+    seen: int = 0
+    """How many lab events the failed check saw in all."""
+    scope: str = ""
+    """The prefix of the check's tags, left out when its events are shown."""
+
+    def failure_text(self) -> str:
+        """The reason, then the last lab events the check saw: what the host's children
+        did (started, finished, cancelled) and which gates opened, just before it failed."""
+        if not self.events:
+            return self.reason
+        lines = [
+            self.reason,
+            f"last lab events ({len(self.events)} of {self.seen} during the check):",
+        ]
+        width = max(len(e.kind) for e in self.events)
+        for event in self.events:
+            tag = event.tag.removeprefix(f"{self.scope}.") if self.scope else event.tag
+            data = " ".join(f"{k}={_short(v)}" for k, v in sorted(event.data.items()))
+            lines.append(f"  +{event.at:.3f}s  {event.kind:<{width}}  {tag}  {data}".rstrip())
+        return "\n".join(lines)
+
+
+def _short(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= 12 else f"{text[:8]}…"
 
 
 @dataclass
@@ -195,23 +226,32 @@ class SuiteRun:
         scope = f"cf{self._token}n{self._count}"
         context = CheckContext(self.host, self.lab, scope)
         started = time.perf_counter()
+        began, journal = time.monotonic(), len(self.lab.journal)
         limit = self.host.timeout * 4
         zombies = len(self.lab.zombies)
+
+        def failed(why: str) -> CheckResult:
+            seen = self.lab.journal[journal:] if self.lab is not None else []
+            last = tuple(LabEvent(e.kind, e.tag, e.data, e.at - began) for e in seen[-LAST_EVENTS:])
+            return CheckResult(
+                check, "failed", why, _since(started), events=last, seen=len(seen), scope=scope
+            )
+
         try:
             async with asyncio.timeout(limit) as deadline:
                 await check.function(context)
             if len(self.lab.zombies) > zombies:
                 first = self.lab.zombies[zombies]
-                why = (
+                return failed(
                     f"a killed process still ran children: {first.kind!r} of {first.tag!r} "
                     f"came from pid {first.data.get('pid')} after the restart that killed it"
                 )
-                return CheckResult(check, "failed", why, _since(started))
         except TimeoutError as exc:
-            why = f"check did not finish in {limit}s" if deadline.expired() else _describe(exc)
-            return CheckResult(check, "failed", why, _since(started))
+            return failed(
+                f"check did not finish in {limit}s" if deadline.expired() else _describe(exc)
+            )
         except Exception as exc:
-            return CheckResult(check, "failed", _describe(exc), _since(started))
+            return failed(_describe(exc))
         finally:
             await context.cleanup()
         return CheckResult(check, "passed", "", _since(started))

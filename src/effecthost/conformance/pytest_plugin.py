@@ -69,7 +69,7 @@ class ConformanceItem(pytest.Item):
         if result.status == "skipped":
             pytest.skip(f"{self.check.name}: {result.reason}")
         if result.status == "failed":
-            raise ConformanceFailure(result.reason)
+            raise ConformanceFailure(result.failure_text())
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, ConformanceFailure):
