@@ -3,9 +3,15 @@ progress. Uses the memory factory, and broken hosts where a check must fail."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
+from xml.etree import ElementTree
 
 from test_cli import effecthost
+
+from effecthost.conformance import HostCapabilities, all_checks
+from effecthost.hosts.memory.testing import MemoryHostUnderTest
 
 BROKEN = "broken_hosts:widens_cancel_factory"
 NARROWS = "close_only_narrows"
@@ -22,3 +28,74 @@ def test_a_failing_check_names_the_last_lab_events_it_saw() -> None:
     assert "last lab events" in failure.splitlines()[1]
     assert EVENT_LINE.search(failure), failure
     assert run.stdout.index(f"FAILED {NARROWS}") < run.stdout.index("obligation  checks")
+
+
+def test_junit_and_json_reports_for_ci(tmp_path: Path) -> None:
+    """``--junit-xml`` writes one testcase per check run (classname its obligation ids,
+    skips with their reason, failures with the failure text); ``--json`` each check with
+    its ids, status, duration and reason, and the factory's declared capabilities."""
+    junit, report = tmp_path / "conformance.xml", tmp_path / "conformance.json"
+    run = effecthost(
+        "conformance",
+        BROKEN,
+        "-k",
+        "G-26 or G-29",
+        "--junit-xml",
+        str(junit),
+        "--json",
+        str(report),
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    ran = [c for c in all_checks() if {"G-26", "G-29"} & set(c.ids)]
+    skipped = {c.name for c in ran if "restart" in c.requires}
+    assert skipped and len(skipped) < len(ran) - 1
+
+    suite = ElementTree.parse(junit).getroot()
+    assert suite.tag == "testsuites"
+    cases = suite.findall("testsuite/testcase")
+    assert [(c.get("classname"), c.get("name")) for c in cases] == [
+        (",".join(c.ids), c.name) for c in ran
+    ]
+    by_name = {c.get("name"): c for c in cases}
+    failure = by_name[NARROWS].find("failure")
+    assert failure is not None and failure.get("message", "").startswith("CheckFailed: widening")
+    assert "last lab events" in (failure.text or "")
+    for name in skipped:
+        skip = by_name[name].find("skipped")
+        assert skip is not None and skip.get("message") == "host does not declare restart"
+    for case in cases:
+        assert float(case.get("time", "-1")) >= 0
+    testsuite = suite.find("testsuite")
+    assert testsuite is not None
+    assert (testsuite.get("tests"), testsuite.get("failures"), testsuite.get("skipped")) == (
+        str(len(ran)),
+        "1",
+        str(len(skipped)),
+    )
+
+    data = json.loads(report.read_text())
+    assert data["factory"] == BROKEN and data["ok"] is False
+    assert data["capabilities"] == {
+        name: name in MemoryHostUnderTest.capabilities.declared()
+        for name in HostCapabilities.__dataclass_fields__
+    }
+    assert data["summary"] == {
+        "checks": len(ran),
+        "passed": len(ran) - len(skipped) - 1,
+        "failed": 1,
+        "skipped": len(skipped),
+    }
+    assert [(c["name"], c["ids"]) for c in data["checks"]] == [(c.name, list(c.ids)) for c in ran]
+    for entry in data["checks"]:
+        assert entry["seconds"] >= 0
+        if entry["name"] == NARROWS:
+            assert entry["status"] == "failed"
+            assert entry["reason"].startswith("CheckFailed: widening CANCEL")
+            assert "last lab events" in entry["failure"]
+            assert "started" in [e["kind"] for e in entry["events"]]
+        elif entry["name"] in skipped:
+            assert entry["status"] == "skipped"
+            assert entry["reason"] == "host does not declare restart"
+            assert entry["missing"] == ["restart"]
+        else:
+            assert entry["status"] == "passed" and entry["reason"] == ""

@@ -54,6 +54,7 @@ async def _load_controller(spec: str) -> EffectController:
 
 def _conformance(args: argparse.Namespace) -> int:
     from effecthost.conformance import CheckResult, all_checks, load_factory, matches, run_suite
+    from effecthost.conformance._reports import write_json, write_junit
 
     if args.explain:
         from effecthost.conformance import UnknownRule, explain
@@ -85,9 +86,13 @@ def _conformance(args: argparse.Namespace) -> int:
         print(line, flush=True)
 
     try:
-        report = asyncio.run(run_suite(factory, select=args.k, on_result=show))
+        report = asyncio.run(run_suite(factory, select=args.k, on_result=show, name=args.factory))
     except (EngineMissing, MissingExtra) as exc:
         raise Refused(ExitCode.ENGINE_MISSING, f"{args.factory}: {exc}") from None
+    if args.junit_xml:
+        write_junit(report, args.junit_xml)
+    if args.json:
+        write_json(report, args.json)
     failed = report.by_status("failed")
     if failed:
         print()
@@ -358,6 +363,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--explain",
         metavar="ID",
         help="print obligation (G-20) or ruling (R-4) ID of docs/spec.md and the checks citing it",
+    )
+    conformance.add_argument(
+        "--junit-xml",
+        metavar="FILE",
+        help="also write a JUnit XML report (a testcase per check, classname its ids)",
+    )
+    conformance.add_argument(
+        "--json",
+        metavar="FILE",
+        help="also write a JSON report (each check, the factory's capabilities)",
     )
     conformance.set_defaults(run=_conformance)
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Literal
 
 from ._context import CheckContext
-from ._host import FactoryEnv, HostUnderTest
+from ._host import FactoryEnv, HostCapabilities, HostUnderTest
 from ._lab import Lab, LabEvent
 from ._registry import OBLIGATIONS, Check, all_checks
+from ._reports import now_iso
 
 Factory = Callable[[FactoryEnv], "HostUnderTest | Awaitable[HostUnderTest]"]
 Status = Literal["passed", "failed", "skipped"]
@@ -71,6 +72,18 @@ class SuiteReport:
     """Results of a run, and the obligation table that ends every run."""
 
     results: list[CheckResult] = field(default_factory=list)
+    factory: str = ""
+    """The factory's ``MODULE:FACTORY`` name."""
+    capabilities: HostCapabilities | None = None
+    """What the host under test declared (``None`` until it was made)."""
+    timeout: float | None = None
+    started_at: str = ""
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "checks": len(self.results),
+            **{s: len(self.by_status(s)) for s in ("passed", "failed", "skipped")},
+        }
 
     @property
     def ok(self) -> bool:
@@ -276,13 +289,21 @@ async def run_suite(
     *,
     select: str | None = None,
     on_result: Callable[[CheckResult], None] | None = None,
+    name: str | None = None,
 ) -> SuiteReport:
-    """Run every registered check (or those ``select`` matches) against ``factory``."""
+    """Run every registered check (or those ``select`` matches) against ``factory``;
+    ``name`` is how reports name the factory (default: its module and name)."""
     checks = [c for c in all_checks() if matches(select, c)]
     suite = SuiteRun(factory)
-    report = SuiteReport()
+    report = SuiteReport(
+        factory=name or f"{factory.__module__}:{getattr(factory, '__qualname__', factory)}",
+        started_at=now_iso(),
+    )
     try:
         await suite.start()
+        assert suite.host is not None
+        report.capabilities = suite.host.capabilities
+        report.timeout = suite.host.timeout
         for check in checks:
             result = await suite.run(check)
             report.results.append(result)
