@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -13,6 +14,7 @@ from test_cli import effecthost
 from effecthost.conformance import HostCapabilities, all_checks
 from effecthost.hosts.memory.testing import MemoryHostUnderTest
 
+MEMORY = "effecthost.hosts.memory.testing:factory"
 BROKEN = "broken_hosts:widens_cancel_factory"
 NARROWS = "close_only_narrows"
 EVENT_LINE = re.compile(r"^ +\+\d+\.\d{3}s +started +s +attempt=1 .*pid=\d+", re.M)
@@ -99,3 +101,50 @@ def test_junit_and_json_reports_for_ci(tmp_path: Path) -> None:
             assert entry["missing"] == ["restart"]
         else:
             assert entry["status"] == "passed" and entry["reason"] == ""
+
+
+def _kept(stdout: str) -> tuple[Path, list[Path]]:
+    """The work dir and the logs a ``--keep`` run printed at its end."""
+    tail = stdout.split("\nkept: ", 1)[1]
+    root = Path(tail.splitlines()[0].split()[0])
+    logs = [Path(line.strip()) for line in tail.splitlines()[1:] if line.startswith("  ")]
+    return root, logs
+
+
+def test_keep_leaves_the_work_dir_and_prints_where_it_is() -> None:
+    """Without ``--keep`` nothing of the run is left; with it, the work dir and the lab
+    stay and their place is printed after the table."""
+    run = effecthost("conformance", MEMORY, "-k", "G-05", "--keep")
+    assert run.returncode == 0, run.stdout + run.stderr
+    root, logs = _kept(run.stdout)
+    try:
+        assert run.stdout.index("obligation  checks") < run.stdout.index("\nkept: ")
+        assert (root / "work").is_dir() and (root / "lab").is_dir()
+        assert logs == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    plain = effecthost("conformance", MEMORY, "-k", "G-05")
+    assert "kept:" not in plain.stdout
+
+
+def test_keep_keeps_the_logs_of_every_process_of_the_sql_factories() -> None:
+    """The deployment process of the SQLite factory and, for PostgreSQL, the server and
+    the deployment keep their logs, and each is printed."""
+    for factory, expected in (
+        ("effecthost.hosts.sql.testing:sqlite_factory", {"deployment.log"}),
+        ("effecthost.hosts.sql.testing:postgres_factory", {"deployment.log", "postgres.log"}),
+    ):
+        run = effecthost("conformance", factory, "-k", "open_returns_once_recorded", "--keep")
+        assert run.returncode == 0, run.stdout + run.stderr
+        root, logs = _kept(run.stdout)
+        try:
+            assert {log.name for log in logs} == expected, logs
+            for log in logs:
+                assert log.is_file(), log
+            if "postgres" in factory:
+                server_log = next(log for log in logs if log.name == "postgres.log")
+                assert "database system is ready" in server_log.read_text()
+        finally:
+            for log in logs:
+                shutil.rmtree(log.parent, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)

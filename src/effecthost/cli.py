@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from enum import IntEnum
+from pathlib import Path
 from typing import Any
 
 from effecthost.contract import EffectController, GroupExecutors
@@ -85,10 +86,30 @@ def _conformance(args: argparse.Namespace) -> int:
             line += f"  {result.reason}"
         print(line, flush=True)
 
+    kept: list[str] = []
+
+    def keep(root: Path, logs: list[Path]) -> None:
+        kept.append(f"kept: {root} (the factory's work/ and the lab's lab/)")
+        kept.append("logs:" if logs else "logs: none written under it")
+        kept.extend(f"  {log}" for log in logs)
+
+    report = None
     try:
-        report = asyncio.run(run_suite(factory, select=args.k, on_result=show, name=args.factory))
+        report = asyncio.run(
+            run_suite(
+                factory,
+                select=args.k,
+                on_result=show,
+                name=args.factory,
+                keep=args.keep,
+                on_kept=keep,
+            )
+        )
     except (EngineMissing, MissingExtra) as exc:
         raise Refused(ExitCode.ENGINE_MISSING, f"{args.factory}: {exc}") from None
+    finally:
+        if report is None and kept:
+            print("\n".join(kept), file=sys.stderr)
     if args.junit_xml:
         write_junit(report, args.junit_xml)
     if args.json:
@@ -100,6 +121,9 @@ def _conformance(args: argparse.Namespace) -> int:
             print(f"FAILED {result.check.node_name}: {result.failure_text()}")
     print()
     print(report.table())
+    if kept:
+        print()
+        print("\n".join(kept))
     return 0 if report.ok else 1
 
 
@@ -363,6 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--explain",
         metavar="ID",
         help="print obligation (G-20) or ruling (R-4) ID of docs/spec.md and the checks citing it",
+    )
+    conformance.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the work dir and the logs of every process the factory started; "
+        "print where they are at the end",
     )
     conformance.add_argument(
         "--junit-xml",

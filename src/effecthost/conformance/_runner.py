@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import os
 import re
 import secrets
 import shutil
@@ -78,6 +79,10 @@ class SuiteReport:
     """What the host under test declared (``None`` until it was made)."""
     timeout: float | None = None
     started_at: str = ""
+    kept: Path | None = None
+    """The run's directory, when it was kept."""
+    logs: list[Path] = field(default_factory=list)
+    """The logs in the kept directory."""
 
     def counts(self) -> dict[str, int]:
         return {
@@ -194,9 +199,13 @@ def matches(expression: str | None, check: Check) -> bool:
 class SuiteRun:
     """One host and one lab for a whole run; checks get fresh scopes."""
 
-    def __init__(self, factory: Factory, *, base_dir: Path | None = None) -> None:
+    def __init__(
+        self, factory: Factory, *, base_dir: Path | None = None, keep: bool = False
+    ) -> None:
         self._factory = factory
         self._base_dir = base_dir
+        self.keep = keep
+        """Leave the run's directory (work dir, lab, the factory's logs) in place."""
         self._root: Path | None = None
         self._owns_root = False
         self.lab: Lab | None = None
@@ -215,7 +224,7 @@ class SuiteRun:
         await self.lab.start()
         work = self._root / "work"
         work.mkdir(exist_ok=True)
-        made = self._factory(FactoryEnv(lab_path=self.lab.path, work_dir=work))
+        made = self._factory(FactoryEnv(lab_path=self.lab.path, work_dir=work, keep=self.keep))
         self.host = await made if inspect.isawaitable(made) else made
 
     async def stop(self) -> None:
@@ -225,8 +234,27 @@ class SuiteRun:
         finally:
             if self.lab is not None:
                 await self.lab.stop()
-            if self._owns_root and self._root is not None:
+            if self._owns_root and self._root is not None and not self.keep:
                 shutil.rmtree(self._root, ignore_errors=True)
+
+    @property
+    def root(self) -> Path | None:
+        """The run's directory: ``lab/`` and the factory's ``work/``."""
+        return self._root
+
+    def logs(self) -> list[Path]:
+        """Every ``*.log`` file in the factory's work dir or a directory directly under it
+        (links followed), resolved. Deeper ones belong to an engine's data (a RocksDB
+        write-ahead log is a ``.log`` too)."""
+        if self._root is None:
+            return []
+        work = self._root / "work"
+        found: set[Path] = set()
+        for directory, dirs, files in os.walk(work, followlinks=True):
+            if Path(directory) != work:
+                dirs.clear()
+            found.update(Path(directory, f).resolve() for f in files if f.endswith(".log"))
+        return sorted(found)
 
     async def run(self, check: Check) -> CheckResult:
         assert self.host is not None and self.lab is not None, "start() first"
@@ -290,11 +318,15 @@ async def run_suite(
     select: str | None = None,
     on_result: Callable[[CheckResult], None] | None = None,
     name: str | None = None,
+    keep: bool = False,
+    on_kept: Callable[[Path, list[Path]], None] | None = None,
 ) -> SuiteReport:
     """Run every registered check (or those ``select`` matches) against ``factory``;
-    ``name`` is how reports name the factory (default: its module and name)."""
+    ``name`` is how reports name the factory (default: its module and name). ``keep``
+    leaves the run's directory in place; ``on_kept`` is then told where it is and which
+    logs it holds, after the host stopped (also when the factory failed)."""
     checks = [c for c in all_checks() if matches(select, c)]
-    suite = SuiteRun(factory)
+    suite = SuiteRun(factory, keep=keep)
     report = SuiteReport(
         factory=name or f"{factory.__module__}:{getattr(factory, '__qualname__', factory)}",
         started_at=now_iso(),
@@ -311,4 +343,9 @@ async def run_suite(
                 on_result(result)
     finally:
         await suite.stop()
+        if keep and suite.root is not None:
+            report.kept = suite.root
+            report.logs = suite.logs()
+            if on_kept is not None:
+                on_kept(report.kept, report.logs)
     return report
