@@ -116,3 +116,33 @@ def test_a_failing_item_names_the_last_lab_events(sandbox: pytest.Pytester) -> N
     assert "close_only_narrows[G-26] failed: CheckFailed: widening CANCEL" in output
     assert "last lab events" in output
     assert re.search(r"^ +\+\d+\.\d{3}s +started +s +attempt=1 .*pid=\d+", output, re.M), output
+
+
+def test_items_carry_their_obligation_ids_as_markers(sandbox: pytest.Pytester) -> None:
+    """Each item has one ``obligation(id=...)`` marker per id it covers, registered so
+    ``--strict-markers`` accepts ``-m "obligation(id='G-20')"``."""
+    covering = [c for c in all_checks() if "G-20" in c.ids or "G-26" in c.ids]
+    result = sandbox.runpytest(
+        "--strict-markers",
+        "--effecthost-factory",
+        MEMORY,
+        "-m",
+        "obligation(id='G-20') or obligation(id='G-26')",
+        "-v",
+    )
+    passed, skipped = _runnable(covering)
+    result.assert_outcomes(
+        passed=passed, skipped=skipped, deselected=len(all_checks()) - len(covering)
+    )
+    sandbox.makeconftest(
+        "def pytest_collection_finish(session):\n"
+        "    for item in session.items:\n"
+        "        ids = [m.kwargs['id'] for m in item.iter_markers('obligation')]\n"
+        "        assert ids == [m.args[0] for m in item.iter_markers('obligation')]\n"
+        "        print('MARKS', item.name, ','.join(ids))\n"
+    )
+    listed = sandbox.runpytest("--strict-markers", "--effecthost-factory", MEMORY, "--co", "-s")
+    marks = dict(line.split()[1:3] for line in listed.stdout.lines if line.startswith("MARKS "))
+    assert marks == {c.node_name: ",".join(c.ids) for c in all_checks()}
+    markers = sandbox.runpytest("--markers")
+    assert "@pytest.mark.obligation(id)" in markers.stdout.str()

@@ -4,9 +4,10 @@ Configure with ``--effecthost-factory MODULE:FACTORY``, the ini option
 ``effecthost_factory`` or the ``EFFECTHOST_FACTORY`` environment variable. A factory set
 only in the ini file applies to runs without explicit paths (the whole test suite), so
 ``pytest tests/test_x.py`` runs just that file. Every check
-becomes a test item named ``check_name[G-xx,…]`` (so ``-k G-12`` selects an obligation),
-undeclared capabilities are skips with the reason, and the run ends with the obligation
-table.
+becomes a test item named ``check_name[G-xx,…]`` (so ``-k G-12`` selects an obligation)
+carrying one ``obligation(id)`` marker per id it covers (``-m "obligation(id='G-12')"``
+selects the same, and ``--strict-markers`` accepts it), undeclared capabilities are skips
+with the reason, and the run ends with the obligation table.
 """
 
 from __future__ import annotations
@@ -42,7 +43,15 @@ def _factory_spec(config: pytest.Config) -> str | None:
     return str(spec) if spec else None
 
 
+MARKER = "obligation"
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(id): an effecthost conformance check covering obligation id (G-20); "
+        f"select with -m \"{MARKER}(id='G-20')\"",
+    )
     spec = _factory_spec(config)
     if not spec:
         return
@@ -63,6 +72,7 @@ class ConformanceItem(pytest.Item):
         self.plugin = plugin
         for obligation in check.ids:
             self.keywords[obligation] = True
+            self.add_marker(getattr(pytest.mark, MARKER)(obligation, id=obligation))
 
     def runtest(self) -> None:
         result = self.plugin.run(self.check)
