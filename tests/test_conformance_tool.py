@@ -4,12 +4,16 @@ progress. Uses the memory factory, and broken hosts where a check must fail."""
 from __future__ import annotations
 
 import json
+import os
+import pty
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from xml.etree import ElementTree
 
-from test_cli import effecthost
+from test_cli import TESTS_DIR, effecthost
 
 from effecthost.conformance import HostCapabilities, all_checks
 from effecthost.hosts.memory.testing import MemoryHostUnderTest
@@ -148,3 +152,50 @@ def test_keep_keeps_the_logs_of_every_process_of_the_sql_factories() -> None:
             for log in logs:
                 shutil.rmtree(log.parent, ignore_errors=True)
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _on_a_terminal(*args: str) -> tuple[int, str]:
+    """Run ``effecthost ARGS`` with its stdout on a pseudo-terminal; (exit code, output)."""
+    controller, terminal = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "EFFECTHOST_FACTORY"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
+    env["COLUMNS"] = "200"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "effecthost.cli", *args],
+        stdout=terminal,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    os.close(terminal)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(controller)
+    code = process.wait(60)
+    return code, b"".join(chunks).decode()
+
+
+def test_progress_on_a_terminal_and_plain_lines_elsewhere() -> None:
+    """On a terminal the running check and how many are left are shown on a status line
+    that each result overwrites; piped, the output is one line per result, then the
+    table, with no control characters."""
+    selection = "G-05 or G-26"
+    ran = [c for c in all_checks() if {"G-05", "G-26"} & set(c.ids)]
+    code, shown = _on_a_terminal("conformance", MEMORY, "-k", selection)
+    assert code == 0, shown
+    for number, check in enumerate(ran, 1):
+        status = f"\r\x1b[K[{number}/{len(ran)}, {len(ran) - number} left] {check.node_name}"
+        assert status in shown, (status, shown)
+        assert re.search(rf"\r\x1b\[KPASS  {re.escape(check.node_name)} ", shown), shown
+    piped = effecthost("conformance", MEMORY, "-k", selection)
+    assert piped.returncode == 0
+    lines = piped.stdout.splitlines()
+    assert [line.split()[1] for line in lines[: len(ran)]] == [c.node_name for c in ran]
+    assert lines[len(ran)] == "" and lines[len(ran) + 1].startswith("obligation  checks")
+    assert "\x1b" not in piped.stdout and "\r" not in piped.stdout

@@ -8,11 +8,12 @@ import contextlib
 import importlib
 import inspect
 import os
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from effecthost.contract import EffectController, GroupExecutors
 
@@ -54,7 +55,14 @@ async def _load_controller(spec: str) -> EffectController:
 
 
 def _conformance(args: argparse.Namespace) -> int:
-    from effecthost.conformance import CheckResult, all_checks, load_factory, matches, run_suite
+    from effecthost.conformance import (
+        Check,
+        CheckResult,
+        all_checks,
+        load_factory,
+        matches,
+        run_suite,
+    )
     from effecthost.conformance._reports import write_json, write_junit
 
     if args.explain:
@@ -78,13 +86,19 @@ def _conformance(args: argparse.Namespace) -> int:
 
     factory = load_factory(args.factory)
     width = max(len(c.node_name) for c in all_checks())
+    progress = _Progress(sys.stdout)
 
     def show(result: CheckResult) -> None:
         mark = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP"}[result.status]
         line = f"{mark}  {result.check.node_name:<{width}}  {result.seconds:6.2f}s"
         if result.reason:
-            line += f"  {result.reason}"
-        print(line, flush=True)
+            line += f"  {result.reason.splitlines()[0]}"
+        progress.line(line)
+
+    def running(number: int, total: int, check: Check) -> None:
+        progress.status(f"[{number}/{total}, {total - number} left] {check.node_name}")
+
+    progress.status(f"starting {args.factory}")
 
     kept: list[str] = []
 
@@ -100,6 +114,7 @@ def _conformance(args: argparse.Namespace) -> int:
                 factory,
                 select=args.k,
                 on_result=show,
+                on_start=running,
                 name=args.factory,
                 keep=args.keep,
                 on_kept=keep,
@@ -108,6 +123,7 @@ def _conformance(args: argparse.Namespace) -> int:
     except (EngineMissing, MissingExtra) as exc:
         raise Refused(ExitCode.ENGINE_MISSING, f"{args.factory}: {exc}") from None
     finally:
+        progress.status("")
         if report is None and kept:
             print("\n".join(kept), file=sys.stderr)
     if args.junit_xml:
@@ -125,6 +141,32 @@ def _conformance(args: argparse.Namespace) -> int:
         print()
         print("\n".join(kept))
     return 0 if report.ok else 1
+
+
+class _Progress:
+    """On a terminal, a status line (the running check, how many are left) that the next
+    result line overwrites; elsewhere only the result lines, so the output stays one line
+    per check and free of control characters."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._tty = stream.isatty()
+        self._shown = False
+
+    def status(self, text: str) -> None:
+        if not self._tty:
+            return
+        columns = shutil.get_terminal_size().columns
+        self._stream.write(f"\r\x1b[K{text[: max(columns - 1, 1)]}")
+        self._stream.flush()
+        self._shown = bool(text)
+
+    def line(self, text: str) -> None:
+        if self._shown:
+            self._stream.write("\r\x1b[K")
+            self._shown = False
+        self._stream.write(text + "\n")
+        self._stream.flush()
 
 
 class Refused(Exception):

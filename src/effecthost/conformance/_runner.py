@@ -317,12 +317,14 @@ async def run_suite(
     *,
     select: str | None = None,
     on_result: Callable[[CheckResult], None] | None = None,
+    on_start: Callable[[int, int, Check], None] | None = None,
     name: str | None = None,
     keep: bool = False,
     on_kept: Callable[[Path, list[Path]], None] | None = None,
 ) -> SuiteReport:
     """Run every registered check (or those ``select`` matches) against ``factory``;
-    ``name`` is how reports name the factory (default: its module and name). ``keep``
+    ``on_start(number, total, check)`` is called as each check begins and
+    ``on_result(result)`` as it ends. ``name`` is how reports name the factory (default: its module and name). ``keep``
     leaves the run's directory in place; ``on_kept`` is then told where it is and which
     logs it holds, after the host stopped (also when the factory failed)."""
     checks = [c for c in all_checks() if matches(select, c)]
@@ -336,7 +338,9 @@ async def run_suite(
         assert suite.host is not None
         report.capabilities = suite.host.capabilities
         report.timeout = suite.host.timeout
-        for check in checks:
+        for number, check in enumerate(checks, 1):
+            if on_start is not None:
+                on_start(number, len(checks), check)
             result = await suite.run(check)
             report.results.append(result)
             if on_result is not None:
