@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,25 @@ def test_items_carry_their_obligation_ids_as_markers(sandbox: pytest.Pytester) -
     assert marks == {c.node_name: ",".join(c.ids) for c in all_checks()}
     markers = sandbox.runpytest("--markers")
     assert "@pytest.mark.obligation(id)" in markers.stdout.str()
+
+
+def test_keep_option_keeps_the_run_and_prints_where(sandbox: pytest.Pytester) -> None:
+    """``--effecthost-keep`` leaves the run's directory and names it (and its logs) in the
+    summary, as ``effecthost conformance --keep`` does."""
+    result = sandbox.runpytest(
+        "--effecthost-factory",
+        "effecthost.hosts.sql.testing:sqlite_factory",
+        "--effecthost-keep",
+        "-k",
+        "open_returns_once_recorded",
+    )
+    result.assert_outcomes(passed=1)
+    lines = result.stdout.lines
+    kept = next(line for line in lines if line.startswith("kept: "))
+    root = Path(kept.split()[1])
+    try:
+        assert (root / "work").is_dir() and (root / "lab").is_dir()
+        logs = [Path(line.strip()) for line in lines if line.startswith("  ") and ".log" in line]
+        assert [log.name for log in logs] == ["deployment.log"] and logs[0].is_file()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
