@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -147,6 +148,16 @@ def test_items_carry_their_obligation_ids_as_markers(sandbox: pytest.Pytester) -
     assert marks == {c.node_name: ",".join(c.ids) for c in all_checks()}
     markers = sandbox.runpytest("--markers")
     assert "@pytest.mark.obligation(id)" in markers.stdout.str()
+    junit = sandbox.path / "junit.xml"
+    sandbox.runpytest("--effecthost-factory", MEMORY, "-k", "G-26", f"--junit-xml={junit}")
+    cases = ElementTree.parse(junit).getroot().iter("testcase")
+    properties = {
+        case.get("name"): [
+            p.get("value") for p in case.iter("property") if p.get("name") == "obligations"
+        ]
+        for case in cases
+    }
+    assert properties == {c.node_name: [",".join(c.ids)] for c in all_checks() if "G-26" in c.ids}
 
 
 def test_keep_option_keeps_the_run_and_prints_where(sandbox: pytest.Pytester) -> None:
