@@ -87,8 +87,11 @@ def _conformance(args: argparse.Namespace) -> int:
     factory = load_factory(args.factory)
     width = max(len(c.node_name) for c in all_checks())
     progress = _Progress(sys.stdout)
+    failures = 0
 
     def show(result: CheckResult) -> None:
+        nonlocal failures
+        failures += result.status == "failed"
         mark = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP"}[result.status]
         line = f"{mark}  {result.check.node_name:<{width}}  {result.seconds:6.2f}s"
         if result.reason:
@@ -96,7 +99,8 @@ def _conformance(args: argparse.Namespace) -> int:
         progress.line(line)
 
     def running(number: int, total: int, check: Check) -> None:
-        progress.status(f"[{number}/{total}, {total - number} left] {check.node_name}")
+        failed = f", {failures} failed" if failures else ""
+        progress.status(f"[{number}/{total}, {total - number} left{failed}] {check.node_name}")
 
     progress.status(f"starting {args.factory}")
 
