@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -83,6 +86,8 @@ def test_keyword_selects_the_checks_of_one_obligation(sandbox: pytest.Pytester) 
     for check in all_checks():
         ran = f"{check.node_name} PASSED" in output or f"{check.node_name} SKIPPED" in output
         assert ran == ("G-20" in check.ids), check.node_name
+    rows = {line.split()[0] for line in output.splitlines() if line.startswith("G-")}
+    assert rows == {i for c in covering for i in c.ids}, "only the rows of the checks run"
 
 
 def test_a_broken_host_fails_naming_the_check_and_its_ids(sandbox: pytest.Pytester) -> None:
@@ -99,3 +104,79 @@ def test_a_broken_host_fails_naming_the_check_and_its_ids(sandbox: pytest.Pytest
     assert TABLE_HEADER in output
     row = next(line for line in output.splitlines() if line.startswith("G-20 "))
     assert row.split()[:4] == ["G-20", "1", "0", "1"], row
+
+
+def test_a_failing_item_names_the_last_lab_events(sandbox: pytest.Pytester) -> None:
+    """A failing item's text lists the lab events its check saw last (child starts,
+    ends, gates), as the CLI does."""
+    sandbox.syspathinsert(TESTS_DIR)
+    result = sandbox.runpytest(
+        "--effecthost-factory", "broken_hosts:widens_cancel_factory", "-k", "close_only_narrows"
+    )
+    result.assert_outcomes(failed=1)
+    output = result.stdout.str()
+    assert "close_only_narrows[G-26] failed: CheckFailed: widening CANCEL" in output
+    assert "last lab events" in output
+    assert re.search(r"^ +\+\d+\.\d{3}s +started +s +attempt=1 .*pid=\d+", output, re.M), output
+
+
+def test_items_carry_their_obligation_ids_as_markers(sandbox: pytest.Pytester) -> None:
+    """Each item has one ``obligation(id=...)`` marker per id it covers, registered so
+    ``--strict-markers`` accepts ``-m "obligation(id='G-20')"``."""
+    covering = [c for c in all_checks() if "G-20" in c.ids or "G-26" in c.ids]
+    result = sandbox.runpytest(
+        "--strict-markers",
+        "--effecthost-factory",
+        MEMORY,
+        "-m",
+        "obligation(id='G-20') or obligation(id='G-26')",
+        "-v",
+    )
+    passed, skipped = _runnable(covering)
+    result.assert_outcomes(
+        passed=passed, skipped=skipped, deselected=len(all_checks()) - len(covering)
+    )
+    sandbox.makeconftest(
+        "def pytest_collection_finish(session):\n"
+        "    for item in session.items:\n"
+        "        ids = [m.kwargs['id'] for m in item.iter_markers('obligation')]\n"
+        "        assert ids == [m.args[0] for m in item.iter_markers('obligation')]\n"
+        "        print('MARKS', item.name, ','.join(ids))\n"
+    )
+    listed = sandbox.runpytest("--strict-markers", "--effecthost-factory", MEMORY, "--co", "-s")
+    marks = dict(line.split()[1:3] for line in listed.stdout.lines if line.startswith("MARKS "))
+    assert marks == {c.node_name: ",".join(c.ids) for c in all_checks()}
+    markers = sandbox.runpytest("--markers")
+    assert "@pytest.mark.obligation(id)" in markers.stdout.str()
+    junit = sandbox.path / "junit.xml"
+    sandbox.runpytest("--effecthost-factory", MEMORY, "-k", "G-26", f"--junit-xml={junit}")
+    cases = ElementTree.parse(junit).getroot().iter("testcase")
+    properties = {
+        case.get("name"): [
+            p.get("value") for p in case.iter("property") if p.get("name") == "obligations"
+        ]
+        for case in cases
+    }
+    assert properties == {c.node_name: [",".join(c.ids)] for c in all_checks() if "G-26" in c.ids}
+
+
+def test_keep_option_keeps_the_run_and_prints_where(sandbox: pytest.Pytester) -> None:
+    """``--effecthost-keep`` leaves the run's directory and names it (and its logs) in the
+    summary, as ``effecthost conformance --keep`` does."""
+    result = sandbox.runpytest(
+        "--effecthost-factory",
+        "effecthost.hosts.sql.testing:sqlite_factory",
+        "--effecthost-keep",
+        "-k",
+        "open_returns_once_recorded",
+    )
+    result.assert_outcomes(passed=1)
+    lines = result.stdout.lines
+    kept = next(line for line in lines if line.startswith("kept: "))
+    root = Path(kept.split()[1])
+    try:
+        assert (root / "work").is_dir() and (root / "lab").is_dir()
+        logs = [Path(line.strip()) for line in lines if line.startswith("  ") and ".log" in line]
+        assert [log.name for log in logs] == ["deployment.log"] and logs[0].is_file()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

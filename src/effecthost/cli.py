@@ -8,10 +8,12 @@ import contextlib
 import importlib
 import inspect
 import os
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from enum import IntEnum
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 from effecthost.contract import EffectController, GroupExecutors
 
@@ -53,7 +55,15 @@ async def _load_controller(spec: str) -> EffectController:
 
 
 def _conformance(args: argparse.Namespace) -> int:
-    from effecthost.conformance import CheckResult, all_checks, load_factory, matches, run_suite
+    from effecthost.conformance import (
+        Check,
+        CheckResult,
+        all_checks,
+        load_factory,
+        matches,
+        run_suite,
+    )
+    from effecthost.conformance._reports import write_json, write_junit
 
     if args.explain:
         from effecthost.conformance import UnknownRule, explain
@@ -76,21 +86,91 @@ def _conformance(args: argparse.Namespace) -> int:
 
     factory = load_factory(args.factory)
     width = max(len(c.node_name) for c in all_checks())
+    progress = _Progress(sys.stdout)
+    failures = 0
 
     def show(result: CheckResult) -> None:
+        nonlocal failures
+        failures += result.status == "failed"
         mark = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP"}[result.status]
         line = f"{mark}  {result.check.node_name:<{width}}  {result.seconds:6.2f}s"
         if result.reason:
-            line += f"  {result.reason}"
-        print(line, flush=True)
+            line += f"  {result.reason.splitlines()[0]}"
+        progress.line(line)
 
+    def running(number: int, total: int, check: Check) -> None:
+        failed = f", {failures} failed" if failures else ""
+        progress.status(f"[{number}/{total}, {total - number} left{failed}] {check.node_name}")
+
+    progress.status(f"starting {args.factory}")
+
+    kept: list[str] = []
+
+    def keep(root: Path, logs: list[Path]) -> None:
+        kept.append(f"kept: {root} (the factory's work/ and the lab's lab/)")
+        kept.append("logs:" if logs else "logs: none written under it")
+        kept.extend(f"  {log}" for log in logs)
+
+    report = None
     try:
-        report = asyncio.run(run_suite(factory, select=args.k, on_result=show))
+        report = asyncio.run(
+            run_suite(
+                factory,
+                select=args.k,
+                on_result=show,
+                on_start=running,
+                name=args.factory,
+                keep=args.keep,
+                on_kept=keep,
+            )
+        )
     except (EngineMissing, MissingExtra) as exc:
         raise Refused(ExitCode.ENGINE_MISSING, f"{args.factory}: {exc}") from None
+    finally:
+        progress.status("")
+        if report is None and kept:
+            print("\n".join(kept), file=sys.stderr)
+    if args.junit_xml:
+        write_junit(report, args.junit_xml)
+    if args.json:
+        write_json(report, args.json)
+    failed = report.by_status("failed")
+    if failed:
+        print()
+        for result in failed:
+            print(f"FAILED {result.check.node_name}: {result.failure_text()}")
     print()
     print(report.table())
+    if kept:
+        print()
+        print("\n".join(kept))
     return 0 if report.ok else 1
+
+
+class _Progress:
+    """On a terminal, a status line (the running check, how many are left) that the next
+    result line overwrites; elsewhere only the result lines, so the output stays one line
+    per check and free of control characters."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._tty = stream.isatty()
+        self._shown = False
+
+    def status(self, text: str) -> None:
+        if not self._tty:
+            return
+        columns = shutil.get_terminal_size().columns
+        self._stream.write(f"\r\x1b[K{text[: max(columns - 1, 1)]}")
+        self._stream.flush()
+        self._shown = bool(text)
+
+    def line(self, text: str) -> None:
+        if self._shown:
+            self._stream.write("\r\x1b[K")
+            self._shown = False
+        self._stream.write(text + "\n")
+        self._stream.flush()
 
 
 class Refused(Exception):
@@ -353,6 +433,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--explain",
         metavar="ID",
         help="print obligation (G-20) or ruling (R-4) ID of docs/spec.md and the checks citing it",
+    )
+    conformance.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the work dir and the logs of every process the factory started; "
+        "print where they are at the end",
+    )
+    conformance.add_argument(
+        "--junit-xml",
+        metavar="FILE",
+        help="also write a JUnit XML report (a testcase per check, classname its ids)",
+    )
+    conformance.add_argument(
+        "--json",
+        metavar="FILE",
+        help="also write a JSON report (each check, the factory's capabilities)",
     )
     conformance.set_defaults(run=_conformance)
 

@@ -9,6 +9,7 @@ from ._context import CheckContext, CheckFailed
 from ._host import FactoryEnv, HostCapabilities, HostUnderTest
 from ._lab import Lab, LabClient, LabEvent, mark_killed
 from ._registry import OBLIGATIONS, Check, all_checks, check
+from ._reports import json_report, junit_xml
 from ._runner import (
     CheckResult,
     Factory,
@@ -47,6 +48,8 @@ __all__ = [
     "check",
     "conformance_resolver",
     "explain",
+    "json_report",
+    "junit_xml",
     "load_factory",
     "mark_killed",
     "matches",

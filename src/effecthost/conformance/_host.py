@@ -58,11 +58,17 @@ class FactoryEnv:
     Attributes:
         lab_path: register ``conformance_resolver(lab_path)`` in every process that runs
             children of this host.
-        work_dir: a private temp directory for databases, server data and logs.
+        work_dir: a private temp directory for databases, server data and logs. Write
+            each process's output to a ``NAME.log`` file in it or in a directory directly
+            under it (a directory that must live elsewhere can be linked into it):
+            ``--keep`` prints every such file.
+        keep: the run keeps ``work_dir`` for a post-mortem (``--keep``): leave in place
+            what the factory wrote, a server's data and log included, when it stops.
     """
 
     lab_path: Path
     work_dir: Path
+    keep: bool = False
 
 
 class HostUnderTest(ABC):

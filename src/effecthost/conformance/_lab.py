@@ -58,6 +58,9 @@ class Lab:
         self.events: list[LabEvent] = []
         self.zombies: list[LabEvent] = []
         """Events reported from a process a factory said it killed (:func:`mark_killed`)."""
+        self.journal: list[LabEvent] = []
+        """Every report, plus gates opened (``opened``) and children starting to wait on
+        one (``waiting``): what a failing check shows of what happened last."""
         self._gates: dict[str, asyncio.Event] = {}
         self._open_prefixes: list[str] = []
         self._changed = asyncio.Event()
@@ -94,7 +97,10 @@ class Lab:
 
     def open(self, gate: str) -> None:
         """Open ``gate``: every child waiting on it (now or later) proceeds."""
-        self._gate(gate).set()
+        opening = self._gate(gate)
+        if not opening.is_set():
+            self.journal.append(LabEvent("opened", gate, at=time.monotonic()))
+        opening.set()
 
     def open_all(self, prefix: str) -> None:
         """Open every gate whose name starts with ``prefix``, now and later (clean-up)."""
@@ -154,6 +160,7 @@ class Lab:
         if pid is not None and (self.path / KILLED_DIR / str(pid)).exists():
             self.zombies.append(event)
         self.events.append(event)
+        self.journal.append(event)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -178,7 +185,12 @@ class Lab:
                     )
                 )
             elif message.get("op") == "wait":
-                await self._gate(str(message["gate"])).wait()
+                gate = self._gate(str(message["gate"]))
+                if not gate.is_set():
+                    self.journal.append(
+                        LabEvent("waiting", str(message["gate"]), at=time.monotonic())
+                    )
+                await gate.wait()
             writer.write(b'{"ok":true}\n')
             await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, json.JSONDecodeError):

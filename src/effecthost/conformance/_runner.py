@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import os
 import re
 import secrets
 import shutil
@@ -17,12 +18,16 @@ from pathlib import Path
 from typing import Literal
 
 from ._context import CheckContext
-from ._host import FactoryEnv, HostUnderTest
-from ._lab import Lab
+from ._host import FactoryEnv, HostCapabilities, HostUnderTest
+from ._lab import Lab, LabEvent
 from ._registry import OBLIGATIONS, Check, all_checks
+from ._reports import now_iso
 
 Factory = Callable[[FactoryEnv], "HostUnderTest | Awaitable[HostUnderTest]"]
 Status = Literal["passed", "failed", "skipped"]
+
+LAST_EVENTS = 10
+"""How many of the lab events a failing check saw its failure text shows."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,34 @@ class CheckResult:
     seconds: float = 0.0
     missing: tuple[str, ...] = ()
     """The undeclared capabilities that made a check skip."""
+    events: tuple[LabEvent, ...] = ()
+    """A failed check's last :data:`LAST_EVENTS` lab events (journal entries), oldest
+    first, with ``at`` relative to the check's start."""
+    seen: int = 0
+    """How many lab events the failed check saw in all."""
+    scope: str = ""
+    """The prefix of the check's tags, left out when its events are shown."""
+
+    def failure_text(self) -> str:
+        """The reason, then the last lab events the check saw: what the host's children
+        did (started, finished, cancelled) and which gates opened, just before it failed."""
+        if not self.events:
+            return self.reason
+        lines = [
+            self.reason,
+            f"last lab events ({len(self.events)} of {self.seen} during the check):",
+        ]
+        width = max(len(e.kind) for e in self.events)
+        for event in self.events:
+            tag = event.tag.removeprefix(f"{self.scope}.") if self.scope else event.tag
+            data = " ".join(f"{k}={_short(v)}" for k, v in sorted(event.data.items()))
+            lines.append(f"  +{event.at:.3f}s  {event.kind:<{width}}  {tag}  {data}".rstrip())
+        return "\n".join(lines)
+
+
+def _short(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= 12 else f"{text[:8]}…"
 
 
 @dataclass
@@ -40,6 +73,22 @@ class SuiteReport:
     """Results of a run, and the obligation table that ends every run."""
 
     results: list[CheckResult] = field(default_factory=list)
+    factory: str = ""
+    """The factory's ``MODULE:FACTORY`` name."""
+    capabilities: HostCapabilities | None = None
+    """What the host under test declared (``None`` until it was made)."""
+    timeout: float | None = None
+    started_at: str = ""
+    kept: Path | None = None
+    """The run's directory, when it was kept."""
+    logs: list[Path] = field(default_factory=list)
+    """The logs in the kept directory."""
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "checks": len(self.results),
+            **{s: len(self.by_status(s)) for s in ("passed", "failed", "skipped")},
+        }
 
     @property
     def ok(self) -> bool:
@@ -60,8 +109,15 @@ class SuiteReport:
 
 
 def obligation_table(results: Iterable[CheckResult]) -> str:
-    """Obligation id, checks run, passed, failed, skipped (why) — one row per id."""
-    rows: dict[str, list[CheckResult]] = {obligation: [] for obligation in OBLIGATIONS}
+    """Obligation id, checks run, passed, failed, skipped (why) — one row per id.
+
+    A run of every registered check lists every obligation (one no check covers shows
+    0); a selection (``-k``, ``-m``) lists only the obligations of the checks it ran."""
+    results = list(results)
+    everything = {c.name for c in all_checks()} <= {r.check.name for r in results}
+    rows: dict[str, list[CheckResult]] = (
+        {obligation: [] for obligation in OBLIGATIONS} if everything else {}
+    )
     for result in results:
         for obligation in result.check.ids:
             rows.setdefault(obligation, []).append(result)
@@ -78,7 +134,7 @@ def obligation_table(results: Iterable[CheckResult]) -> str:
             f"{sum(r.status == 'failed' for r in entries):>8}"
             f"{len(skipped):>9}  {'; '.join(reasons)}".rstrip()
         )
-    totals = list(results)
+    totals = results
     lines.append(
         f"{len(totals)} checks: {sum(r.status == 'passed' for r in totals)} passed, "
         f"{sum(r.status == 'failed' for r in totals)} failed, "
@@ -143,9 +199,13 @@ def matches(expression: str | None, check: Check) -> bool:
 class SuiteRun:
     """One host and one lab for a whole run; checks get fresh scopes."""
 
-    def __init__(self, factory: Factory, *, base_dir: Path | None = None) -> None:
+    def __init__(
+        self, factory: Factory, *, base_dir: Path | None = None, keep: bool = False
+    ) -> None:
         self._factory = factory
         self._base_dir = base_dir
+        self.keep = keep
+        """Leave the run's directory (work dir, lab, the factory's logs) in place."""
         self._root: Path | None = None
         self._owns_root = False
         self.lab: Lab | None = None
@@ -164,7 +224,7 @@ class SuiteRun:
         await self.lab.start()
         work = self._root / "work"
         work.mkdir(exist_ok=True)
-        made = self._factory(FactoryEnv(lab_path=self.lab.path, work_dir=work))
+        made = self._factory(FactoryEnv(lab_path=self.lab.path, work_dir=work, keep=self.keep))
         self.host = await made if inspect.isawaitable(made) else made
 
     async def stop(self) -> None:
@@ -174,8 +234,27 @@ class SuiteRun:
         finally:
             if self.lab is not None:
                 await self.lab.stop()
-            if self._owns_root and self._root is not None:
+            if self._owns_root and self._root is not None and not self.keep:
                 shutil.rmtree(self._root, ignore_errors=True)
+
+    @property
+    def root(self) -> Path | None:
+        """The run's directory: ``lab/`` and the factory's ``work/``."""
+        return self._root
+
+    def logs(self) -> list[Path]:
+        """Every ``*.log`` file in the factory's work dir or a directory directly under it
+        (links followed), resolved. Deeper ones belong to an engine's data (a RocksDB
+        write-ahead log is a ``.log`` too)."""
+        if self._root is None:
+            return []
+        work = self._root / "work"
+        found: set[Path] = set()
+        for directory, dirs, files in os.walk(work, followlinks=True):
+            if Path(directory) != work:
+                dirs.clear()
+            found.update(Path(directory, f).resolve() for f in files if f.endswith(".log"))
+        return sorted(found)
 
     async def run(self, check: Check) -> CheckResult:
         assert self.host is not None and self.lab is not None, "start() first"
@@ -188,23 +267,32 @@ class SuiteRun:
         scope = f"cf{self._token}n{self._count}"
         context = CheckContext(self.host, self.lab, scope)
         started = time.perf_counter()
+        began, journal = time.monotonic(), len(self.lab.journal)
         limit = self.host.timeout * 4
         zombies = len(self.lab.zombies)
+
+        def failed(why: str) -> CheckResult:
+            seen = self.lab.journal[journal:] if self.lab is not None else []
+            last = tuple(LabEvent(e.kind, e.tag, e.data, e.at - began) for e in seen[-LAST_EVENTS:])
+            return CheckResult(
+                check, "failed", why, _since(started), events=last, seen=len(seen), scope=scope
+            )
+
         try:
             async with asyncio.timeout(limit) as deadline:
                 await check.function(context)
             if len(self.lab.zombies) > zombies:
                 first = self.lab.zombies[zombies]
-                why = (
+                return failed(
                     f"a killed process still ran children: {first.kind!r} of {first.tag!r} "
                     f"came from pid {first.data.get('pid')} after the restart that killed it"
                 )
-                return CheckResult(check, "failed", why, _since(started))
         except TimeoutError as exc:
-            why = f"check did not finish in {limit}s" if deadline.expired() else _describe(exc)
-            return CheckResult(check, "failed", why, _since(started))
+            return failed(
+                f"check did not finish in {limit}s" if deadline.expired() else _describe(exc)
+            )
         except Exception as exc:
-            return CheckResult(check, "failed", _describe(exc), _since(started))
+            return failed(_describe(exc))
         finally:
             await context.cleanup()
         return CheckResult(check, "passed", "", _since(started))
@@ -229,18 +317,39 @@ async def run_suite(
     *,
     select: str | None = None,
     on_result: Callable[[CheckResult], None] | None = None,
+    on_start: Callable[[int, int, Check], None] | None = None,
+    name: str | None = None,
+    keep: bool = False,
+    on_kept: Callable[[Path, list[Path]], None] | None = None,
 ) -> SuiteReport:
-    """Run every registered check (or those ``select`` matches) against ``factory``."""
+    """Run every registered check (or those ``select`` matches) against ``factory``;
+    ``on_start(number, total, check)`` is called as each check begins and
+    ``on_result(result)`` as it ends. ``name`` is how reports name the factory (default: its module and name). ``keep``
+    leaves the run's directory in place; ``on_kept`` is then told where it is and which
+    logs it holds, after the host stopped (also when the factory failed)."""
     checks = [c for c in all_checks() if matches(select, c)]
-    suite = SuiteRun(factory)
-    report = SuiteReport()
+    suite = SuiteRun(factory, keep=keep)
+    report = SuiteReport(
+        factory=name or f"{factory.__module__}:{getattr(factory, '__qualname__', factory)}",
+        started_at=now_iso(),
+    )
     try:
         await suite.start()
-        for check in checks:
+        assert suite.host is not None
+        report.capabilities = suite.host.capabilities
+        report.timeout = suite.host.timeout
+        for number, check in enumerate(checks, 1):
+            if on_start is not None:
+                on_start(number, len(checks), check)
             result = await suite.run(check)
             report.results.append(result)
             if on_result is not None:
                 on_result(result)
     finally:
         await suite.stop()
+        if keep and suite.root is not None:
+            report.kept = suite.root
+            report.logs = suite.logs()
+            if on_kept is not None:
+                on_kept(report.kept, report.logs)
     return report

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import glob
 import json
 import os
@@ -207,13 +208,15 @@ class PostgresServer:
                 proc.kill()
                 proc.wait()
 
-    def stop(self) -> None:
+    def stop(self, *, remove: bool = True) -> None:
+        """Stop the server; ``remove=False`` leaves its directory (data and log)."""
         self._kill()
         if self._log is not None:
             self._log.close()
             self._log = None
         if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            if remove:
+                shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
 
 
@@ -382,21 +385,27 @@ def sqlite_factory(env: FactoryEnv) -> SqlHostUnderTest:
     return SqlHostUnderTest(env, {"store": "sqlite", "path": str(path)}, lambda: SqliteStore(path))
 
 
-def _postgres_target() -> tuple[str, str, list[object]]:
+def _postgres_target(env: FactoryEnv) -> tuple[str, str, list[object]]:
     """A DSN (``EFFECTHOST_POSTGRES_DSN`` or a server started here), a fresh schema name,
-    and what stops the server afterwards."""
+    and what stops the server afterwards.
+
+    A server of our own lives in a directory of its own (the unprivileged user it may run
+    as cannot enter the private ``work_dir``), linked into ``work_dir`` as ``postgres``
+    so a kept run finds its log; with ``env.keep`` it is left in place."""
     dsn = os.environ.get("EFFECTHOST_POSTGRES_DSN")
     closers: list[object] = []
     if not dsn:
         server = PostgresServer()
         dsn = server.start()
-        closers.append(server.stop)
+        assert server.dir is not None
+        (env.work_dir / "postgres").symlink_to(server.dir, target_is_directory=True)
+        closers.append(functools.partial(server.stop, remove=not env.keep))
     return dsn, f"ehconf_{secrets.token_hex(4)}", closers
 
 
 def postgres_factory(env: FactoryEnv) -> SqlHostUnderTest:
     """The PostgreSQL host under test: ``EFFECTHOST_POSTGRES_DSN`` or its own server."""
-    chosen, schema, closers = _postgres_target()
+    chosen, schema, closers = _postgres_target(env)
     return SqlHostUnderTest(
         env,
         {"store": "postgres", "dsn": chosen, "schema": schema},
@@ -516,7 +525,7 @@ def sqlite_sealed_factory(env: FactoryEnv) -> SealedSqlHostUnderTest:
 def postgres_sealed_factory(env: FactoryEnv) -> SealedSqlHostUnderTest:
     """The PostgreSQL host with payload references and sealing (G-47…G-50):
     ``EFFECTHOST_POSTGRES_DSN`` or its own server."""
-    chosen, schema, closers = _postgres_target()
+    chosen, schema, closers = _postgres_target(env)
     return SealedSqlHostUnderTest(
         env,
         {"store": "postgres", "dsn": chosen, "schema": schema},
