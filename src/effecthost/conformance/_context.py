@@ -229,7 +229,9 @@ class CheckContext:
         except error as exc:
             text = f"{exc!s} {exc!r} {vars(exc)!r}"
             if INPUT_MARKER in text:
-                raise CheckFailed(f"{what}: the {error.__name__} carries a child's input bytes")
+                raise CheckFailed(
+                    f"{what}: the {error.__name__} carries a child's input bytes"
+                ) from None
             return exc
         except TimeoutError:
             raise CheckFailed(f"{what}: expected {error.__name__}, but it hung") from None
