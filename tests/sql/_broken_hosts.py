@@ -17,7 +17,9 @@ class _CancellingDrain(SqlDrain):
         await host._ready()
         for row in await host.store.unfinished():
             if row.lease_expired and row.replay_key not in host._drivers:
-                await host._settle_free(row.group_key, row.replay_key, Outcome.cancelled())
+                await host._settle_free(
+                    row.group_key, row.replay_key, row.position, Outcome.cancelled()
+                )
         return await super().run_pass()
 
 
