@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from effecthost.contract import (
     CursorExhausted,
@@ -327,7 +328,7 @@ async def check_both_sides_of_the_cursor_are_fenced(t: CheckContext) -> None:
     group = t.group("g", [t.step("a", gate=False), t.step("b", gate=False)])
     handle = await t.open(ctl, group)
     first = await t.next(ctl, handle)
-    liars = {
+    liars: dict[str, dict[str, Any]] = {
         "3 children": {"child_count": 3},
         "1 child": {"child_count": 1},
         "another wake": {"wake": WakePolicy.FIRST},
