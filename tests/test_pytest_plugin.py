@@ -103,7 +103,7 @@ def test_a_broken_host_fails_naming_the_check_and_its_ids(sandbox: pytest.Pytest
     ) in output
     assert TABLE_HEADER in output
     row = next(line for line in output.splitlines() if line.startswith("G-20 "))
-    assert row.split()[:4] == ["G-20", "1", "0", "1"], row
+    assert row.split()[:4] == ["G-20", "2", "1", "1"], row
 
 
 def test_a_failing_item_names_the_last_lab_events(sandbox: pytest.Pytester) -> None:

@@ -82,7 +82,9 @@ def _step(tag: str, **options: Any) -> EffectEnvelope:
 async def test_conformance_suite_passes() -> None:
     report = await run_suite(factory)
     failed = [(r.check.name, r.reason) for r in report.by_status("failed")]
-    assert report.ok, failed
+    # Known gap, strict (the test fails once it is fixed): R-6, replay keys are not unique
+    # across groups on this tier (docs/restate.md).
+    assert {name for name, _ in failed} == {"replay_keys_are_unique_across_groups"}, failed
     assert report.missing_capabilities() <= {"payload_refs", "sealing"}, report.table()
 
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.anyio
 
 def _assert_clean(report: SuiteReport) -> None:
     failed = [(r.check.node_name, r.reason) for r in report.by_status("failed")]
-    assert report.ok, failed
+    assert not failed, failed
     assert report.missing_capabilities() <= {"unroutable_children"}
     passed = {r.check.node_name for r in report.by_status("passed")}
     for obligation in ("G-47", "G-48", "G-49", "G-50"):

@@ -28,6 +28,11 @@ E = TypeVar("E", bound=BaseException)
 T = TypeVar("T")
 
 
+INPUT_MARKER = "conformance-input-bytes"
+"""Carried in the input of every step a check builds: a refusal whose message or
+attributes contain it carries payload bytes, where it may name ids only."""
+
+
 class CheckFailed(AssertionError):
     """A check observed behaviour the contract forbids."""
 
@@ -105,12 +110,18 @@ class CheckContext:
             replay_key=tag,
             kind=EffectKind.TOOL_CALL,
             name=STEP,
-            input=step_input(tag, gate=gate, result=result, error=error, hold_cancel=hold_cancel),
+            input={
+                **step_input(tag, gate=gate, result=result, error=error, hold_cancel=hold_cancel),
+                "note": INPUT_MARKER,
+            },
         )
 
     def unroutable(self, label: str) -> EffectEnvelope:
         return EffectEnvelope(
-            replay_key=self.tag(label), kind=EffectKind.TOOL_CALL, name=UNROUTABLE, input=None
+            replay_key=self.tag(label),
+            kind=EffectKind.TOOL_CALL,
+            name=UNROUTABLE,
+            input={"note": INPUT_MARKER},
         )
 
     def sleep(self, label: str, seconds: float) -> EffectEnvelope:
@@ -211,10 +222,16 @@ class CheckContext:
             raise CheckFailed(message)
 
     async def refuses(self, error: type[E], action: Awaitable[Any], what: str) -> E:
-        """``action`` must raise ``error`` (a typed :class:`EffectHostError`)."""
+        """``action`` must raise ``error`` (a typed :class:`EffectHostError`) whose message
+        and attributes name ids only: none carries the input of a step (:data:`INPUT_MARKER`)."""
         try:
             await asyncio.wait_for(action, self.timeout)
         except error as exc:
+            text = f"{exc!s} {exc!r} {vars(exc)!r}"
+            if INPUT_MARKER in text:
+                raise CheckFailed(
+                    f"{what}: the {error.__name__} carries a child's input bytes"
+                ) from None
             return exc
         except TimeoutError:
             raise CheckFailed(f"{what}: expected {error.__name__}, but it hung") from None

@@ -4,10 +4,33 @@ from __future__ import annotations
 
 import asyncio
 
-from effecthost.contract import DispositionWidened, GroupClosed, GroupHandle, LoserPolicy
+from effecthost.contract import (
+    DispositionWidened,
+    EffectController,
+    GroupClosed,
+    GroupHandle,
+    HandleMismatch,
+    LoserPolicy,
+    UnknownGroup,
+    WakePolicy,
+)
 
 from .._context import CheckContext
 from .._registry import check
+
+
+async def ranks_complete(t: CheckContext, ctl: EffectController, key: str, count: int) -> None:
+    """Wait until ``count`` children of ``key`` have taken a rank, or the group retired
+    (a closed group is not served, G-22's projection still shows its ranks until it
+    retires): every child of a closed group still settles and ranks (G-27, G-28)."""
+
+    async def ranked() -> int:
+        try:
+            return len(await ctl.settlement_order(key))
+        except UnknownGroup:
+            return count
+
+    await t.eventually(ranked, lambda n: n >= count, f"every child of {key!r} to take a rank")
 
 
 @check("G-26")
@@ -26,8 +49,11 @@ async def check_close_is_idempotent(t: CheckContext) -> None:
 
 @check("G-26")
 async def check_close_only_narrows(t: CheckContext) -> None:
-    """``CANCEL`` cannot be widened (``DispositionWidened``, nothing changes);
-    ``RUN_TO_COMPLETION`` can be narrowed to ``CANCEL`` at close."""
+    """``CANCEL`` cannot be widened (``DispositionWidened``, nothing changes), also not
+    by ``close(handle, None)`` (ruling R-3: it keeps the disposition in force);
+    ``RUN_TO_COMPLETION`` can be narrowed to ``CANCEL`` at close, and a close replayed
+    from the handle saved before that narrowing is harmless (the handle is compared with
+    the declared disposition, not the narrowed one)."""
     ctl = await t.ctl()
     strict = await t.open(ctl, t.group("strict", [t.step("s")], disposition=LoserPolicy.CANCEL))
     await t.started("s")
@@ -43,16 +69,19 @@ async def check_close_only_narrows(t: CheckContext) -> None:
     await t.cancelled("s")
     await ctl.close_effect_group(strict, LoserPolicy.CANCEL)
 
-    loose = await t.open(ctl, t.group("loose", [t.step("l")]))
+    loose = await t.open(ctl, t.group("loose", [t.step("l", hold_cancel=True)]))
+    saved = loose.copy_cursor()
     await t.started("l")
     await ctl.close_effect_group(loose, LoserPolicy.CANCEL)
     await t.cancelled("l")
+    await t.within(ctl.close_effect_group(saved), "a close replayed from the saved handle")
+    t.lab.open(f"{t.tag('l')}/release")
 
 
 @check("G-27")
 async def check_cancel_close_does_not_wait_for_losers(t: CheckContext) -> None:
     """Under ``CANCEL`` the close returns while the loser is still winding down; the
-    cancel reaches the loser."""
+    cancel reaches the loser, and the cancelled loser still takes a rank."""
     ctl = await t.ctl()
     group = t.group(
         "g",
@@ -67,12 +96,13 @@ async def check_cancel_close_does_not_wait_for_losers(t: CheckContext) -> None:
     t.expect(t.count("finished", "lose") == 0, "the loser finished instead of being cancelled")
     t.lab.open(f"{t.tag('lose')}/release")
     await t.eventually(ctl.open_group_keys, lambda keys: group.key not in keys, "close")
+    await ranks_complete(t, ctl, group.key, 2)
 
 
 @check("G-28")
 async def check_run_to_completion_losers_finish_after_close(t: CheckContext) -> None:
-    """Under ``RUN_TO_COMPLETION`` a loser keeps running after the caller closed and
-    finishes under the host's ownership."""
+    """Under ``RUN_TO_COMPLETION`` a loser keeps running after the caller closed,
+    finishes under the host's ownership, and its settlement takes a rank."""
     ctl = await t.ctl()
     handle = await t.open(ctl, t.group("g", [t.step("win", gate=False), t.step("lose")]))
     await t.next_is(ctl, handle, "win")
@@ -81,6 +111,7 @@ async def check_run_to_completion_losers_finish_after_close(t: CheckContext) -> 
     t.release("lose")
     await t.finished("lose")
     t.expect(t.count("cancelled", "lose") == 0, "a RUN_TO_COMPLETION loser was cancelled")
+    await ranks_complete(t, ctl, handle.group_key, 2)
 
 
 @check("G-28", "G-29", requires=("restart",))
@@ -131,12 +162,16 @@ async def check_drain_applies_a_declared_cancel(t: CheckContext) -> None:
 
 @check("G-30")
 async def check_open_group_keys_are_inspectable(t: CheckContext) -> None:
-    """Open groups are listed until closed; nothing expires them."""
+    """Open groups are listed until closed — also once every child settled; nothing
+    expires them."""
     ctl = await t.ctl()
     one = await t.open(ctl, t.group("one", [t.step("a")]))
     two = await t.open(ctl, t.group("two", [t.step("b")]))
+    done = await t.open(ctl, t.group("done", [t.step("c", gate=False)]))
+    await t.next_is(ctl, done, "c")
     keys = await ctl.open_group_keys()
     t.expect({one.group_key, two.group_key} <= set(keys), "open groups must be listed")
+    t.expect(done.group_key in keys, "a group whose children all settled left before its close")
     await ctl.close_effect_group(one, LoserPolicy.CANCEL)
     keys = await ctl.open_group_keys()
     t.expect(one.group_key not in keys and two.group_key in keys, "close must unlist only it")
@@ -182,3 +217,79 @@ async def check_a_closed_key_stays_closed(t: CheckContext) -> None:
     for label in ("win", "lose", "done"):
         t.expect(t.count("started", label) == 1, f"{label} ran again after its group closed")
     t.expect(t.count("started", "more") == 0, "a refused reopen ran a child")
+
+
+@check("G-21", "G-26")
+async def check_a_waiter_wakes_when_its_group_closes(t: CheckContext) -> None:
+    """Ruling R-4: a waiter parked on a group when it is closed wakes with
+    ``GroupClosed`` (the close wakes it; it does not sleep until a loser settles)."""
+    ctl = await t.ctl()
+    group = t.group("g", [t.step("a")])
+    handle = await t.open(ctl, group)
+    waiter = asyncio.ensure_future(ctl.await_next_settlement(handle.copy_cursor()))
+    await t.started("a")
+    if t.host.capabilities.waiter_probe:
+        await t.eventually(
+            lambda: t.host.awaiting(group.key, 1), bool, "the await of rank 1 to be parked"
+        )
+    await ctl.close_effect_group(handle)
+    await t.refuses(GroupClosed, waiter, "an await parked when its group closed")
+    t.release("a")
+    await t.finished("a")
+
+
+@check("G-20", "G-26")
+async def check_refusals_come_in_the_ruled_order(t: CheckContext) -> None:
+    """Ruling R-2: on await, ``GroupClosed`` before ``HandleMismatch`` before
+    ``CursorExhausted``; on close, ``HandleMismatch`` before ``DispositionWidened``."""
+    ctl = await t.ctl()
+    group = t.group("g", [t.step("a", gate=False)], disposition=LoserPolicy.CANCEL)
+    handle = await t.open(ctl, group)
+    await t.next(ctl, handle)
+    liar = handle.model_copy(update={"wake": WakePolicy.FIRST})
+    await t.refuses(
+        HandleMismatch, ctl.await_next_settlement(liar), "an exhausted, mismatched handle"
+    )
+    await t.refuses(
+        HandleMismatch,
+        ctl.close_effect_group(liar, LoserPolicy.RUN_TO_COMPLETION),
+        "a widening close with a mismatched handle",
+    )
+    await ctl.close_effect_group(handle)
+    running = t.group("h", [t.step("b")])
+    other = await t.open(ctl, running)
+    await t.started("b")
+    await ctl.close_effect_group(other)
+    for cursor in (other.model_copy(update={"wake": WakePolicy.FIRST}), handle):
+        await t.refuses(
+            GroupClosed, ctl.await_next_settlement(cursor), "an await of a closed group"
+        )
+    t.release("b")
+    await t.finished("b")
+
+
+@check("G-29")
+async def check_a_drain_never_touches_a_live_owners_group(t: CheckContext) -> None:
+    """Ruling R-1: a drain pass beside the live owner of a ``CANCEL`` group — a tool
+    call, an event wait and a timer, all unsettled — cancels, resumes and reports none of
+    its children: the event still decides the select."""
+    ctl = await t.ctl()
+    group = t.group(
+        "g",
+        [t.step("tool"), t.event("ev", "go"), t.sleep("nap", 60.0)],
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.CANCEL,
+    )
+    handle = await t.open(ctl, group)
+    await t.started("tool")
+    report = await t.within(ctl.drain().run_pass(), "a drain pass")
+    touched = {
+        "resumed": [ids[1] for ids in report.resumed if ids[0] == group.key],
+        "cancelled": [ids[1] for ids in report.cancelled if ids[0] == group.key],
+        "no_executor": [e.replay_key for e in report.no_executor if e.group_key == group.key],
+    }
+    t.expect(not any(touched.values()), f"a drain touched a live owner's children: {touched}")
+    t.expect(await ctl.deliver_event(group.key, "go", "won") == 1, "the event wait was settled")
+    first = await t.next_is(ctl, handle, "ev")
+    t.expect(first.outcome.value == "won", "the event lost the select to the drain")
+    t.expect(t.count("cancelled", "tool") == 0, "the drain cancelled the live tool call")

@@ -398,9 +398,10 @@ class MemoryEffectHost(WiredController):
                 (G-47); the handle does not advance.
         """
         self._require_wired(handle.group_key)
+        recorded = self._groups.get(handle.group_key)
+        if recorded is not None and recorded.closed:  # GroupClosed before HandleMismatch (R-2)
+            raise GroupClosed(f"group {recorded.key!r} was closed", group_key=recorded.key)
         record = self._lookup(handle)
-        if record.closed:
-            raise GroupClosed(f"group {record.key!r} was closed", group_key=record.key)
         rank = handle.consumed + 1
         if rank > record.child_count:
             raise CursorExhausted(

@@ -936,13 +936,13 @@ class SqlEffectHost(WiredController):
                 read = await self._read_rank(handle.group_key, rank)
                 if read is None:
                     raise await self._missing(handle.group_key)
-                if not checked:
-                    self._check_handle(handle, read.group)
-                    checked = True
-                if read.group.state == "closed":
+                if read.group.state == "closed":  # before the handle's fence
                     raise GroupClosed(
                         f"group {handle.group_key!r} was closed", group_key=handle.group_key
                     )
+                if not checked:
+                    self._check_handle(handle, read.group)
+                    checked = True
                 if rank > read.group.child_count:
                     raise CursorExhausted(
                         f"group {handle.group_key!r} has {read.group.child_count} children and "

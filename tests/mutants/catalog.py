@@ -1,0 +1,254 @@
+"""The mutant catalog: broken hosts the conformance suite must fail, each on the id it breaks.
+
+A mutant is a host that breaks exactly one rule of docs/spec.md the way a host author
+would, and behaves correctly otherwise. :func:`mutant` registers one; :data:`CATALOG`
+holds them all; ``test_catalog.py`` runs the suite against each and requires that a
+failing check cites the broken id (an obligation in the check's ids, a ruling in its ids
+or docstring).
+
+Harnesses:
+
+- ``memory``: the reference host as ``effecthost.hosts.memory.testing:factory`` runs it.
+- ``durable``: the reference host over a record that outlives a *restart* of the host
+  objects (every child task is cancelled without recording, new host objects adopt the
+  record, as a restarted process would from its database). It declares ``restart`` and
+  ``durable_timers``, so the restart, drain and timer checks run in milliseconds; the
+  correct host passes the whole suite on it (a control in ``test_catalog.py``).
+- ``sealed``: the reference host with payload references and sealing.
+- ``sqlite``: the SQLite host in its own deployment process, ``host_class`` replaced by a
+  mutant of ``sql_mutants.py``; real SIGKILL restarts, so slow: kept few.
+
+Ids a host cannot break, and ids the suite is not the arbiter of, are listed in
+:data:`NOT_HOST_BEHAVIOUR` and :data:`TIER_TESTS` with where they are tested instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from effecthost.conformance import (
+    Check,
+    FactoryEnv,
+    HostCapabilities,
+    HostUnderTest,
+    LabClient,
+    SuiteReport,
+    conformance_resolver,
+)
+from effecthost.hosts.memory import MemoryEffectHost
+from effecthost.hosts.memory.testing import MemoryHostUnderTest, SealedMemoryHostUnderTest
+
+MUTANT_TIMEOUT = 1.0
+"""Seconds a check waits for one settlement from a mutant before failing."""
+
+HERE = Path(__file__).parent
+
+Factory = Callable[[FactoryEnv], HostUnderTest]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One broken host: the id it breaks, how (its docstring), how to build it."""
+
+    name: str
+    breaks: str
+    doc: str
+    factory: Factory
+    harness: str
+    select: str | None = None
+    """A ``-k`` expression of the checks to run; ``None`` runs the whole suite."""
+    slow: bool = False
+
+
+CATALOG: list[Mutant] = []
+
+
+def _summary(doc: str | None) -> str:
+    return " ".join((doc or "").split())
+
+
+def mutant(
+    breaks: str, *, harness: str = "memory", select: str | None = None
+) -> Callable[[type[MemoryEffectHost]], type[MemoryEffectHost]]:
+    """Register a memory-host mutant class breaking ``breaks``."""
+
+    def register(cls: type[MemoryEffectHost]) -> type[MemoryEffectHost]:
+        builders = {"memory": _memory, "durable": _durable, "sealed": _sealed}
+        build = builders[harness]
+
+        def factory(env: FactoryEnv) -> HostUnderTest:
+            return build(cls, env)
+
+        factory.__name__ = f"{cls.__name__}_factory"
+        CATALOG.append(
+            Mutant(cls.__name__, breaks, _summary(cls.__doc__), factory, harness, select)
+        )
+        return cls
+
+    return register
+
+
+def sql_mutant(
+    name: str, breaks: str, doc: str, *, select: str, durable_timers: bool = True
+) -> None:
+    """Register a SQLite mutant: class ``name`` of ``sql_mutants.py``."""
+    from effecthost.hosts.sql import SqliteStore
+    from effecthost.hosts.sql.testing import SqlHostUnderTest
+
+    def factory(env: FactoryEnv) -> HostUnderTest:
+        path = env.work_dir / "effecthost.sqlite3"
+        return SqlHostUnderTest(
+            env,
+            {"store": "sqlite", "path": str(path)},
+            lambda: SqliteStore(path),
+            host_class=f"sql_mutants:{name}",
+            sys_path=[str(HERE)],
+        )
+
+    factory.__name__ = f"{name}_factory"
+    CATALOG.append(Mutant(name, breaks, _summary(doc), factory, "sqlite", select, slow=True))
+
+
+# -- harnesses ------------------------------------------------------------------------------
+
+
+def _memory(cls: type[MemoryEffectHost], env: FactoryEnv) -> HostUnderTest:
+    under_test = MemoryHostUnderTest(cls(conformance_resolver(env.lab_path)), cls())
+    under_test.timeout = MUTANT_TIMEOUT
+    return under_test
+
+
+def _sealed(cls: type[MemoryEffectHost], env: FactoryEnv) -> HostUnderTest:
+    under_test = SealedMemoryHostUnderTest(env)
+    policy = under_test._policy
+    under_test._wired = cls(conformance_resolver(env.lab_path), payloads=policy)
+    under_test._unwired = cls(payloads=policy)
+    under_test.timeout = MUTANT_TIMEOUT
+    return under_test
+
+
+_RECORD = ("_groups", "_retired", "_replay_keys", "_encoded")
+"""What a memory host records; the rest (its child tasks) dies with its process."""
+
+
+class DurableMemoryHostUnderTest(MemoryHostUnderTest):
+    """Memory host objects over a record that survives :meth:`restart`.
+
+    The wired and unwired hosts of one incarnation share the record and the child tasks
+    (one process); a restart cancels every task without recording (the memory host's
+    ``aclose``) and builds new host objects, of the same class, over the same record. A
+    host class may define ``_after_restart()`` to model what its process lost.
+    """
+
+    capabilities = HostCapabilities(restart=True, durable_timers=True, waiter_probe=True)
+    timeout = MUTANT_TIMEOUT
+
+    def __init__(self, cls: type[MemoryEffectHost], env: FactoryEnv) -> None:
+        self._cls = cls
+        self._env = env
+        self._record: dict[str, Any] | None = None
+        super().__init__(*self._incarnation())
+
+    def _incarnation(self) -> tuple[MemoryEffectHost, MemoryEffectHost]:
+        resolver = conformance_resolver(self._env.lab_path)
+        self._lab_client = resolver._lab = _MortalLabClient(self._env.lab_path)
+        wired = self._cls(resolver)
+        unwired = self._cls()
+        if self._record is None:
+            self._record = {name: getattr(wired, name) for name in _RECORD}
+        for host in (wired, unwired):
+            for name, value in self._record.items():
+                setattr(host, name, value)
+        unwired._tasks = wired._tasks
+        return wired, unwired
+
+    async def restart(self) -> None:
+        self._lab_client.dead = True
+        await self._wired.aclose()
+        await self._unwired.aclose()
+        self._wired, self._unwired = self._incarnation()
+        after = getattr(self._wired, "_after_restart", None)
+        if after is not None:
+            after()
+
+
+class _MortalLabClient(LabClient):
+    """The lab as the children of one incarnation see it: once the incarnation is dead
+    they report nothing and wait on no gate, as children of a killed process would (the
+    harness cancels their tasks, and a step reports its cancellation)."""
+
+    dead = False
+
+    async def report(self, kind: str, tag: str, **data: Any) -> None:
+        if self.dead:
+            raise asyncio.CancelledError
+        await super().report(kind, tag, **data)
+
+    async def wait_gate(self, gate: str) -> None:
+        if self.dead:
+            raise asyncio.CancelledError
+        await super().wait_gate(gate)
+
+
+def _durable(cls: type[MemoryEffectHost], env: FactoryEnv) -> HostUnderTest:
+    return DurableMemoryHostUnderTest(cls, env)
+
+
+# -- the verdict ----------------------------------------------------------------------------
+
+
+def cites(check: Check, ident: str) -> bool:
+    """Whether ``check`` names ``ident``: an obligation among its ids, a ruling among its
+    ids or in its docstring (the sentence it tests)."""
+    if ident in check.ids:
+        return True
+    return ident.startswith("R-") and re.search(rf"\b{re.escape(ident)}\b", check.doc) is not None
+
+
+def killers(report: SuiteReport, ident: str) -> list[str]:
+    """The failed checks that cite ``ident``."""
+    return [r.check.node_name for r in report.by_status("failed") if cites(r.check, ident)]
+
+
+# Ids no host can break: the suite checks them on every host, but what it checks is
+# library code (the contract's encoding and constructor, the combinators).
+NOT_HOST_BEHAVIOUR: dict[str, str] = {
+    "G-01": "canonical encoding of the contract; golden vectors, tests/test_contract_types.py",
+    "G-03": "the EffectGroup constructor; tests/test_contract_types.py",
+    "G-04": "the constructor and the combinators refuse empty groups before any host",
+    "G-05": "group_key() and the occurrence counter of the combinators; tests/test_combinators.py",
+    "R-8": "the contract's limits policy refuses inputs before a host; tests/test_bad_input.py",
+    "R-9": "a combinator's shielded close on outer cancellation; tests/test_combinators.py",
+    "R-10": (
+        "sealing's associated data (payloads library); tests/test_payloads.py — through the "
+        "suite's hooks a value can be moved to another group or replay key (G-48), not to "
+        "another position under the same replay key"
+    ),
+}
+
+# Ids whose arbiter is a tier's own tests, not the suite (the suite has no way to see them
+# on a third-party host).
+TIER_TESTS: dict[str, str] = {
+    "G-14": "engine tiers only (unroutable_children): tests/restate, tests/temporal",
+    "G-31": "SQL finalize order: tests/sql/test_takeover.py, tests/sql/test_batched_finalize.py",
+    "G-32": "SQL lock order: tests/sql/test_crash_and_concurrency.py",
+    "G-33": "SQL leases: tests/sql/test_takeover.py, tests/sql/test_crash_harness.py",
+    "G-34": "SQL drain workers: tests/sql/test_takeover.py, tests/sql/test_crash_harness.py",
+    "G-35": "SQL crash permutations: tests/sql/test_crash_and_concurrency.py",
+    "G-36": "SQL retirement: tests/sql/test_stateful.py",
+    "G-37": "Restate child invocations: tests/restate/test_restate_tier.py",
+    "G-38": "Restate group object: tests/restate/test_restate_tier.py",
+    "G-39": "Restate waits: tests/restate/test_restate_tier.py",
+    "G-40": "Restate object state by reference: tests/restate/test_restate_payloads.py",
+    "G-41": "Restate close: tests/restate/test_restate_tier.py",
+    "G-42": "Restate endpoint validation: tests/restate/test_restate_tier.py",
+    "G-43": "Temporal workflow and replay: tests/temporal/test_replay.py",
+    "G-44": "Temporal durable requests: tests/temporal/test_crash.py",
+    "G-45": "Temporal close: tests/temporal/test_cancel_close.py",
+    "G-46": "Temporal worker: tests/temporal/test_example_worker.py",
+}

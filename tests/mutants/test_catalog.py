@@ -1,0 +1,70 @@
+"""The conformance suite against the mutant catalog: every mutant is killed on its own id.
+
+A mutant survives when the suite passes it, or fails it only on checks that cite other
+ids; either fails this test. The controls show the harnesses themselves are sound: the
+correct memory host passes the whole suite on the durable harness.
+"""
+
+from __future__ import annotations
+
+import memory_mutants  # noqa: F401  (registers the memory mutants)
+import pytest
+import sql_mutants  # noqa: F401  (registers the SQLite mutants)
+from catalog import CATALOG, NOT_HOST_BEHAVIOUR, TIER_TESTS, DurableMemoryHostUnderTest, killers
+
+from effecthost.conformance import OBLIGATIONS, FactoryEnv, SuiteReport, run_suite
+from effecthost.hosts.memory import MemoryEffectHost
+
+pytestmark = pytest.mark.anyio
+
+
+def _explain(report: SuiteReport) -> str:
+    failures = "\n".join(f"  {r.check.node_name}: {r.reason}" for r in report.by_status("failed"))
+    return f"failures:\n{failures or '  none'}"
+
+
+def _params() -> list[object]:
+    params: list[object] = []
+    for m in CATALOG:
+        marks = [pytest.mark.slow, pytest.mark.timeout(240)] if m.slow else []
+        params.append(pytest.param(m, id=f"{m.breaks}-{m.name}", marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("mutant", _params())
+async def test_mutant_is_killed_on_its_own_id(mutant: object) -> None:
+    from catalog import Mutant
+
+    assert isinstance(mutant, Mutant)
+    report = await run_suite(mutant.factory, select=mutant.select)
+    assert report.by_status("passed") or report.by_status("failed"), "no check ran"
+    assert killers(report, mutant.breaks), (
+        f"{mutant.name} survived: no failing check cites {mutant.breaks} ({mutant.doc})\n"
+        + _explain(report)
+    )
+
+
+def _durable_reference(env: FactoryEnv) -> DurableMemoryHostUnderTest:
+    return DurableMemoryHostUnderTest(MemoryEffectHost, env)
+
+
+async def test_the_correct_host_passes_the_whole_suite_on_the_durable_harness() -> None:
+    """The control of every ``durable`` mutant: the reference host over the surviving
+    record passes every check, the restart, drain and timer checks included."""
+    report = await run_suite(_durable_reference)
+    assert report.ok, _explain(report)
+    assert not report.by_status("skipped") or report.missing_capabilities() <= {
+        "unroutable_children",
+        "payload_refs",
+        "sealing",
+    }
+
+
+def test_every_host_breakable_id_has_a_mutant() -> None:
+    """Every obligation and ruling a host can break has at least one mutant; the others
+    are listed with the tests that hold them instead."""
+    rulings = {f"R-{n}" for n in range(1, 11)}
+    ids = set(OBLIGATIONS) | {f"G-{n:02d}" for n in range(31, 47)} | rulings
+    covered = {m.breaks for m in CATALOG} | set(NOT_HOST_BEHAVIOUR) | set(TIER_TESTS)
+    assert sorted(ids - covered) == []
+    assert not (set(NOT_HOST_BEHAVIOUR) & {m.breaks for m in CATALOG})
