@@ -6,6 +6,11 @@ payload object for it, validated before serving (G-42). ``--payload-dir`` (and
 ``--key-dir`` to seal) configure the payload policy of
 :func:`~effecthost.hosts.restate.file_payload_policy`; give the callers' controllers the
 same directories.
+
+SIGTERM or SIGINT stop it within ``--grace`` seconds (:data:`DEFAULT_GRACE`): the
+listener closes at once, invocations still running after the grace are cut off, and
+Restate re-invokes them on the next endpoint (from their journal), so nothing settles
+twice.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import argparse
 import asyncio
 import importlib
 import signal
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -42,18 +48,39 @@ def fast_retries() -> Any:
     )
 
 
-async def serve(app: Any, bind: str) -> None:
+DEFAULT_GRACE = 5.0
+"""Seconds a stopping endpoint lets running invocations finish before cutting them off."""
+
+
+def on_stop_signals(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    """Run ``callback`` on SIGTERM and SIGINT.
+
+    The SDK's app claims SIGTERM for itself on its first request (asyncio keeps one
+    handler per signal), which silently replaced a handler set with
+    ``loop.add_signal_handler``: register through the SDK's own hook list, which the app
+    appends to, when this SDK has one.
+    """
+    install = getattr(importlib.import_module("restate.server"), "install_shutdown_hook", None)
+    loop.add_signal_handler(signal.SIGINT, callback)
+    if install is not None:
+        install(loop, callback, signal.SIGTERM)
+    else:
+        loop.add_signal_handler(signal.SIGTERM, callback)
+
+
+async def serve(app: Any, bind: str, *, grace: float = DEFAULT_GRACE) -> None:
+    """Serve ``app`` (h2c) on ``bind`` until SIGTERM or SIGINT, then stop within about
+    ``grace`` seconds: invocations still running then are cut off and re-invoked by
+    Restate on the next endpoint."""
     hypercorn_config, hypercorn_asyncio = require(
         "restate", "restate", "hypercorn.config", "hypercorn.asyncio"
     )
     config = hypercorn_config.Config()
     config.bind = [bind]
     config.accesslog = None
-    config.graceful_timeout = 1.0
+    config.graceful_timeout = grace
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    on_stop_signals(asyncio.get_running_loop(), stop.set)
     await hypercorn_asyncio.serve(app, config, shutdown_trigger=stop.wait)
 
 
@@ -69,6 +96,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--key-dir", default=None, help="key directory: seal every outcome")
     parser.add_argument("--inline-threshold", type=int, default=None)
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE,
+        help="seconds running invocations get to finish after SIGTERM/SIGINT",
+    )
     options = parser.parse_args(argv)
     if options.payload_dir is None and (
         options.key_dir is not None or options.inline_threshold is not None
@@ -92,4 +125,4 @@ def main(argv: list[str] | None = None) -> None:
         payloads=payloads,
     )
     validate_services(services)
-    asyncio.run(serve(restate.app(services), options.bind))
+    asyncio.run(serve(restate.app(services), options.bind, grace=options.grace))

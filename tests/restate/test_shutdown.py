@@ -1,0 +1,182 @@
+"""SIGTERM stops ``python -m effecthost.hosts.restate.serve`` within its grace, and what
+it cut off is re-invoked by Restate on the next endpoint: each child settles once, ranks
+intact (G-15)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effecthost.conformance import Lab, conformance_resolver, step_input
+from effecthost.contract import (
+    CursorExhausted,
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    LoserPolicy,
+    WakePolicy,
+    group_key,
+)
+from effecthost.hosts.restate import RestateController
+from effecthost.hosts.restate.testing import LocalRestate
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+TIMEOUT = 20.0
+GRACE = 1.0
+MARGIN = 4.0
+"""How long past its grace an endpoint may take to exit (interpreter teardown)."""
+
+
+@dataclass
+class Stack:
+    lab: Lab
+    local: LocalRestate
+    controller: RestateController
+
+
+async def _stack(tmp_path: Path, endpoint_args: list[str]) -> AsyncIterator[Stack]:
+    lab = Lab(tmp_path / "lab")
+    await lab.start()
+    local = LocalRestate(
+        tmp_path / "restate",
+        "effecthost.conformance:conformance_resolver",
+        [str(lab.path)],
+        endpoint_args=endpoint_args,
+    )
+    try:
+        await local.start()
+        controller = local.controller(conformance_resolver(lab.path), owner="tests")
+        try:
+            yield Stack(lab, local, controller)
+        finally:
+            await controller.aclose()
+    finally:
+        lab.open_all("")
+        await local.stop()
+        await lab.stop()
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    """An endpoint on its default grace."""
+    async for built in _stack(tmp_path, []):
+        yield built
+
+
+@pytest.fixture
+async def short_grace(tmp_path: Path) -> AsyncIterator[Stack]:
+    async for built in _stack(tmp_path, ["--grace", str(GRACE)]):
+        yield built
+
+
+def _step(tag: str, **options: Any) -> EffectEnvelope:
+    return EffectEnvelope(
+        replay_key=tag,
+        kind=EffectKind.TOOL_CALL,
+        name="conformance.step",
+        input=step_input(tag, **options),
+    )
+
+
+async def _terminate(process: subprocess.Popen[bytes] | None, bound: float) -> tuple[int, float]:
+    """SIGTERM ``process``; its exit code and how long it took (a hang guard of ``bound``)."""
+    assert process is not None and process.poll() is None
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    try:
+        code = await asyncio.to_thread(process.wait, bound)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        await asyncio.to_thread(process.wait, 10.0)
+        raise AssertionError(f"the endpoint still ran {bound}s after SIGTERM") from None
+    return code, time.monotonic() - started
+
+
+async def test_sigterm_stops_a_serving_endpoint(stack: Stack) -> None:
+    """G-15: a serving endpoint (one child ran through it) exits 0 on SIGTERM, within its
+    default grace: what container runtimes and process managers send."""
+    group = EffectGroup(
+        key=group_key("term", "idle", 0),
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[_step("term.idle", gate=False)],
+    )
+    ctl = stack.controller
+    handle = await ctl.open_effect_group(group)
+    settled = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    assert settled.outcome.ok
+    await ctl.close_effect_group(handle)
+
+    code, took = await _terminate(stack.local.endpoint, 5.0 + MARGIN)
+    assert code == 0, (code, took)
+
+
+async def test_sigterm_mid_child_is_retried_by_the_next_endpoint(short_grace: Stack) -> None:
+    """G-15, G-35: SIGTERM while a child runs; the endpoint exits 0 within its grace
+    (abandoning the child); Restate re-invokes it on the next endpoint, and the group gets
+    exactly one settlement per child, the rank recorded before the stop unchanged."""
+    stack = short_grace
+    group = EffectGroup(
+        key=group_key("term", "busy", 0),
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[_step("term.done", gate=False, result=0), _step("term.held", result=1)],
+    )
+    ctl = stack.controller
+    handle = await ctl.open_effect_group(group)
+    first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    assert (first.rank, first.replay_key) == (1, "term.done")
+    await stack.lab.wait_for("started", "term.held", 1, TIMEOUT)
+
+    code, took = await _terminate(stack.local.endpoint, GRACE + MARGIN)
+    assert code == 0, (code, took)
+    assert stack.lab.count("finished", "term.held") == 0
+
+    await stack.local.start_endpoint()  # same URI: the registration holds
+    await stack.lab.wait_for("started", "term.held", 2, TIMEOUT)
+    stack.lab.open("term.held")
+    second = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    assert (second.rank, second.replay_key, second.outcome.ok) == (2, "term.held", True)
+    with pytest.raises(CursorExhausted):
+        await ctl.await_next_settlement(handle)
+    again = await ctl.open_effect_group(group)  # a fresh cursor reads the same ranks
+    ranks = [await asyncio.wait_for(ctl.await_next_settlement(again), TIMEOUT) for _ in range(2)]
+    assert [(s.rank, s.replay_key) for s in ranks] == [(1, "term.done"), (2, "term.held")]
+    assert stack.lab.count("finished", "term.held") == 1
+    assert stack.lab.count("finished", "term.done") == 1
+    await ctl.close_effect_group(again)
+
+
+async def test_sigterm_lets_a_child_finish_within_the_grace(short_grace: Stack) -> None:
+    """G-15: a child that finishes while the endpoint drains is recorded once by that
+    endpoint; the process still exits 0 within its grace."""
+    stack = short_grace
+    group = EffectGroup(
+        key=group_key("term", "finish", 0),
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[_step("term.finish", result=7)],
+    )
+    ctl = stack.controller
+    handle = await ctl.open_effect_group(group)
+    await stack.lab.wait_for("started", "term.finish", 1, TIMEOUT)
+    endpoint = stack.local.endpoint
+    assert endpoint is not None
+    endpoint.send_signal(signal.SIGTERM)
+    stack.lab.open("term.finish")
+    await stack.lab.wait_for("finished", "term.finish", 1, TIMEOUT)
+    code = await asyncio.to_thread(endpoint.wait, GRACE + MARGIN)
+    assert code == 0
+    await stack.local.start_endpoint()
+    settled = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    assert (settled.rank, settled.outcome.ok) == (1, True)
+    assert stack.lab.count("started", "term.finish") == 1
+    await ctl.close_effect_group(handle)
