@@ -5,8 +5,10 @@ intact (G-15)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -26,7 +28,13 @@ from effecthost.contract import (
     group_key,
 )
 from effecthost.hosts.restate import RestateController
+from effecthost.hosts.restate._serve import FORCE_AFTER
 from effecthost.hosts.restate.testing import LocalRestate
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))
+from stubborn_tools import STUBBORN  # noqa: E402
+from stubborn_tools import registry as stubborn_registry  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 TIMEOUT = 20.0
@@ -42,18 +50,20 @@ class Stack:
     controller: RestateController
 
 
-async def _stack(tmp_path: Path, endpoint_args: list[str]) -> AsyncIterator[Stack]:
+async def _stack(
+    tmp_path: Path,
+    endpoint_args: list[str],
+    resolver: str = "effecthost.conformance:conformance_resolver",
+) -> AsyncIterator[Stack]:
     lab = Lab(tmp_path / "lab")
     await lab.start()
     local = LocalRestate(
-        tmp_path / "restate",
-        "effecthost.conformance:conformance_resolver",
-        [str(lab.path)],
-        endpoint_args=endpoint_args,
+        tmp_path / "restate", resolver, [str(lab.path)], endpoint_args=endpoint_args
     )
+    mine = stubborn_registry(str(lab.path)) if resolver.startswith("stubborn") else None
     try:
         await local.start()
-        controller = local.controller(conformance_resolver(lab.path), owner="tests")
+        controller = local.controller(mine or conformance_resolver(lab.path), owner="tests")
         try:
             yield Stack(lab, local, controller)
         finally:
@@ -74,6 +84,15 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
 @pytest.fixture
 async def short_grace(tmp_path: Path) -> AsyncIterator[Stack]:
     async for built in _stack(tmp_path, ["--grace", str(GRACE)]):
+        yield built
+
+
+@pytest.fixture
+async def stubborn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stack]:
+    """An endpoint serving a tool that a cancel cannot stop."""
+    paths = [str(TESTS), os.environ.get("PYTHONPATH")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+    async for built in _stack(tmp_path, ["--grace", str(GRACE)], "stubborn_tools:registry"):
         yield built
 
 
@@ -179,4 +198,41 @@ async def test_sigterm_lets_a_child_finish_within_the_grace(short_grace: Stack) 
     settled = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
     assert (settled.rank, settled.outcome.ok) == (1, True)
     assert stack.lab.count("started", "term.finish") == 1
+    await ctl.close_effect_group(handle)
+
+
+async def test_sigterm_leaves_a_child_blocking_a_thread(stubborn: Stack) -> None:
+    """G-15: a tool whose work goes on in a thread after the cut-off (as a blocking client
+    call does) cannot hold the endpoint: it exits 0 a bounded time after its grace, and
+    the next endpoint re-runs the child, which settles once."""
+    stack = stubborn
+    group = EffectGroup(
+        key=group_key("term", "stubborn", 0),
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[
+            EffectEnvelope(
+                replay_key="term.stubborn",
+                kind=EffectKind.TOOL_CALL,
+                name=STUBBORN,
+                input={"tag": "term.stubborn", "result": 3},
+            )
+        ],
+    )
+    ctl = stack.controller
+    handle = await ctl.open_effect_group(group)
+    await stack.lab.wait_for("started", "term.stubborn", 1, TIMEOUT)
+
+    code, took = await _terminate(stack.local.endpoint, GRACE + FORCE_AFTER + MARGIN)
+    assert code == 0, (code, took)
+    assert stack.lab.count("cancelled", "term.stubborn") == 1  # cut off; its thread held on
+
+    await stack.local.start_endpoint()
+    await stack.lab.wait_for("started", "term.stubborn", 2, TIMEOUT)
+    stack.lab.open("term.stubborn")
+    settled = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    assert (settled.rank, settled.outcome.ok) == (1, True)
+    with pytest.raises(CursorExhausted):
+        await ctl.await_next_settlement(handle)
+    assert stack.lab.count("finished", "term.stubborn") == 1
     await ctl.close_effect_group(handle)
