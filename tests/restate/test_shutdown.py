@@ -27,8 +27,8 @@ from effecthost.contract import (
     WakePolicy,
     group_key,
 )
+from effecthost.hosts._shutdown import FORCE_AFTER
 from effecthost.hosts.restate import RestateController
-from effecthost.hosts.restate._serve import FORCE_AFTER
 from effecthost.hosts.restate.testing import LocalRestate
 
 TESTS = Path(__file__).resolve().parents[1]

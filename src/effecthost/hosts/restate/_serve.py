@@ -18,16 +18,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import os
 import signal
-import sys
-import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from effecthost.contract import GroupExecutors
 from effecthost.hosts import require
+from effecthost.hosts._shutdown import DEFAULT_GRACE, Stopper
 
 
 def load_resolver(spec: str, args: list[str]) -> GroupExecutors:
@@ -51,28 +49,6 @@ def fast_retries() -> Any:
     )
 
 
-DEFAULT_GRACE = 5.0
-"""Seconds a stopping endpoint lets running invocations finish before cutting them off."""
-
-FORCE_AFTER = 2.0
-"""Seconds past the grace after which a stopping process exits even though something
-(a tool that ignores cancellation, a thread) still holds it."""
-
-
-def exit_after(seconds: float) -> None:
-    """Make sure this process is gone ``seconds`` from now (exit code 0: what it
-    abandons is retried by the engine), whatever still runs in it."""
-
-    def force() -> None:
-        sys.stderr.write(f"effecthost: still running {seconds:g}s after the stop; exiting\n")
-        sys.stderr.flush()
-        os._exit(0)
-
-    timer = threading.Timer(seconds, force)
-    timer.daemon = True
-    timer.start()
-
-
 def on_stop_signals(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
     """Run ``callback`` on SIGTERM and SIGINT.
 
@@ -93,7 +69,7 @@ async def serve(app: Any, bind: str, *, grace: float = DEFAULT_GRACE) -> None:
     """Serve ``app`` (h2c) on ``bind`` until SIGTERM or SIGINT, then stop within about
     ``grace`` seconds: invocations still running then are cut off and re-invoked by
     Restate on the next endpoint. What still holds the process :data:`FORCE_AFTER`
-    seconds later (a tool ignoring cancellation) is left behind by ``os._exit(0)``; a
+    seconds later (a tool's thread) is left behind by ``os._exit(0)``; a
     second signal exits at once."""
     hypercorn_config, hypercorn_asyncio = require(
         "restate", "restate", "hypercorn.config", "hypercorn.asyncio"
@@ -103,14 +79,7 @@ async def serve(app: Any, bind: str, *, grace: float = DEFAULT_GRACE) -> None:
     config.accesslog = None
     config.graceful_timeout = grace
     stop = asyncio.Event()
-
-    def stopping() -> None:
-        if stop.is_set():  # a second signal: no more grace
-            exit_after(0)
-        stop.set()
-        exit_after(grace + FORCE_AFTER)
-
-    on_stop_signals(asyncio.get_running_loop(), stopping)
+    on_stop_signals(asyncio.get_running_loop(), Stopper(stop.set, grace))
     await hypercorn_asyncio.serve(app, config, shutdown_trigger=stop.wait)
 
 
