@@ -4,6 +4,7 @@ call, and a separate caller process running a race and an all."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,9 +38,17 @@ def _caller(address: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.kill()
-    process.wait()
+def _stop(process: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, as a process manager stops it; its exit code (SIGKILL after a bound)."""
+    if process.poll() is not None:
+        return process.returncode
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise AssertionError("the example worker still ran 15 s after SIGTERM") from None
 
 
 @pytest.mark.timeout(240)
@@ -53,6 +62,8 @@ async def test_the_temporal_example_runs_as_documented(tmp_path: Path) -> None:
         assert "race -> " in run.stdout and "fast.example" in run.stdout
         assert "all  -> ['https://example.org/0'" in run.stdout
         assert "open groups: []" in run.stdout
+        # G-15: it shuts down cleanly on SIGTERM (what container runtimes send)
+        assert await asyncio.to_thread(_stop, worker) == 0
     finally:
         await asyncio.to_thread(_stop, worker)
         await server.stop()

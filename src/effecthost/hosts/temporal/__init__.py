@@ -4,7 +4,8 @@ Extra ``temporal``: ``pip install 'effecthost[temporal]'``. Importing this packa
 without ``temporalio`` raises :class:`effecthost.hosts.MissingExtra` with that hint.
 
 - :func:`create_worker` builds a worker with the group workflow and the child activity
-  registered for a task queue and a resolver (G-46);
+  registered for a task queue and a resolver (G-46); :func:`run_worker` runs one until
+  SIGTERM or SIGINT and shuts it down gracefully;
 - :class:`TemporalEffectHost` is the controller callers use (a client wrapper);
 - :class:`SealingCodec`, :func:`sealed_client`, :func:`connect_sealed`: the sealing
   payload codec and the client helper (G-50).
@@ -33,7 +34,7 @@ from ._shared import (  # noqa: E402
     MAX_SPEC_BYTES,
     WORKFLOW_NAME,
 )
-from ._worker import ChildActivities, create_worker, workflow_runner  # noqa: E402
+from ._worker import ChildActivities, create_worker, run_worker, workflow_runner  # noqa: E402
 from ._workflow import EffectGroupWorkflow, assign_rank  # noqa: E402
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "connect_sealed",
     "create_worker",
     "release_temporal_runtime",
+    "run_worker",
     "sealed_client",
     "sealed_data_converter",
     "workflow_runner",

@@ -1,11 +1,12 @@
-"""The child activity and the one-call worker (G-46)."""
+"""The child activity, the one-call worker (G-46) and its runner with a graceful stop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-from collections.abc import Sequence
+import signal
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +18,7 @@ from effecthost.contract import (
     Outcome,
 )
 from effecthost.hosts import require
+from effecthost.hosts._shutdown import DEFAULT_GRACE, Stopper
 from effecthost.payloads import AesGcmSealer, KeyStore, PayloadPolicy, encode_outcome
 
 require("temporal", "temporal", "temporalio")
@@ -205,3 +207,43 @@ def create_worker(
         interceptors=list(interceptors),
         **worker_options,
     )
+
+
+async def run_worker(
+    client: Client,
+    task_queue: str,
+    resolver: GroupExecutors | None,
+    *,
+    grace: float = DEFAULT_GRACE,
+    on_ready: Callable[[], None] | None = None,
+    **options: Any,
+) -> None:
+    """Run :func:`create_worker`'s worker until SIGTERM or SIGINT, then shut it down
+    gracefully within ``grace`` seconds.
+
+    The worker stops polling, lets running children finish for ``grace`` seconds
+    (``graceful_shutdown_timeout``) and cancels the rest; Temporal retries a cancelled
+    child's activity on another worker, so it settles once. What a cancel cannot stop
+    holds the process at most :data:`~effecthost.hosts._shutdown.FORCE_AFTER` seconds
+    longer; a second signal exits at once. ``options`` go to :func:`create_worker`.
+    """
+    worker = create_worker(
+        client,
+        task_queue,
+        resolver,
+        graceful_shutdown_timeout=timedelta(seconds=grace),
+        **options,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    stopper = Stopper(stop.set, grace)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopper)
+    try:
+        async with worker:
+            if on_ready is not None:
+                on_ready()
+            await stop.wait()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)

@@ -9,7 +9,10 @@
 outcomes and every payload in history with the keys of a ``FileKeyStore`` (callers must
 use the same keys). ``--resolver`` names a ``GroupExecutors`` object, or a callable returning one (called
 with the ``--resolver-arg`` values). The process prints ``ready`` once it polls, and
-runs until it is terminated.
+runs until SIGTERM or SIGINT: then it stops polling, gives running children ``--grace``
+seconds (default 5) to finish, cancels the rest (Temporal retries them on another
+worker) and exits 0; something a cancel cannot stop (a tool's thread) is left behind
+2 s later, and a second signal exits at once.
 """
 
 from __future__ import annotations
@@ -17,12 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import signal
 import sys
 from typing import Any
 
 from effecthost.contract import GroupExecutors
 from effecthost.hosts import require
+from effecthost.hosts._shutdown import DEFAULT_GRACE
 from effecthost.payloads import (
     DEFAULT_INLINE_THRESHOLD,
     AesGcmSealer,
@@ -37,7 +40,7 @@ require("temporal", "temporal", "temporalio")
 from temporalio.client import Client  # noqa: E402
 
 from ._exit import release_temporal_runtime  # noqa: E402
-from ._worker import create_worker  # noqa: E402
+from ._worker import run_worker  # noqa: E402
 
 
 def load_resolver(spec: str, args: list[str]) -> GroupExecutors:
@@ -74,16 +77,18 @@ async def serve(
     resolver: GroupExecutors,
     payloads: PayloadPolicy | None = None,
     keys: KeyStore | None = None,
+    grace: float = DEFAULT_GRACE,
 ) -> None:
     client = await Client.connect(address, namespace=namespace)
-    worker = create_worker(client, task_queue, resolver, payloads=payloads, keys=keys)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    async with worker:
-        print("ready", flush=True)
-        await stop.wait()
+    await run_worker(
+        client,
+        task_queue,
+        resolver,
+        grace=grace,
+        on_ready=lambda: print("ready", flush=True),
+        payloads=payloads,
+        keys=keys,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -96,10 +101,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--payload-dir", help="a FilesystemPayloadStore directory")
     parser.add_argument("--key-dir", help="a FileKeyStore directory (sealing and codec)")
     parser.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD)
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE,
+        help="seconds running children get to finish after SIGTERM/SIGINT",
+    )
     ns = parser.parse_args(argv)
     resolver = load_resolver(ns.resolver, ns.resolver_arg)
     payloads, keys = payload_settings(ns.payload_dir, ns.key_dir, ns.inline_threshold)
-    asyncio.run(serve(ns.address, ns.namespace, ns.task_queue, resolver, payloads, keys))
+    asyncio.run(serve(ns.address, ns.namespace, ns.task_queue, resolver, payloads, keys, ns.grace))
     release_temporal_runtime()
 
 
