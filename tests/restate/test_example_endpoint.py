@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 import subprocess
 import sys
@@ -34,9 +35,17 @@ def _serve_app(port: int) -> subprocess.Popen[bytes]:
     )
 
 
-def _stop_app(app: subprocess.Popen[bytes]) -> None:
-    app.kill()
-    app.wait()
+def _stop_app(app: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, as a process manager stops it; its exit code (SIGKILL after a bound)."""
+    if app.poll() is not None:
+        return app.returncode
+    app.send_signal(signal.SIGTERM)
+    try:
+        return app.wait(15)
+    except subprocess.TimeoutExpired:
+        app.kill()
+        app.wait()
+        raise AssertionError("the example app still ran 15 s after SIGTERM") from None
 
 
 async def _listening(port: int, app: subprocess.Popen[bytes]) -> None:
@@ -73,6 +82,8 @@ async def test_the_restate_example_runs_as_documented(tmp_path: Path) -> None:
         assert "all: [{'answer': 1, 'q': 'a'}, {'answer': 2, 'q': 'bb'}, {'answer': 3" in out
         assert "race(lookup 0.1s, deadline 1s): {'status': 'ok'" in out
         assert "race(lookup 5.0s, deadline 1s): {'status': 'deadline'}" in out
+        # G-15: it shuts down cleanly on SIGTERM (what container runtimes send)
+        assert await asyncio.to_thread(_stop_app, app) == 0
     finally:
         await asyncio.to_thread(_stop_app, app)
         await local.stop()
