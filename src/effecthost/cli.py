@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import importlib
 import inspect
+import json
 import os
 import shutil
 import sys
@@ -359,6 +360,81 @@ async def _sql_drain_host(args: argparse.Namespace, resolver: GroupExecutors | N
     return host
 
 
+class _DrainLog:
+    """What a drain shows: the same lines on a terminal and in a pipe (one per pass, one
+    per child it touched, a ``done`` summary; JSON objects with ``--json``), plus, on a
+    terminal only, a status line of what runs and what is left."""
+
+    def __init__(self, as_json: bool) -> None:
+        self._json = as_json
+        self._progress = _Progress(sys.stdout)
+        self.passes = 0
+        self.totals = {"resumed": 0, "cancelled": 0, "no_executor": 0}
+
+    def so_far(self) -> str:
+        t = self.totals
+        return f"resumed {t['resumed']}, cancelled {t['cancelled']}, no executor {t['no_executor']}"
+
+    def status(self, text: str) -> None:
+        self._progress.status(text)
+
+    def _emit(self, text: str, doc: dict[str, Any]) -> None:
+        self._progress.line(json.dumps(doc) if self._json else text)
+
+    def report(self, report: Any, left: tuple[int, int] | None) -> None:
+        self.passes += 1
+        touched = {
+            "resumed": [tuple(child) for child in report.resumed],
+            "cancelled": [tuple(child) for child in report.cancelled],
+            "no_executor": [(m.group_key, m.replay_key) for m in report.no_executor],
+        }
+        counts = {kind: len(children) for kind, children in touched.items()}
+        for kind, count in counts.items():
+            self.totals[kind] += count
+        self._emit(
+            f"pass {self.passes}: resumed {counts['resumed']}, cancelled "
+            f"{counts['cancelled']}, no executor {counts['no_executor']}; {_left(left)}",
+            {"event": "pass", "pass": self.passes, **counts, **_left_doc(left)},
+        )
+        for kind, children in touched.items():
+            for group_key, replay_key in children:
+                self._emit(
+                    f"  {kind.replace('_', ' ')}: {group_key} {replay_key}",
+                    {
+                        "event": kind,
+                        "pass": self.passes,
+                        "group_key": group_key,
+                        "replay_key": replay_key,
+                    },
+                )
+
+    def done(self, left: tuple[int, int] | None) -> None:
+        self._emit(
+            f"done: {self.passes} pass(es), {self.so_far()}; {_left(left)}",
+            {"event": "done", "passes": self.passes, **self.totals, **_left_doc(left)},
+        )
+
+
+def _left(left: tuple[int, int] | None) -> str:
+    if left is None:
+        return "left: unknown (the host lists no open groups)"
+    return f"left: {left[0]} unsettled in {left[1]} open group(s)"
+
+
+def _left_doc(left: tuple[int, int] | None) -> dict[str, int | None]:
+    return {"unsettled": left[0] if left else None, "open_groups": left[1] if left else None}
+
+
+async def _what_is_left(controller: EffectController) -> tuple[int, int] | None:
+    """Unsettled children of open groups and how many groups are open, when the host can
+    list them (the SQL hosts can)."""
+    listing = getattr(controller, "open_groups", None)
+    if listing is None:
+        return None
+    groups = await listing()
+    return sum(g.child_count - g.settled for g in groups), len(groups)
+
+
 def _drain(args: argparse.Namespace) -> int:
     async def main() -> int:
         resolver = _load_resolver(args.resolver) if args.resolver else None
@@ -367,27 +443,29 @@ def _drain(args: argparse.Namespace) -> int:
         else:
             controller = await _load_host(args)
         drain = controller.drain()
+        log = _DrainLog(args.json)
         try:
             with _refusals(_where(args) if args.sqlite or args.postgres else "host"):
-                passes = 0
                 while True:
-                    passes += 1
+                    log.status(f"pass {log.passes + 1}: draining (so far: {log.so_far()})")
                     report = await drain.run_pass()
-                    print(
-                        f"pass {passes}: resumed {len(report.resumed)}, cancelled "
-                        f"{len(report.cancelled)}, no executor {len(report.no_executor)}",
-                        flush=True,
-                    )
-                    for missing in report.no_executor:
-                        print(
-                            f"  no executor: {missing.group_key} {missing.replay_key}",
-                            flush=True,
-                        )
-                    if args.once or (args.passes and passes >= args.passes):
+                    left = await _what_is_left(controller)
+                    log.report(report, left)
+                    if args.once or (args.passes and log.passes >= args.passes):
                         idle = getattr(controller, "idle", None)
                         if idle is not None:
-                            await idle()  # let the children this pass resumed finish
+                            # let the children this run resumed finish
+                            log.status(
+                                f"finishing {log.totals['resumed']} resumed child(ren); "
+                                f"{_left(left)}"
+                            )
+                            await idle()
+                        log.done(await _what_is_left(controller))
                         return ExitCode.OK
+                    log.status(
+                        f"pass {log.passes} done, next in {args.interval:g}s "
+                        f"(so far: {log.so_far()}; {_left(left)})"
+                    )
                     await asyncio.sleep(args.interval)  # the drain's cadence, not an ordering
         finally:
             await _close(controller)
@@ -501,6 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--once", action="store_true", help="one pass, then exit")
     drain.add_argument("--passes", type=int, default=0, help="stop after N passes")
     drain.add_argument("--interval", type=float, default=5.0, help="seconds between passes")
+    drain.add_argument(
+        "--json", action="store_true", help="print JSON lines (pass, per child, done)"
+    )
     drain.set_defaults(run=_drain)
 
     demo = commands.add_parser("demo", help="a race against a deadline and an all, traced")
