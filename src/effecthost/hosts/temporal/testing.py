@@ -215,6 +215,8 @@ class WorkerProcess:
             "effecthost.conformance:conformance_resolver",
             "--resolver-arg",
             str(lab_path),
+            "--grace",  # the harness stops workers whose gated children never finish
+            "0.5",
             *(extra_args or []),
         ]
         self.log_path = log_path
