@@ -80,9 +80,11 @@ async def main(rounds: int) -> list[dict[str, Any]]:
                         await claim(client, keys[0], "bench:group:other:0")
                         raise AssertionError("a second claim of one replay key was accepted")
                     except WorkflowAlreadyStartedError:
-                        memo = await (await client.get_workflow_handle(
-                            f"effecthost.replay-key:{keys[0]}"
-                        ).describe()).memo()
+                        memo = await (
+                            await client.get_workflow_handle(
+                                f"effecthost.replay-key:{keys[0]}"
+                            ).describe()
+                        ).memo()
                         assert memo["group_key"] == group
                     conflicts.append(time.perf_counter() - t0)
                     t0 = time.perf_counter()
