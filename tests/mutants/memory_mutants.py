@@ -684,6 +684,29 @@ class ForgetsTombstoneHost(MemoryEffectHost):
         self._retired.pop(record.key, None)
 
 
+@mutant("R-4")
+class ClosedGroupCloseNarrowsHost(MemoryEffectHost):
+    """R-4: a close of a closed or retired group is judged like the first close: a
+    widening one is refused with ``DispositionWidened`` and a late ``CANCEL`` one cancels
+    the losers still running, instead of being a no-op."""
+
+    async def close_effect_group(
+        self, handle: GroupHandle, disposition: LoserPolicy | None = None
+    ) -> None:
+        if handle.group_key in self._retired:
+            self._check_narrowing(handle.group_key, self._retired[handle.group_key], disposition)
+            return
+        record = self._groups.get(handle.group_key)
+        if record is None or not record.closed:
+            await super().close_effect_group(handle, disposition)
+            return
+        target = self._check_narrowing(record.key, record.effective, disposition)
+        if target is LoserPolicy.CANCEL:
+            for child in record.children:
+                if child.state != "settled":
+                    self._request_cancel(record, child)
+
+
 @mutant("R-4", select="G-26 or G-17 or G-21")
 class ClosedWaiterSleepsHost(MemoryEffectHost):
     """R-4: a close does not wake the waiters parked on the group, so an await in flight

@@ -219,6 +219,49 @@ async def check_a_closed_key_stays_closed(t: CheckContext) -> None:
     t.expect(t.count("started", "more") == 0, "a refused reopen ran a child")
 
 
+@check("G-26")
+async def check_a_close_of_a_closed_group_is_a_no_op(t: CheckContext) -> None:
+    """Rulings R-4 and R-2, G-26's edge: "a close of a closed or retired group is a
+    no-op", whatever disposition it asks for. A widening close of a closed ``CANCEL``
+    group (a loser still holding its cancel, then retired) is not refused, and a late
+    ``CANCEL`` close of a closed ``RUN_TO_COMPLETION`` group cancels nothing."""
+    ctl = await t.ctl()
+    strict = await t.open(
+        ctl,
+        t.group(
+            "strict",
+            [t.step("won", gate=False), t.step("held", hold_cancel=True)],
+            disposition=LoserPolicy.CANCEL,
+        ),
+    )
+    await t.next_is(ctl, strict, "won")
+    await t.started("held")
+    await ctl.close_effect_group(strict)
+    await t.cancelled("held")
+    await t.within(
+        ctl.close_effect_group(strict, LoserPolicy.RUN_TO_COMPLETION),
+        "a widening close of a closed group a loser still runs in",
+    )
+    t.lab.open(f"{t.tag('held')}/release")
+    await ranks_complete(t, ctl, strict.group_key, 2)
+    await t.within(
+        ctl.close_effect_group(strict, LoserPolicy.RUN_TO_COMPLETION),
+        "a widening close of a retired group",
+    )
+    t.expect(strict.group_key not in await ctl.open_group_keys(), "a late close relisted it")
+
+    loose = await t.open(ctl, t.group("loose", [t.step("runs")]))
+    await t.started("runs")
+    await ctl.close_effect_group(loose)
+    await t.within(
+        ctl.close_effect_group(loose, LoserPolicy.CANCEL), "a late CANCEL close of a closed group"
+    )
+    t.release("runs")
+    await t.finished("runs")
+    t.expect(t.count("cancelled", "runs") == 0, "a close of a closed group cancelled a loser")
+    t.expect(t.count("started", "held") == 1, "a late close re-ran a child")
+
+
 @check("G-21", "G-26")
 async def check_a_waiter_wakes_when_its_group_closes(t: CheckContext) -> None:
     """Ruling R-4: a waiter parked on a group when it is closed wakes with

@@ -457,9 +457,10 @@ class MemoryEffectHost(WiredController):
     ) -> None:
         self._require_wired(handle.group_key)
         if handle.group_key in self._retired:
-            self._check_narrowing(handle.group_key, self._retired[handle.group_key], disposition)
-            return
+            return  # a close of a closed or retired group is a no-op
         record = self._lookup(handle)
+        if record.closed:
+            return
         target = self._check_narrowing(record.key, record.effective, disposition)
         record.effective = target
         record.closed = True

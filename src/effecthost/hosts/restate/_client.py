@@ -115,6 +115,8 @@ class GroupObjectClient(WiredController):
         if miss is not None:
             described = await self._call(group.key, "describe")
             if not described.get("recorded") and not described.get("closed"):
+                keys = [child.replay_key for child in group.children]
+                _raise_refusal(await self._call(group.key, "claims", {"replay_keys": keys}))
                 raise group_shape_error(group, *miss)
         body = {
             "child_count": group.child_count,

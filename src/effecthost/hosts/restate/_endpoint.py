@@ -16,6 +16,10 @@ Group object state (keyed by group key), beside nothing else:
 - ``waiters`` → rank → awakeable ids of parked readers; ``evw:``/``evp:`` for events;
 - after close, only ``tombstone`` (so a late read is ``GroupClosed``, not a hang).
 
+Replay-key object state (keyed by replay key): ``holder`` → ``{group_key, token}``, the
+group that holds the key (R-6). A first open claims every child's key before it records
+anything, releases what it claimed when a claim is refused, and close releases them.
+
 No exclusive handler awaits anything another handler of the same key resolves.
 """
 
@@ -38,7 +42,7 @@ from effecthost.contract import (
 from effecthost.hosts import require
 from effecthost.payloads import PayloadPolicy, encode_outcome
 
-from ._wire import CHILD, GROUP, INLINE_LIMIT, PAYLOAD, error, idempotency_key
+from ._wire import CHILD, GROUP, INLINE_LIMIT, PAYLOAD, REPLAY_KEY, error, idempotency_key
 
 require("restate", "restate", "restate", "httpx")
 
@@ -98,6 +102,43 @@ def build_services(
     group = restate.VirtualObject(GROUP, **options)
     child = restate.Service(CHILD, **options)
     payload = restate.VirtualObject(PAYLOAD, **options)
+    replay = restate.VirtualObject(REPLAY_KEY, **options)
+
+    # -- replay-key object (R-6) ------------------------------------------------------
+
+    @replay.handler()
+    async def claim(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
+        """Hold this replay key for ``group_key``; another group's claim is answered with
+        the holder. The same group claims again freely (a retried or repeated first open),
+        and its newest token is the one a release must name."""
+        holder = await _get(ctx, "holder")
+        if holder is not None and holder["group_key"] != req["group_key"]:
+            return {"ok": False, "holder": holder["group_key"]}
+        ctx.set("holder", {"group_key": req["group_key"], "token": req["token"]})
+        return {"ok": True}
+
+    @replay.handler()
+    async def release(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+        """Free the key if ``group_key`` holds it under ``token`` (a late release of an
+        earlier, refused open of the same group frees nothing a newer open claimed)."""
+        holder = await _get(ctx, "holder")
+        if holder == {"group_key": req["group_key"], "token": req["token"]}:
+            ctx.clear("holder")
+
+    @replay.handler(kind="shared")
+    async def holder(ctx: restate.ObjectSharedContext) -> str | None:
+        held = await _get(ctx, "holder")
+        return None if held is None else str(held["group_key"])
+
+    def replay_mismatch(key: str, position: int, rk: str, holder: str) -> dict[str, Any]:
+        return error(
+            "replay_mismatch",
+            f"child {rk!r} at position {position} of group {key!r}: the replay key is "
+            f"recorded for group {holder!r}",
+            group_key=key,
+            replay_key=rk,
+            position=position,
+        )
 
     # -- payload object ---------------------------------------------------------------
 
@@ -155,6 +196,24 @@ def build_services(
             ctx.set("shape", shape)
             return {"ok": True, "epoch": shape["epoch"], "reopened": True}
         epoch = str(ctx.uuid())
+        # R-6: claim every child's replay key before anything of the group is recorded
+        # (the calls go out together); a refused open releases what it claimed.
+        calls = [
+            ctx.object_call(claim, e["replay_key"], {"group_key": key, "token": epoch})
+            for e in envelopes
+        ]
+        claimed: list[str] = []
+        refusal: dict[str, Any] | None = None
+        for position, (envelope, call) in enumerate(zip(envelopes, calls, strict=True)):
+            answer = await call
+            if answer["ok"]:
+                claimed.append(envelope["replay_key"])
+            elif refusal is None:
+                refusal = replay_mismatch(key, position, envelope["replay_key"], answer["holder"])
+        if refusal is not None:
+            for rk in claimed:
+                ctx.object_send(release, rk, {"group_key": key, "token": epoch})
+            return refusal
         ctx.set(
             "shape",
             {
@@ -333,15 +392,26 @@ def build_services(
             "unsettled": unsettled,
         }
 
+    @group.handler(kind="shared")
+    async def claims(ctx: restate.ObjectSharedContext, req: dict[str, Any]) -> dict[str, Any]:
+        """The first replay key of ``replay_keys`` another group holds (R-6), read before
+        a first open is refused for a child it cannot resolve (R-2: ``ReplayMismatch``
+        comes first)."""
+        key = ctx.key()
+        calls = [ctx.object_call(holder, rk, None) for rk in req["replay_keys"]]
+        for position, (rk, call) in enumerate(zip(req["replay_keys"], calls, strict=True)):
+            held = await call
+            if held is not None and held != key:
+                return replay_mismatch(key, position, rk, held)
+        return {"ok": True}
+
     @group.handler()
     async def close(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
         """Idempotent; narrows only; under CANCEL issues one cancel per unsettled child and
         returns without awaiting them; deletes the state, keeping a tombstone (G-41)."""
         key = ctx.key()
-        tomb = await _get(ctx, "tombstone")
-        if tomb is not None:
-            outcome = _narrow(key, tomb["effective"], req.get("close_with"))
-            return outcome if isinstance(outcome, dict) else {"ok": True}
+        if await _get(ctx, "tombstone") is not None:
+            return {"ok": True}  # a close of a closed group is a no-op (R-2, R-4)
         shape, refusal = await check_handle(ctx, req)
         if refusal is not None:
             return refusal
@@ -362,6 +432,9 @@ def build_services(
         for aids in waiters.values():
             for aid in aids:
                 ctx.resolve_awakeable(aid, {"closed": True})
+        for entry in await _get(ctx, "children") or []:  # the group retires: free its keys
+            rk = entry["envelope"]["replay_key"]
+            ctx.object_send(release, rk, {"group_key": key, "token": shape["epoch"]})
         ctx.clear_all()
         ctx.set("tombstone", {"effective": target, "epoch": shape["epoch"]})
         ctx.object_send(clear, key, None)
@@ -549,7 +622,7 @@ def build_services(
             raise terminal
         return result
 
-    return [group, child, payload]
+    return [group, child, payload, replay]
 
 
 def build_app(

@@ -11,6 +11,8 @@ CHILD = "EffecthostChild"
 """The child service: one invocation per child (G-37)."""
 PAYLOAD = "EffecthostPayload"
 """The per-group payload object: outcomes above the inline threshold (G-40, G-47)."""
+REPLAY_KEY = "EffecthostReplayKey"
+"""The replay-key object, keyed by replay key: which group holds it (R-6)."""
 
 GROUP_HANDLERS = (
     "open",
@@ -22,14 +24,17 @@ GROUP_HANDLERS = (
     "event_wait",
     "drain",
     "describe",
+    "claims",
 )
 CHILD_HANDLERS = ("run",)
 PAYLOAD_HANDLERS = ("put", "get", "clear")
+REPLAY_KEY_HANDLERS = ("claim", "release", "holder")
 
 REQUIRED_HANDLERS: dict[str, tuple[str, ...]] = {
     GROUP: GROUP_HANDLERS,
     CHILD: CHILD_HANDLERS,
     PAYLOAD: PAYLOAD_HANDLERS,
+    REPLAY_KEY: REPLAY_KEY_HANDLERS,
 }
 """What an endpoint must bind for the contract to work (G-42)."""
 

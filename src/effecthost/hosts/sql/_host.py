@@ -1069,13 +1069,12 @@ class SqlEffectHost(WiredController):
             if record is None:
                 if tombstone is None:
                     raise UnknownGroup(f"no group is recorded under {key!r}", group_key=key)
-                self._narrow(key, LoserPolicy(tombstone), disposition)
-                return None
+                return None  # retired: a later close is a no-op
             self._check_handle(handle, record)
-            target = self._narrow(key, LoserPolicy(record.effective), disposition)
-            if record.state == "closed" and record.effective == target.value:
-                already = True  # idempotent
+            if record.state == "closed":
+                already = True  # a close of a closed group is a no-op
                 return None
+            target = self._narrow(key, LoserPolicy(record.effective), disposition)
             return target.value
 
         # closed, and retired in the same transaction when every child has settled

@@ -322,9 +322,9 @@ class TemporalEffectHost(WiredController):
         # The rank is in the query's name: nothing for the worker to decode, so a caller
         # with other codec keys fails here, caller-side, and records nothing (G-49).
         state = await self._query(key, f"{READ_QUERY}{rank}", rank=rank)
-        self._check_handle(handle, state["shape"])
-        if state["closed"]:
+        if state["closed"]:  # before the handle's own fence
             raise GroupClosed(f"group {key!r} was closed", group_key=key)
+        self._check_handle(handle, state["shape"])
         if rank > handle.child_count:
             raise CursorExhausted(
                 f"group {key!r} has {handle.child_count} children and the handle has "
@@ -386,22 +386,24 @@ class TemporalEffectHost(WiredController):
         key = handle.group_key
         self._require_wired(key)
         target = disposition.value if disposition is not None else None
+        shape = [handle.child_count, handle.wake.value, handle.disposition.value]
         wf = self._handle(key)
         try:
-            await self._update(key, EffectGroupWorkflow.close, target)
+            await self._update(key, EffectGroupWorkflow.close, target, shape)
         except WorkflowUpdateFailedError as exc:
             _raise_from(exc.cause, key)
         except RPCError as exc:
             if exc.status == RPCStatusCode.RESOURCE_EXHAUSTED:
                 state = await self._query(key, "status")
                 self._check_handle(handle, state["shape"])
-                _check_narrowing(key, state["effective"], target)
-                await wf.signal(EffectGroupWorkflow.close_signal, target)
+                if not state["closed"]:
+                    _check_narrowing(key, state["effective"], target)
+                    await wf.signal(EffectGroupWorkflow.close_signal, target)
             elif exc.status == RPCStatusCode.NOT_FOUND:
-                # Not found, or the run already finished: read what it recorded.
+                # Not found, or the run already finished (closed and retired: a later
+                # close is a no-op, R-4); the handle is still compared with the record.
                 state = await self._query(key, "status")
                 self._check_handle(handle, state["shape"])
-                _check_narrowing(key, state["effective"], target)
             else:
                 raise
         self._expected[key] = False

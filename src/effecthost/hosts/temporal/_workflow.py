@@ -352,20 +352,42 @@ class EffectGroupWorkflow:
         if target == "cancel":
             self._cancel_unsettled()
 
+    def _close_target(self, disposition: str | None, shape: list[Any] | None) -> str | None:
+        """R-2's order for a close: the handle's shape (G-20), then a closed group is a
+        no-op (``None``; R-4), then the narrowing."""
+        recorded = [len(self._children), self._wake, self._declared]
+        if shape is not None and list(shape) != recorded:
+            raise _refuse(
+                "HandleMismatch",
+                f"handle for {self._key!r} claims {shape[0]} children, wake {shape[1]}, "
+                f"disposition {shape[2]}; the group has {recorded[0]}, {recorded[1]}, "
+                f"{recorded[2]}",
+                group_key=self._key,
+            )
+        if self._closed:
+            return None
+        return self._target(disposition)
+
     @workflow.update(name="close")
-    async def close(self, disposition: str | None) -> None:
-        """Idempotent, narrows only (G-26). Under CANCEL the cancel requests of every
-        unsettled child go out in this workflow task and the update returns without
-        waiting for the activities to stop (G-27, G-45)."""
-        self._close(self._target(disposition))
+    async def close(self, disposition: str | None, shape: list[Any] | None = None) -> None:
+        """Idempotent, narrows only (G-26); a close of a closed group is a no-op. Under
+        CANCEL the cancel requests of every unsettled child go out in this workflow task
+        and the update returns without waiting for the activities to stop (G-27, G-45).
+        ``shape`` is the handle's (absent in histories recorded before it was sent)."""
+        target = self._close_target(disposition, shape)
+        if target is not None:
+            self._close(target)
 
     @close.validator
-    def _validate_close(self, disposition: str | None) -> None:
-        self._target(disposition)
+    def _validate_close(self, disposition: str | None, shape: list[Any] | None = None) -> None:
+        self._close_target(disposition, shape)
 
     @workflow.signal(name="close_signal")
     def close_signal(self, disposition: str | None) -> None:
-        """Fallback when the run's update budget is spent; a widening is ignored."""
+        """Fallback when the run's update budget is spent; a widening is ignored, and so
+        is a close of a closed group (R-4)."""
+        if self._closed:
+            return
         try:
             target = self._target(disposition)
         except ApplicationError:
