@@ -4,6 +4,7 @@ Imports only the standard library and pydantic, so a host for any engine can dep
 it without pulling in a tier.
 """
 
+from . import limits
 from ._controller import (
     DrainReport,
     EffectController,
@@ -61,7 +62,9 @@ from ._types import (
     Settlement,
     WakePolicy,
     canonical_json,
+    coerce_disposition,
     normalize_json,
+    require_handle,
 )
 
 __all__ = [
@@ -114,11 +117,14 @@ __all__ = [
     "WiredController",
     "batch_id",
     "canonical_json",
+    "coerce_disposition",
     "group_key",
     "group_shape_error",
     "is_host_kind",
+    "limits",
     "normalize_json",
     "refuse_membership",
+    "require_handle",
     "sleep_input",
     "sleep_seconds",
     "validate_deployment",

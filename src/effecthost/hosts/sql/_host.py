@@ -71,8 +71,10 @@ from effecthost.contract import (
     Settlement,
     UnknownGroup,
     WiredController,
+    coerce_disposition,
     group_shape_error,
     normalize_json,
+    require_handle,
     sleep_seconds,
 )
 from effecthost.payloads import (
@@ -881,6 +883,7 @@ class SqlEffectHost(WiredController):
     async def close_effect_group(
         self, handle: GroupHandle, disposition: LoserPolicy | None = None
     ) -> None:
+        disposition = coerce_disposition(require_handle(handle).group_key, disposition)
         self._require_wired(handle.group_key)
         await self._ready()
         key = handle.group_key
