@@ -96,7 +96,7 @@ def _recorded(replay_key: str, build: Callable[..., Outcome], *args: Any) -> Out
     except InvalidEnvelope as exc:
         reason = str(exc).removeprefix(f"[{exc.code.value}] ")
         return Outcome.failure(type(exc).__name__, f"result of child {replay_key!r}: {reason}")
-    except Exception as exc:
+    except Exception as exc:  # e.g. a tool error whose __str__ raises
         return Outcome.failure(
             "InvalidEnvelope",
             f"result of child {replay_key!r} cannot be recorded ({type(exc).__name__})",
