@@ -361,3 +361,40 @@ def test_outcome_over_the_limits_is_a_typed_error() -> None:
             build()
     with pytest.raises(PayloadTooLarge):
         Outcome.success("x" * (limits.MAX_JSON_BYTES + 1))
+
+
+async def test_g18_two_concurrent_awaits_on_one_handle_read_the_same_rank(
+    tier: Tier, tools: Tools
+) -> None:
+    """G-18 (defined in docs/contract.md): an await reads ``consumed`` when it starts and
+    sets the cursor to the rank it returns, never past it. Two awaits on one handle that
+    start before either returns both return rank ``consumed + 1`` and the cursor ends one
+    further: no rank is skipped and none is consumed twice."""
+    g = EffectGroup(
+        key="lim:group:twice:0",
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[
+            {"replay_key": f"lim:twice:{i}", "kind": "tool_call", "name": "slow"}
+            for i in range(2)
+        ],
+    )
+    handle = await tier.host.open_effect_group(g)
+
+    async def release() -> None:  # runs after both awaits have started (tasks run in order)
+        tools.gate.set()
+
+    first, again, _ = await asyncio.wait_for(
+        asyncio.gather(
+            tier.host.await_next_settlement(handle),
+            tier.host.await_next_settlement(handle),
+            release(),
+        ),
+        WAIT,
+    )
+    assert (first.rank, again.rank) == (1, 1)
+    assert first == again
+    assert handle.consumed == 1
+    second = await asyncio.wait_for(tier.host.await_next_settlement(handle), WAIT)
+    assert (second.rank, handle.consumed) == (2, 2)
+    assert {first.position, second.position} == {0, 1}
