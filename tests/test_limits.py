@@ -375,8 +375,7 @@ async def test_g18_two_concurrent_awaits_on_one_handle_read_the_same_rank(
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
         children=[
-            {"replay_key": f"lim:twice:{i}", "kind": "tool_call", "name": "slow"}
-            for i in range(2)
+            {"replay_key": f"lim:twice:{i}", "kind": "tool_call", "name": "slow"} for i in range(2)
         ],
     )
     handle = await tier.host.open_effect_group(g)
