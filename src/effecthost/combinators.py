@@ -200,9 +200,17 @@ async def _opened(controller: EffectController, group: EffectGroup) -> AsyncIter
         raise
     try:
         yield handle
-    except asyncio.CancelledError:
-        await _close_shielded(controller, handle)
+    except BaseException as exc:
+        # also an engine client that reports a cancelled request its own way while the
+        # task is being cancelled
+        if isinstance(exc, asyncio.CancelledError) or _being_cancelled():
+            await _close_shielded(controller, handle)
         raise
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 async def _settle_shielded(opening: asyncio.Future[GroupHandle]) -> bool:

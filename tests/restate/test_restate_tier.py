@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from effecthost.combinators import Scope, next_group_key, race, tool
-from effecthost.conformance import Lab, conformance_resolver, run_suite, step_input
-from effecthost.conformance._tools import STEP
+from effecthost.conformance import STEP, Lab, conformance_resolver, run_suite, step_input
 from effecthost.contract import (
     CursorExhausted,
     EffectEnvelope,
