@@ -2,13 +2,17 @@
 
 Each combinator turns a list of :class:`Call` into one group (batch id = content hash of
 the calls, occurrence from the caller's :class:`Scope`), consumes settlements in rank
-order and closes the group. The decision rules (G-23, G-24) are caller-side loops over
+order and closes the group — also when the caller cancels it from outside (R-9: the close
+runs shielded before the cancellation propagates). The decision rules (G-23, G-24) are caller-side loops over
 ranks, so they are the same on every tier; the loser policy is declared at open (G-25).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,6 +38,8 @@ from effecthost.contract import (
     normalize_json,
     sleep_input,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AllEffectsFailed",
@@ -178,6 +184,66 @@ async def settlements(
         yield await controller.await_next_settlement(handle)
 
 
+@asynccontextmanager
+async def _opened(controller: EffectController, group: EffectGroup) -> AsyncIterator[GroupHandle]:
+    """Open ``group`` for a combinator's body. When the body (or the open) is cancelled
+    from outside, the group is closed with its declared disposition, shielded from the
+    cancellation, before the cancellation propagates (R-9): otherwise the group stays open
+    and a ``CANCEL`` group's losers run on while the caller lives."""
+    opening = asyncio.ensure_future(controller.open_effect_group(group))
+    try:
+        handle = await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        # the open may record the group after all: let it finish, then close what it made
+        if await _settle_shielded(opening):
+            await _close_shielded(controller, group.handle())
+        raise
+    try:
+        yield handle
+    except BaseException as exc:
+        # also an engine client that reports a cancelled request its own way while the
+        # task is being cancelled
+        if isinstance(exc, asyncio.CancelledError) or _being_cancelled():
+            await _close_shielded(controller, handle)
+        raise
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def _settle_shielded(opening: asyncio.Future[GroupHandle]) -> bool:
+    """Wait out ``opening`` through further cancellations; whether it recorded a group."""
+    while not opening.done():
+        try:
+            await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            continue
+        except Exception:  # its refusal is not the caller's error now
+            break
+    return opening.done() and not opening.cancelled() and opening.exception() is None
+
+
+async def _close_shielded(controller: EffectController, handle: GroupHandle) -> None:
+    """Close ``handle``'s group with its disposition in force (R-3), to completion even if
+    cancelled again meanwhile; a refusal is logged (the cancellation is what propagates)."""
+    closing = asyncio.ensure_future(controller.close_effect_group(handle))
+    while not closing.done():
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            continue
+        except Exception:  # logged below
+            break
+    if not closing.cancelled() and (error := closing.exception()) is not None:
+        log.warning(
+            "closing group %r after an outer cancellation failed: %s",
+            handle.group_key,
+            type(error).__name__,
+        )
+
+
 def _value(settlement: Settlement, key: str) -> Any:
     if not settlement.outcome.ok:
         raise EffectFailed(settlement, key)
@@ -201,9 +267,9 @@ async def race(
     if not calls:
         raise EmptyGroup("race([]) never settles; refused without touching a host")
     group = build_group(scope, calls, WakePolicy.FIRST, disposition)
-    handle = await controller.open_effect_group(group)
-    first = await controller.await_next_settlement(handle)
-    await controller.close_effect_group(handle)
+    async with _opened(controller, group) as handle:
+        first = await controller.await_next_settlement(handle)
+        await controller.close_effect_group(handle)
     return _value(first, group.key)
 
 
@@ -223,14 +289,14 @@ async def any_(
     if not calls:
         raise EmptyGroup("any([]) has no child that could succeed")
     group = build_group(scope, calls, WakePolicy.FIRST_SUCCESS, disposition)
-    handle = await controller.open_effect_group(group)
     failures: list[EffectFailed] = []
-    async for settlement in settlements(controller, handle):
-        if settlement.outcome.ok:
-            await controller.close_effect_group(handle)
-            return settlement.outcome.value
-        failures.append(EffectFailed(settlement, group.key))
-    await controller.close_effect_group(handle)
+    async with _opened(controller, group) as handle:
+        async for settlement in settlements(controller, handle):
+            if settlement.outcome.ok:
+                await controller.close_effect_group(handle)
+                return settlement.outcome.value
+            failures.append(EffectFailed(settlement, group.key))
+        await controller.close_effect_group(handle)
     raise AllEffectsFailed(failures, group.key)
 
 
@@ -247,14 +313,14 @@ async def all_(controller: EffectController, scope: Scope, calls: Sequence[Call]
     if not calls:
         return []
     group = build_group(scope, calls, WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION)
-    handle = await controller.open_effect_group(group)
     values: dict[int, Any] = {}
-    async for settlement in settlements(controller, handle):
-        if not settlement.outcome.ok:
-            await controller.close_effect_group(handle)
-            raise EffectFailed(settlement, group.key)
-        values[settlement.position] = settlement.outcome.value
-    await controller.close_effect_group(handle)
+    async with _opened(controller, group) as handle:
+        async for settlement in settlements(controller, handle):
+            if not settlement.outcome.ok:
+                await controller.close_effect_group(handle)
+                raise EffectFailed(settlement, group.key)
+            values[settlement.position] = settlement.outcome.value
+        await controller.close_effect_group(handle)
     return [values[position] for position in range(len(calls))]
 
 
@@ -265,11 +331,11 @@ async def all_settled(
     if not calls:
         return []
     group = build_group(scope, calls, WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION)
-    handle = await controller.open_effect_group(group)
     outcomes: dict[int, Outcome] = {}
-    async for settlement in settlements(controller, handle):
-        outcomes[settlement.position] = settlement.outcome
-    await controller.close_effect_group(handle)
+    async with _opened(controller, group) as handle:
+        async for settlement in settlements(controller, handle):
+            outcomes[settlement.position] = settlement.outcome
+        await controller.close_effect_group(handle)
     return [outcomes[position] for position in range(len(calls))]
 
 
@@ -284,9 +350,9 @@ async def with_deadline(
         EffectFailed: ``call`` failed first.
     """
     group = build_group(scope, [call, sleep(seconds)], WakePolicy.FIRST, LoserPolicy.CANCEL)
-    handle = await controller.open_effect_group(group)
-    first = await controller.await_next_settlement(handle)
-    await controller.close_effect_group(handle)
+    async with _opened(controller, group) as handle:
+        first = await controller.await_next_settlement(handle)
+        await controller.close_effect_group(handle)
     if first.position == 1:
         raise DeadlineExceeded(
             f"deadline of {seconds}s passed before {call.kind} {call.name!r} settled",
@@ -308,9 +374,9 @@ async def wait_event_or_deadline(
     group = build_group(
         scope, [wait_event(name), sleep(seconds)], WakePolicy.FIRST, LoserPolicy.CANCEL
     )
-    handle = await controller.open_effect_group(group)
-    first = await controller.await_next_settlement(handle)
-    await controller.close_effect_group(handle)
+    async with _opened(controller, group) as handle:
+        first = await controller.await_next_settlement(handle)
+        await controller.close_effect_group(handle)
     if first.position == 1:
         return ("deadline", None)
     return ("event", _value(first, group.key))

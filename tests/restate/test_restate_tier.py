@@ -12,12 +12,22 @@ from typing import Any
 
 import pytest
 
-from effecthost.conformance import UNROUTABLE, Lab, conformance_resolver, run_suite, step_input
+from effecthost.combinators import Scope, next_group_key, race, tool
+from effecthost.conformance import (
+    STEP,
+    UNROUTABLE,
+    Lab,
+    conformance_resolver,
+    run_suite,
+    step_input,
+)
 from effecthost.contract import (
     CursorExhausted,
     EffectEnvelope,
     EffectGroup,
     EffectKind,
+    GroupHandle,
+    InvalidEnvelope,
     LoserPolicy,
     ReplayMismatch,
     WakePolicy,
@@ -257,3 +267,34 @@ async def test_R6_a_replay_key_is_held_by_one_group_until_it_closes(stack: Stack
     first = await asyncio.wait_for(ctl.await_next_settlement(reopened), TIMEOUT)
     assert first.replay_key in ("r6.own", "r6.shared")
     await ctl.close_effect_group(reopened)
+
+
+async def test_r9_race_cancelled_from_outside_closes_its_group(stack: Stack) -> None:
+    """R-9: a ``race`` declaring ``CANCEL``, cancelled from outside, closes its group
+    (shielded) before the cancellation propagates, so its losers are cancelled; G-26: a
+    close disposition that is not a ``LoserPolicy`` value is refused before any call."""
+    ctl = stack.controller
+    with pytest.raises(InvalidEnvelope):
+        await ctl.close_effect_group(
+            GroupHandle(
+                group_key="r9:group:none:0",
+                child_count=1,
+                consumed=0,
+                wake=WakePolicy.FIRST,
+                disposition=LoserPolicy.CANCEL,
+            ),
+            "bogus",  # type: ignore[arg-type]
+        )
+    calls = [tool(STEP, step_input(tag)) for tag in ("r9.a", "r9.b")]
+    scope = Scope(scope_id="r9")
+    key = next_group_key(scope, calls)
+    task = asyncio.ensure_future(race(ctl, scope, calls, disposition=LoserPolicy.CANCEL))
+    for tag in ("r9.a", "r9.b"):
+        await stack.lab.wait_for("started", tag, 1, TIMEOUT)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, TIMEOUT)
+    assert key not in await ctl.open_group_keys()
+    for tag in ("r9.a", "r9.b"):
+        await stack.lab.wait_for("cancelled", tag, 1, TIMEOUT)
+        assert stack.lab.count("finished", tag) == 0

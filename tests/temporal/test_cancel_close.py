@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from effecthost.contract import EffectGroup, LoserPolicy, WakePolicy
+from effecthost.combinators import Scope, next_group_key, race, tool
+from effecthost.conformance import STEP, step_input
+from effecthost.contract import (
+    EffectGroup,
+    GroupHandle,
+    InvalidEnvelope,
+    LoserPolicy,
+    WakePolicy,
+)
 
 from ._support import running_host, step
 
@@ -47,3 +55,42 @@ async def _cancel(root: Path) -> None:
         await asyncio.wait_for(wf.result(), 20)  # the run ends: closed, all settled
         assert lab.count("finished", "cc.lose") == 0
         assert group.key not in await ctl.open_group_keys()
+
+
+@pytest.mark.timeout(90)
+def test_r9_race_cancelled_from_outside_closes_its_group(tmp_path: Path) -> None:
+    """R-9: a ``race`` declaring ``CANCEL``, cancelled from outside while it waits, closes
+    its group (shielded) before the cancellation propagates: the losers are cancelled and
+    the group is no longer open; G-26: a close disposition that is not a ``LoserPolicy``
+    value is refused."""
+    asyncio.run(_outer_cancel(tmp_path))
+
+
+async def _outer_cancel(root: Path) -> None:
+    async with running_host(root) as (host, lab):
+        ctl = await host.controller()
+        with pytest.raises(InvalidEnvelope):
+            await ctl.close_effect_group(
+                GroupHandle(
+                    group_key="r9:group:none:0",
+                    child_count=1,
+                    consumed=0,
+                    wake=WakePolicy.FIRST,
+                    disposition=LoserPolicy.CANCEL,
+                ),
+                "bogus",  # type: ignore[arg-type]
+            )
+        tags = ("r9.a", "r9.b")
+        calls = [tool(STEP, step_input(tag, hold_cancel=False)) for tag in tags]
+        scope = Scope(scope_id="r9")
+        key = next_group_key(scope, calls)
+        task = asyncio.ensure_future(race(ctl, scope, calls, disposition=LoserPolicy.CANCEL))
+        for tag in tags:
+            await lab.wait_for("started", tag, timeout=20)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 20)
+        for tag in tags:
+            await lab.wait_for("cancelled", tag, timeout=20)
+            assert lab.count("finished", tag) == 0
+        assert key not in await ctl.open_group_keys()

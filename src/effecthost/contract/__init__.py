@@ -4,6 +4,7 @@ Imports only the standard library and pydantic, so a host for any engine can dep
 it without pulling in a tier.
 """
 
+from . import limits
 from ._controller import (
     DrainReport,
     EffectController,
@@ -62,7 +63,9 @@ from ._types import (
     Settlement,
     WakePolicy,
     canonical_json,
+    coerce_disposition,
     normalize_json,
+    require_handle,
 )
 
 __all__ = [
@@ -116,11 +119,14 @@ __all__ = [
     "WiredController",
     "batch_id",
     "canonical_json",
+    "coerce_disposition",
     "group_key",
     "group_shape_error",
     "is_host_kind",
+    "limits",
     "normalize_json",
     "refuse_membership",
+    "require_handle",
     "sleep_durations",
     "sleep_input",
     "sleep_seconds",

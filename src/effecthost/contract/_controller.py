@@ -9,9 +9,9 @@ from typing import Any
 
 from ._errors import (
     EffectGroupUnsupported,
-    EffectHostError,
     ExecutorConsumed,
     GroupShapeError,
+    InvalidEnvelope,
     MembershipUnsupported,
     NoExecutor,
 )
@@ -69,19 +69,38 @@ class EffectExecutor(ABC):
                 replay_key=call.envelope.replay_key,
             )
         self._used = True
+        key = call.envelope.replay_key
         try:
             value = await self.run(call)
         except ToolError as exc:
-            return Outcome.failure(exc.type, exc.message, exc.data, exc.code)
-        except EffectHostError as exc:
-            return Outcome.failure(type(exc).__name__, str(exc), code=None)
+            return _recorded(key, Outcome.failure, exc.type, exc.message, exc.data, exc.code)
         except Exception as exc:  # a tool's own bug is still the child's outcome
-            return Outcome.failure(type(exc).__name__, str(exc))
-        return Outcome.success(value)
+            return _recorded(key, _failure_of, exc)
+        return _recorded(key, Outcome.success, value)
 
     @abstractmethod
     async def run(self, call: ExecutionInput) -> Any:
         """The child's work; return a JSON value or raise."""
+
+
+def _failure_of(exc: Exception) -> Outcome:
+    return Outcome.failure(type(exc).__name__, str(exc))
+
+
+def _recorded(replay_key: str, build: Callable[..., Outcome], *args: Any) -> Outcome:
+    """``build(*args)``, or — when what the tool produced is over the limits (R-8) or cannot be
+    turned into an outcome at all — the child's typed failure naming the limit, so the
+    child always settles (never a hang, never a rank no reader can decode)."""
+    try:
+        return build(*args)
+    except InvalidEnvelope as exc:
+        reason = str(exc).removeprefix(f"[{exc.code.value}] ")
+        return Outcome.failure(type(exc).__name__, f"result of child {replay_key!r}: {reason}")
+    except Exception as exc:  # e.g. a tool error whose __str__ raises
+        return Outcome.failure(
+            "InvalidEnvelope",
+            f"result of child {replay_key!r} cannot be recorded ({type(exc).__name__})",
+        )
 
 
 ToolFunction = Callable[[Any], Awaitable[Any]]

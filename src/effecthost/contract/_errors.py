@@ -123,7 +123,9 @@ class DuplicateReplayKey(EffectHostError):
 
 
 class InvalidEnvelope(EffectHostError):
-    """An envelope field is not canonical JSON (NaN, a set, an object…) or is empty."""
+    """Bad input: an envelope, group or outcome field that is not strict JSON (NaN, a set,
+    an object…), is empty, has the wrong type, or is over the limits (R-8); also a close
+    disposition that is not a ``LoserPolicy`` value."""
 
     code = RuntimeErrorCode.INVALID_ENVELOPE
 
@@ -191,8 +193,9 @@ class LeaseLost(EffectHostError):
     code = RuntimeErrorCode.LEASE_LOST
 
 
-class PayloadTooLarge(EffectHostError):
-    """An input or outcome exceeds what the host accepts."""
+class PayloadTooLarge(InvalidEnvelope):
+    """An input, key or outcome over a size limit (R-8, or a host's lower configured
+    limit). An :class:`InvalidEnvelope` with its own code."""
 
     code = RuntimeErrorCode.PAYLOAD_TOO_LARGE
 

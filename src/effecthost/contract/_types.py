@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from . import limits
 from ._errors import (
     DuplicateReplayKey,
+    EffectHostError,
     EmptyGroup,
     InvalidEnvelope,
     MalformedHandle,
     MembershipConflict,
+    PayloadTooLarge,
 )
 
 JsonValue = Any
@@ -44,26 +55,36 @@ class EffectKind:
     AWAIT_EVENT = "await_event"
 
 
+_CANONICAL_DEPTH = 1000
+"""Deepest value :func:`canonical_json` walks; past it a value is refused, not recursed."""
+
+
 def _reject_non_string_keys(value: JsonValue) -> None:
     if not isinstance(value, dict | list | tuple):
         return
-    stack = [value]
+    stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
+        if depth > _CANONICAL_DEPTH:
+            raise InvalidEnvelope(f"value is not strict JSON: nested over {_CANONICAL_DEPTH}")
         if isinstance(item, dict):
             if any(not isinstance(key, str) for key in item):
                 raise InvalidEnvelope("value is not strict JSON: an object key is not a string")
-            stack.extend(item.values())
+            stack.extend((child, depth + 1) for child in item.values())
         elif isinstance(item, list | tuple):
-            stack.extend(item)
+            stack.extend((child, depth + 1) for child in item)
 
 
 def canonical_json(value: JsonValue) -> bytes:
     """Strict canonical JSON: sorted keys, no whitespace, UTF-8, no NaN.
 
+    Encodes what it is given (a host encodes whole records with it); the limits on values
+    are :func:`normalize_json`'s.
+
     Raises:
         InvalidEnvelope: the value is not strict JSON (a set, bytes, NaN, a non-string key,
-            text that is not valid Unicode).
+            text that is not valid Unicode, an integer too long to print, nesting past
+            1,000 levels or a cycle).
     """
     _reject_non_string_keys(value)
     return _encode_canonical(value)
@@ -78,47 +99,97 @@ def _encode_canonical(value: JsonValue) -> bytes:
     """:func:`canonical_json` of a value whose object keys are known to be strings."""
     try:
         return _CANONICAL.encode(value).encode("utf-8")
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidEnvelope(f"value is not strict JSON: {type(exc).__name__}") from None
 
 
-def normalize_json(value: JsonValue) -> JsonValue:
-    """Round-trip ``value`` through canonical JSON (tuples become lists, keys sorted).
+def normalize_json(value: JsonValue, *, what: str = "value", **ids: Any) -> JsonValue:
+    """Check ``value`` against the limits (:mod:`~effecthost.contract.limits`) and
+    round-trip it through canonical JSON (tuples become lists, keys sorted).
 
     Raises:
-        InvalidEnvelope: the value is not strict JSON.
+        InvalidEnvelope: the value is not strict JSON or is over a limit (depth, integer
+            range, NUL, lone surrogate); ``PayloadTooLarge`` (a subclass) for a size.
+            ``what`` and ``ids`` name it in the message.
     """
     kind = type(value)
-    if value is None or kind is bool or kind is int:
+    if value is None or kind is bool:
         return value  # its own round trip; the common tool result skips the encoder
-    if kind is str and _encodable(value):
+    if kind is int and limits.MIN_INT <= value <= limits.MAX_INT:
         return value
-    return json.loads(canonical_json(value))
+    if kind is str and len(value) <= 4096 and limits._text_problem(value, 4096) is None:
+        return value
+    problem = limits.json_problem(value)
+    if problem is None:
+        data = _encode_canonical(value)
+        if len(data) <= limits.MAX_JSON_BYTES:
+            return json.loads(data)
+        problem = (f"encodes to {len(data)} bytes, over the limit of {limits.MAX_JSON_BYTES}", True)
+    reason, too_large = problem
+    raise (PayloadTooLarge if too_large else InvalidEnvelope)(f"{what} {reason}", **ids)
 
 
-def _encodable(text: str) -> bool:
+def _summary(exc: ValidationError, model: type[BaseModel]) -> str:
+    """Which fields failed and how, without the input (it may be a payload)."""
+    parts = set()
+    for error in exc.errors(include_url=False, include_input=False, include_context=False):
+        loc = error["loc"]
+        field = str(loc[0]) if loc and loc[0] in model.model_fields else "(input)"
+        # our validators' messages name limits, never values; pydantic's may quote input
+        why = error["msg"] if error["type"] == "value_error" else error["type"]
+        parts.add(f"{field}: {why}")
+    return ", ".join(sorted(parts)[:6])
+
+
+class _Model(BaseModel):
+    """A contract model whose constructor refuses with the contract's typed errors (SPEC
+    §7), never a pydantic ``ValidationError``. ``model_validate*`` keep pydantic's
+    behaviour (hosts validate what they read with them and catch ``ValidationError``)."""
+
+    _refusal: ClassVar[type[EffectHostError]] = InvalidEnvelope
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise self._refused(exc) from None
+        except (RecursionError, TypeError, ValueError, OverflowError):
+            raise self._refusal(f"invalid {type(self).__name__}") from None
+
+    @classmethod
+    def _refused(cls, exc: ValidationError) -> EffectHostError:
+        return cls._refusal(f"invalid {cls.__name__}: {_summary(exc, cls)}")
+
+
+def _key(value: Any, what: str, limit: int = limits.MAX_KEY_BYTES) -> str:
+    """A field validator's key check: a ``ValueError`` pydantic turns into the model's
+    typed refusal."""
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+        return limits.check_key(value, what=what, limit=limit)
+    except InvalidEnvelope:
+        raise ValueError(f"{what} is not a key within the limits") from None
 
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
-class GroupMembership(BaseModel):
+class GroupMembership(_Model):
     """Which group a child belongs to and under which rules (G-02, G-03)."""
 
     model_config = _FROZEN
 
-    group_key: str = Field(min_length=1)
-    position: int = Field(ge=0)
+    group_key: str
+    position: int = Field(strict=True, ge=0, lt=limits.MAX_CHILDREN)
     wake: WakePolicy
     disposition: LoserPolicy
 
+    @field_validator("group_key", mode="before")
+    @classmethod
+    def _group_key(cls, value: Any) -> str:
+        return _key(value, "group key")
 
-class EffectEnvelope(BaseModel):
+
+class EffectEnvelope(_Model):
     """One effect as the journal records it.
 
     ``membership`` is optional and *omitted* from the canonical encoding when absent, so an
@@ -126,8 +197,9 @@ class EffectEnvelope(BaseModel):
     it carries wake and disposition into every child's hash (G-02).
 
     Raises:
-        InvalidEnvelope: ``input`` is not strict JSON, or ``replay_key``/``kind``/``name``
-            is empty.
+        InvalidEnvelope: ``input`` is not strict JSON or is over the limits (R-8,
+            ``PayloadTooLarge`` for a size), ``replay_key``/``kind``/``name`` is empty or
+            over the key limits, a field has the wrong type or is unknown.
     """
 
     model_config = _FROZEN
@@ -141,25 +213,22 @@ class EffectEnvelope(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _normalize(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for field in ("replay_key", "kind", "name"):
-                value = data.get(field)
-                if not isinstance(value, str) or not value or not _encodable(value):
-                    raise InvalidEnvelope(
-                        f"envelope {field} must be a non-empty string",
-                        replay_key=data.get("replay_key")
-                        if isinstance(data.get("replay_key"), str)
-                        and _encodable(data["replay_key"])
-                        else None,
-                    )
-            try:
-                data = {**data, "input": normalize_json(data.get("input"))}
-            except InvalidEnvelope as exc:
-                raise InvalidEnvelope(
-                    f"input of envelope {data['replay_key']!r} is not strict JSON",
-                    replay_key=data["replay_key"],
-                ) from exc
-        return data
+        if isinstance(data, EffectEnvelope):
+            return data
+        if not isinstance(data, Mapping):
+            raise InvalidEnvelope("an envelope is built from a mapping of its fields")
+        raw = data.get("replay_key")
+        storable = isinstance(raw, str) and limits._text_problem(raw, limits.MAX_KEY_BYTES) is None
+        limits.check_key(raw, what="envelope replay_key", replay_key=raw if storable else None)
+        for field in ("kind", "name"):
+            limits.check_key(
+                data.get(field),
+                what=f"{field} of envelope {raw!r}",
+                limit=limits.MAX_NAME_BYTES,
+                replay_key=raw,
+            )
+        value = normalize_json(data.get("input"), what=f"input of envelope {raw!r}", replay_key=raw)
+        return {**data, "input": value}
 
     def canonical_dict(self) -> dict[str, JsonValue]:
         """The dict whose canonical JSON is :meth:`canonical_bytes`."""
@@ -193,7 +262,7 @@ class EffectEnvelope(BaseModel):
         return self.model_copy(update={"membership": membership})
 
 
-class EffectGroup(BaseModel):
+class EffectGroup(_Model):
     """N child envelopes opened together. This is the one constructor (G-03).
 
     Children without membership are stamped from their index; a child whose membership
@@ -204,7 +273,10 @@ class EffectGroup(BaseModel):
         EmptyGroup: no children (G-04).
         MembershipConflict: a child's membership disagrees with the group (G-03).
         DuplicateReplayKey: two children share a replay key.
-        InvalidEnvelope: the key is empty or a child is not a valid envelope.
+        InvalidEnvelope: the key is empty or over the limits, ``children`` is not a list or
+            tuple of envelopes (or mappings), a child is not a valid envelope, more than
+            ``MAX_CHILDREN`` children, a field is unknown (R-8); ``PayloadTooLarge`` (a
+            subclass) when the children encode to more than ``MAX_GROUP_BYTES``.
     """
 
     model_config = _FROZEN
@@ -217,25 +289,35 @@ class EffectGroup(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _stamp(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
+        if isinstance(data, EffectGroup):
             return data
-        key = data.get("key")
-        if not isinstance(key, str) or not key or not _encodable(key):
-            raise InvalidEnvelope("group key must be a non-empty UTF-8 string")
+        if not isinstance(data, Mapping):
+            raise InvalidEnvelope("a group is built from a mapping of its fields")
+        key = limits.check_key(data.get("key"), what="group key")
         try:
             wake = WakePolicy(data.get("wake"))  # type: ignore[arg-type]
             disposition = LoserPolicy(data.get("disposition"))  # type: ignore[arg-type]
-        except ValueError:
+        except (ValueError, TypeError):
             raise InvalidEnvelope(
                 f"group {key!r} needs a wake policy and a loser policy", group_key=key
             ) from None
-        raw = data.get("children") or ()
+        raw = data.get("children", ())
+        if not isinstance(raw, list | tuple):
+            raise InvalidEnvelope(
+                f"children of group {key!r} must be a list or tuple of envelopes", group_key=key
+            )
         if len(raw) == 0:
             raise EmptyGroup(f"group {key!r} has no children", group_key=key)
+        if len(raw) > limits.MAX_CHILDREN:
+            raise InvalidEnvelope(
+                f"group {key!r} has {len(raw)} children, over the limit of {limits.MAX_CHILDREN}",
+                group_key=key,
+            )
         stamped: list[EffectEnvelope] = []
         seen: set[str] = set()
+        size = 0
         for index, child in enumerate(raw):
-            envelope = child if isinstance(child, EffectEnvelope) else EffectEnvelope(**child)
+            envelope = _child(key, index, child)
             expected = GroupMembership(
                 group_key=key, position=index, wake=wake, disposition=disposition
             )
@@ -263,6 +345,15 @@ class EffectGroup(BaseModel):
                     position=index,
                 )
             seen.add(envelope.replay_key)
+            size += len(envelope.canonical_bytes())
+            if size > limits.MAX_GROUP_BYTES:
+                raise PayloadTooLarge(
+                    f"children of group {key!r} up to position {index} encode to {size} "
+                    f"bytes, over the limit of {limits.MAX_GROUP_BYTES}",
+                    group_key=key,
+                    replay_key=envelope.replay_key,
+                    position=index,
+                )
             stamped.append(envelope)
         return {**data, "wake": wake, "disposition": disposition, "children": tuple(stamped)}
 
@@ -281,27 +372,73 @@ class EffectGroup(BaseModel):
         )
 
 
-class GroupHandle(BaseModel):
+def _child(key: str, index: int, child: Any) -> EffectEnvelope:
+    """Child ``index`` of group ``key`` as an envelope; its refusal names the group."""
+    if isinstance(child, EffectEnvelope):
+        return child
+    if not isinstance(child, Mapping):
+        raise InvalidEnvelope(
+            f"child at position {index} of group {key!r} is not an envelope",
+            group_key=key,
+            position=index,
+        )
+    if not all(isinstance(name, str) for name in child):
+        raise InvalidEnvelope(
+            f"child at position {index} of group {key!r} has a field name that is not text",
+            group_key=key,
+            position=index,
+        )
+    try:
+        return EffectEnvelope(**child)
+    except EffectHostError as exc:
+        if exc.group_key is None:
+            exc.group_key = key
+        if exc.position is None:
+            exc.position = index
+        raise
+
+
+class GroupHandle(_Model):
     """The caller's cursor over one group; the only cursor of record (G-18).
 
     Mutable on purpose: :meth:`EffectController.await_next_settlement` advances
     ``consumed`` by exactly one on each settlement it returns, and by nothing when it
     raises or is cancelled. Save it with :meth:`to_json` in the caller's continuation.
+
+    Strict: the counts are integers (not ``"2"``, ``2.0`` or ``true``), ``1 <= child_count
+    <= MAX_CHILDREN`` and ``0 <= consumed <= child_count``; anything else, at construction,
+    decoding or assignment, is :class:`MalformedHandle` and a refused assignment leaves the
+    handle as it was.
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    _refusal: ClassVar[type[EffectHostError]] = MalformedHandle
 
-    group_key: str = Field(min_length=1)
-    child_count: int = Field(ge=1)
-    consumed: int = Field(ge=0)
+    group_key: str
+    child_count: int = Field(strict=True, ge=1, le=limits.MAX_CHILDREN)
+    consumed: int = Field(strict=True, ge=0, le=limits.MAX_CHILDREN)
     wake: WakePolicy
     disposition: LoserPolicy
+
+    @field_validator("group_key", mode="before")
+    @classmethod
+    def _group_key(cls, value: Any) -> str:
+        return _key(value, "group key")
 
     @model_validator(mode="after")
     def _consumed_in_range(self) -> GroupHandle:
         if self.consumed > self.child_count:
             raise ValueError("consumed exceeds child_count")
         return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        before = dict(self.__dict__)
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            # pydantic has replaced the fields before the range check refused them
+            object.__setattr__(self, "__dict__", before)
+            raise self._refused(exc) from None
 
     @property
     def remaining(self) -> int:
@@ -319,33 +456,119 @@ class GroupHandle(BaseModel):
         """Decode a saved handle.
 
         Raises:
-            MalformedHandle: not a handle, or impossible values (consumed > child_count).
+            MalformedHandle: not a handle, a count that is not an integer, or impossible
+                values (consumed > child_count, child_count over ``MAX_CHILDREN``).
         """
+        if not isinstance(text, str | bytes | bytearray):
+            raise MalformedHandle("a saved handle is text")
         try:
             return cls.model_validate_json(text)
         except ValidationError as exc:
-            raise MalformedHandle(
-                f"cannot decode group handle: {exc.error_count()} error(s)"
-            ) from None
+            raise cls._refused(exc) from None
+        except (RecursionError, ValueError):
+            raise MalformedHandle("cannot decode group handle") from None
 
     def copy_cursor(self) -> GroupHandle:
         """An independent copy (what a restored continuation holds)."""
         return self.model_copy()
 
 
-class ErrorInfo(BaseModel):
-    """A child's failure as recorded: type, message, optional JSON data and code."""
+def require_handle(handle: Any) -> GroupHandle:
+    """``handle`` if it is a handle that passed its own checks; what a host calls before
+    it reads anything (R-2).
+
+    Raises:
+        MalformedHandle: not a :class:`GroupHandle`, or values its constructor refuses (a
+            handle built with ``model_construct``).
+    """
+    if not isinstance(handle, GroupHandle):
+        raise MalformedHandle("not a GroupHandle")
+    fields = handle.__dict__
+    count, consumed = fields.get("child_count"), fields.get("consumed")
+    if (
+        type(count) is not int
+        or type(consumed) is not int
+        or not 0 <= consumed <= count
+        or not 1 <= count <= limits.MAX_CHILDREN
+        or not isinstance(fields.get("wake"), WakePolicy)
+        or not isinstance(fields.get("disposition"), LoserPolicy)
+        or not isinstance(fields.get("group_key"), str)
+        or limits._text_problem(fields["group_key"], limits.MAX_KEY_BYTES) is not None
+    ):
+        raise MalformedHandle("handle values out of range")
+    return handle
+
+
+def coerce_disposition(group_key: str, disposition: Any) -> LoserPolicy | None:
+    """The close disposition as a :class:`LoserPolicy`: ``None``, a member, or one of the
+    enum's string values (``"cancel"``, ``"run_to_completion"``). Every host's close
+    calls this, so a plain string means the same on every tier (G-26).
+
+    Raises:
+        InvalidEnvelope: anything else; nothing is recorded.
+    """
+    if disposition is None or isinstance(disposition, LoserPolicy):
+        return disposition
+    if isinstance(disposition, str):
+        for member in LoserPolicy:
+            if disposition == member.value:
+                return member
+    raise InvalidEnvelope(
+        f"close of group {group_key!r}: the disposition is not one of "
+        f"{', '.join(m.value for m in LoserPolicy)}",
+        group_key=group_key,
+    )
+
+
+class ErrorInfo(_Model):
+    """A child's failure as recorded: type, message, optional JSON data and code.
+
+    Within the limits (R-8): the type at most ``MAX_NAME_BYTES``, the message a string every
+    tier stores, the data a JSON value within the limits, and message and data together at
+    most ``MAX_JSON_BYTES`` once encoded.
+    """
 
     model_config = _FROZEN
 
     type: str
     message: str
     data: JsonValue = None
-    code: int | None = None
+    code: int | None = Field(default=None, strict=True, ge=limits.MIN_INT, le=limits.MAX_INT)
+
+    @model_validator(mode="after")
+    def _within_limits(self) -> ErrorInfo:
+        _as_value_error(_check_failure, self.type, self.message, self.data)
+        return self
 
 
-class Outcome(BaseModel):
-    """How a child ended: a success value, an error, or cancelled."""
+def _check_failure(type: Any, message: Any, data: JsonValue) -> None:
+    """Raises: InvalidEnvelope (``PayloadTooLarge`` for a size) when a failure's fields
+    are over the limits (R-8)."""
+    limits.check_text(type, what="failure type", limit=limits.MAX_NAME_BYTES)
+    limits.check_text(message, what="failure message")
+    limits.check_json(data, what="failure data")
+    size = len(_encode_canonical(message))
+    if data is not None:
+        size += len(_encode_canonical(data))
+    if size > limits.MAX_JSON_BYTES:
+        raise PayloadTooLarge(
+            f"failure message and data encode to {size} bytes, over the limit of "
+            f"{limits.MAX_JSON_BYTES}"
+        )
+
+
+def _as_value_error(check: Any, *args: Any) -> None:
+    """Run a limits check inside a validator: its refusal as the ``ValueError`` pydantic
+    expects (the constructor turns it back into the typed error)."""
+    try:
+        check(*args)
+    except InvalidEnvelope as exc:
+        raise ValueError(str(exc).removeprefix(f"[{exc.code.value}] ")) from None
+
+
+class Outcome(_Model):
+    """How a child ended: a success value, an error, or cancelled. Its value is a JSON
+    value within the limits (R-8)."""
 
     model_config = _FROZEN
 
@@ -353,18 +576,26 @@ class Outcome(BaseModel):
     value: JsonValue = None
     error: ErrorInfo | None = None
 
+    @model_validator(mode="after")
+    def _within_limits(self) -> Outcome:
+        if self.value is not None:
+            _as_value_error(lambda v: limits.check_json(v, what="outcome value"), self.value)
+        return self
+
     @classmethod
     def success(cls, value: JsonValue = None) -> Outcome:
-        """Raises: InvalidEnvelope when ``value`` is not strict JSON."""
-        return cls(status="success", value=normalize_json(value))
+        """Raises: InvalidEnvelope when ``value`` is not strict JSON within the limits."""
+        return cls(status="success", value=normalize_json(value, what="outcome value"))
 
     @classmethod
     def failure(
         cls, type: str, message: str, data: JsonValue = None, code: int | None = None
     ) -> Outcome:
+        """Raises: InvalidEnvelope when a field is over the limits (R-8)."""
+        data = normalize_json(data, what="failure data")
+        _check_failure(type, message, data)
         return cls(
-            status="error",
-            error=ErrorInfo(type=type, message=message, data=normalize_json(data), code=code),
+            status="error", error=ErrorInfo(type=type, message=message, data=data, code=code)
         )
 
     @classmethod
@@ -376,7 +607,7 @@ class Outcome(BaseModel):
         return self.status == "success"
 
 
-class Settlement(BaseModel):
+class Settlement(_Model):
     """Rank ``rank`` of a group: which child settled ``rank``-th and how (G-15)."""
 
     model_config = _FROZEN

@@ -40,8 +40,10 @@ from effecthost.contract import (
     WakePolicy,
     WiredController,
     canonical_json,
+    coerce_disposition,
     group_shape_error,
     is_host_kind,
+    require_handle,
     sleep_durations,
     sleep_seconds,
 )
@@ -392,11 +394,13 @@ class MemoryEffectHost(WiredController):
                 with this controller's payload policy (no key store, no such key, unknown
                 cipher, wrong slot, tampered); the handle does not advance and nothing
                 recorded changes (G-49).
+            MalformedHandle: ``handle`` is not a valid handle; checked first (R-2).
             PayloadShredded: the key of the outcome's scope was destroyed (G-50); the
                 handle does not advance.
             PayloadMissing: the outcome is stored by reference and the payload is gone
                 (G-47); the handle does not advance.
         """
+        require_handle(handle)
         self._require_wired(handle.group_key)
         recorded = self._groups.get(handle.group_key)
         if recorded is not None and recorded.closed:  # GroupClosed before HandleMismatch (R-2)
@@ -455,6 +459,7 @@ class MemoryEffectHost(WiredController):
     async def close_effect_group(
         self, handle: GroupHandle, disposition: LoserPolicy | None = None
     ) -> None:
+        disposition = coerce_disposition(require_handle(handle).group_key, disposition)
         self._require_wired(handle.group_key)
         if handle.group_key in self._retired:
             return  # a close of a closed or retired group is a no-op (R-2, R-4)

@@ -23,7 +23,9 @@ from effecthost.contract import (
     Settlement,
     UnknownGroup,
     WiredController,
+    coerce_disposition,
     group_shape_error,
+    require_handle,
     sleep_durations,
 )
 from effecthost.payloads import PayloadPolicy, decode_outcome, event_value
@@ -148,6 +150,7 @@ class GroupObjectClient(WiredController):
     async def close_effect_group(
         self, handle: GroupHandle, disposition: LoserPolicy | None = None
     ) -> None:
+        disposition = coerce_disposition(require_handle(handle).group_key, disposition)
         self._require_wired(handle.group_key)
         body = {**_handle_doc(handle), "close_with": disposition.value if disposition else None}
         _raise_refusal(await self._call(handle.group_key, "close", body))

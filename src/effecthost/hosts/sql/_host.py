@@ -72,7 +72,9 @@ from effecthost.contract import (
     Settlement,
     UnknownGroup,
     WiredController,
+    coerce_disposition,
     group_shape_error,
+    require_handle,
     sleep_durations,
 )
 from effecthost.payloads import (
@@ -1053,6 +1055,7 @@ class SqlEffectHost(WiredController):
     async def close_effect_group(
         self, handle: GroupHandle, disposition: LoserPolicy | None = None
     ) -> None:
+        disposition = coerce_disposition(require_handle(handle).group_key, disposition)
         with self._refusing_input(handle.group_key):
             await self._close(handle, disposition)
 

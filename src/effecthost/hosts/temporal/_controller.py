@@ -36,7 +36,9 @@ from effecthost.contract import (
     Settlement,
     UnknownGroup,
     WiredController,
+    coerce_disposition,
     group_shape_error,
+    require_handle,
     sleep_durations,
 )
 from effecthost.hosts import require
@@ -383,6 +385,7 @@ class TemporalEffectHost(WiredController):
     ) -> None:
         """An update (validated: narrowing only); a signal when the run's update budget
         is spent; on a finished run, checks narrowing against the record (G-26)."""
+        disposition = coerce_disposition(require_handle(handle).group_key, disposition)
         key = handle.group_key
         self._require_wired(key)
         target = disposition.value if disposition is not None else None
