@@ -67,7 +67,7 @@ async def _refused_twice(
     return first.value
 
 
-@pytest.mark.parametrize("value", [{"seconds": -1}, {"seconds": "soon"}, {}, {"seconds": 10**400}])
+@pytest.mark.parametrize("value", [{"seconds": -1}, {"seconds": "soon"}, {}, {"seconds": [1]}])
 async def test_invalid_sleep_refuses_the_open_before_anything_is_recorded(
     host: MemoryEffectHost, value: Any
 ) -> None:

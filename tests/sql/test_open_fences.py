@@ -152,8 +152,8 @@ async def test_invalid_sleep_is_refused_before_anything_is_written(
 ) -> None:
     """G-10, R-6: a ``sleep`` whose input is not a finite, non-negative number refuses
     the open with ``InvalidEnvelope`` naming the child; no table changes; it repeats."""
-    if value == {"seconds": float("inf")}:
-        with pytest.raises(InvalidEnvelope):
+    if value in ({"seconds": float("inf")}, {"seconds": 10**400}):
+        with pytest.raises(InvalidEnvelope):  # the contract's limits (R-8) refuse it first
             _sleep("bad", value)
         return
     group = _group("s:group:sleep:0", _tool("s.t"), _sleep("s.bad", value))
@@ -310,32 +310,31 @@ async def test_concurrent_first_opens_with_other_inputs_are_one_open(db: Db) -> 
 async def test_values_the_database_refuses_are_typed_and_record_nothing(
     db: Db, host: SqlEffectHost, where: str
 ) -> None:
-    """SPEC §7, G-10: a NUL byte in a key or name (PostgreSQL refuses it in text) is a
-    typed ``InvalidEnvelope`` naming the group only, never the driver's error; nothing is
-    recorded; it repeats. Awaiting or closing such a key is typed too. (SQLite stores a
-    NUL byte: there the open is recorded like any other.)"""
+    """SPEC §7, R-8: a NUL byte in a key or name (PostgreSQL refuses it in text) is a
+    typed ``InvalidEnvelope`` before anything reaches the database: the contract refuses
+    the envelope or the group, and a host asked for such a key by another door
+    (``deliver_event``) refuses it too, naming no driver error; nothing is recorded."""
     bad = "nul\x00byte"
     key = f"v:group:{bad}:0" if where == "group key" else "v:group:ok:0"
-    child = EffectEnvelope(
-        replay_key=bad if where == "replay key" else "v.child",
-        kind=EffectKind.AWAIT_EVENT,
-        name=bad if where == "name" else "go",
-        input=None,
-    )
-    group = _group(key, child)
-    if db.kind == "sqlite":
-        await host.close_effect_group(await host.open_effect_group(group), LoserPolicy.CANCEL)
-        return
-    error = await _refused_twice(db, host, group, InvalidEnvelope)
-    assert error.group_key == key and "0x00" not in str(error)
-    assert error.__cause__ is None and error.__suppress_context__
     tables = await db.tables()
-    with pytest.raises(InvalidEnvelope if where == "group key" else UnknownGroup):
-        await host.await_next_settlement(group.handle())
-    with pytest.raises(InvalidEnvelope if where == "group key" else UnknownGroup):
-        await host.close_effect_group(group.handle())
-    with pytest.raises(InvalidEnvelope if where == "group key" else UnknownGroup):
-        await host.deliver_event(key, "go")
+    with pytest.raises(InvalidEnvelope) as refused:
+        _group(
+            key,
+            EffectEnvelope(
+                replay_key=bad if where == "replay key" else "v.child",
+                kind=EffectKind.AWAIT_EVENT,
+                name=bad if where == "name" else "go",
+                input=None,
+            ),
+        )
+    assert "\x00" not in str(refused.value)
+    if where == "group key":
+        with pytest.raises(InvalidEnvelope) as delivered:
+            await host.deliver_event(key, "go")
+        assert delivered.value.__cause__ is None
+    if where == "name":
+        with pytest.raises((InvalidEnvelope, UnknownGroup)):
+            await host.deliver_event("v:group:ok:0", bad)
     assert await db.tables() == tables
 
 

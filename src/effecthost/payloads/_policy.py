@@ -22,6 +22,7 @@ from effecthost.contract import (
     canonical_json,
     normalize_json,
 )
+from effecthost.contract.limits import MAX_NAME_BYTES, check_key
 
 from ._sealing import FORMAT_PREFIX, SealedEnvelope, Sealer, looks_sealed, unreadable
 from ._store import PayloadRef, PayloadStore
@@ -111,8 +112,12 @@ def event_value(group_key: str, name: str, payload: Any) -> Any:
     relay foreign ciphertext as a string.
 
     Raises:
-        InvalidEnvelope: the payload is not strict JSON, or carries the shape.
+        InvalidEnvelope: the group key or the name is outside the contract's key limits
+            (R-8: empty, too long, a NUL or a lone surrogate), the payload is not strict
+            JSON, or it carries the shape.
     """
+    check_key(group_key, what="the group key of an event")
+    check_key(name, what="an event name", limit=MAX_NAME_BYTES, group_key=group_key)
     value = normalize_json(payload)
     if looks_sealed(value):
         raise InvalidEnvelope(
@@ -406,5 +411,5 @@ def _model_or_none(model: type[M], value: Any) -> M | None:
         return None
     try:
         return model.model_validate(value)
-    except (ValueError, TypeError, RecursionError):
+    except (EffectHostError, ValueError, TypeError, RecursionError):
         return None
