@@ -50,6 +50,7 @@ __all__ = [
     "Tombstone",
     "check_await",
     "check_close",
+    "check_cursor",
     "check_handle",
     "check_reopen",
     "first_unresolvable",
@@ -254,15 +255,26 @@ def check_await(key: str, handle: HandleLike, known: Known) -> GroupRecord:
     if isinstance(known, Tombstone) or known.closed:
         raise group_closed(key)
     check_handle(key, handle, known)
-    rank = handle.consumed + 1
-    if rank > known.child_count:
+    check_cursor(key, handle.consumed, known.child_count)
+    return known
+
+
+def check_cursor(key: str, consumed: int, child_count: int) -> int:
+    """The cursor's far side (G-20): the rank an await serves, ``consumed + 1``, once the
+    handle passed its fence (so ``child_count`` is the record's).
+
+    Raises:
+        CursorExhausted: ``consumed`` equals the child count; never clamped.
+    """
+    rank = consumed + 1
+    if rank > child_count:
         raise CursorExhausted(
-            f"group {key!r} has {known.child_count} children and the handle has "
+            f"group {key!r} has {child_count} children and the handle has "
             f"consumed them all; rank {rank} does not exist",
             group_key=key,
             rank=rank,
         )
-    return known
+    return rank
 
 
 def narrow(
