@@ -44,11 +44,13 @@ __all__ = [
     "GroupRecord",
     "HandleClaim",
     "HandleLike",
+    "Known",
     "Offer",
     "RankLedger",
     "RecordedChild",
     "Tombstone",
     "check_await",
+    "check_children",
     "check_close",
     "check_cursor",
     "check_handle",
@@ -356,6 +358,18 @@ def check_reopen(offer: Offer, known: Known, recorded: Iterable[RecordedChild] =
             f"{offer.child_count}, {offer.wake.value}, {offer.disposition.value}",
             group_key=offer.key,
         )
+    check_children(offer, recorded)
+    return True
+
+
+def check_children(offer: Offer, recorded: Iterable[RecordedChild]) -> None:
+    """The per-child fence of a reopen alone (G-02, R-7): each recorded child's replay
+    key and envelope hash against the offered one at its position; a position missing
+    from ``recorded`` is not compared.
+
+    Raises:
+        ReplayMismatch: the first position that differs; names it.
+    """
     by_position = {child.position: child for child in recorded}
     for position, (replay_key, digest) in enumerate(offer.children):
         child = by_position.get(position)
@@ -367,7 +381,6 @@ def check_reopen(offer: Offer, known: Known, recorded: Iterable[RecordedChild] =
                 replay_key=replay_key,
                 position=position,
             )
-    return True
 
 
 # -- first open ------------------------------------------------------------------------------
