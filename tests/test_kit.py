@@ -267,3 +267,18 @@ def test_no_executor_names_ids_only() -> None:
     assert isinstance(entry, NoExecutor)
     assert (entry.group_key, entry.replay_key, entry.position) == (KEY, "rk-a", 0)
     assert kit.RESOLVER_MISS in str(entry)
+
+
+def test_cursor_refuses_a_rank_below_one_from_engine_requests() -> None:
+    """G-20: an engine request naming rank 0 is refused, never served."""
+    with pytest.raises(CursorExhausted):
+        kit.check_cursor(KEY, -1, 2)
+    assert kit.check_cursor(KEY, 1, 2) == 2
+
+
+def test_replay_key_taken_names_both_groups() -> None:
+    """R-6."""
+    refused = kit.replay_key_taken(KEY, 1, "rk-a", "other:group:x:0")
+    assert isinstance(refused, ReplayMismatch)
+    assert (refused.group_key, refused.position, refused.replay_key) == (KEY, 1, "rk-a")
+    assert "other:group:x:0" in str(refused)

@@ -24,26 +24,37 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from ._controller import EffectExecutor, WiredController, first_unresolvable, group_shape_error
 from ._errors import (
     CursorExhausted,
     DispositionWidened,
     GroupClosed,
-    GroupShapeError,
     GroupShapeMismatch,
     HandleMismatch,
     NoExecutor,
     ReplayMismatch,
     UnknownGroup,
 )
-from ._kinds import is_host_kind
-from ._types import EffectEnvelope, EffectGroup, LoserPolicy, WakePolicy
+from ._kinds import is_host_kind, sleep_durations
+from ._types import (
+    EffectEnvelope,
+    EffectGroup,
+    GroupHandle,
+    LoserPolicy,
+    Settlement,
+    WakePolicy,
+    coerce_disposition,
+    require_handle,
+)
 
 __all__ = [
     "NO_RESOLVER",
     "RESOLVER_MISS",
+    "FirstOpen",
     "GroupRecord",
     "HandleClaim",
     "HandleLike",
+    "KitController",
     "Known",
     "Offer",
     "RankLedger",
@@ -61,6 +72,7 @@ __all__ = [
     "narrow",
     "next_rank",
     "no_executor",
+    "replay_key_taken",
     "resolve_first_open",
     "unknown_group",
 ]
@@ -193,13 +205,16 @@ def unknown_group(key: str) -> UnknownGroup:
     return UnknownGroup(f"no group is recorded under {key!r}", group_key=key)
 
 
-def group_shape_error(group: EffectGroup, position: int, child: EffectEnvelope) -> GroupShapeError:
-    """The refusal of a first open whose child at ``position`` has no executor (G-10)."""
-    return GroupShapeError(
-        f"no executor for child {child.replay_key!r} at position {position} of group "
-        f"{group.key!r} ({child.kind} {child.name!r}); nothing recorded",
-        group_key=group.key,
-        replay_key=child.replay_key,
+def replay_key_taken(
+    group_key: str, position: int, replay_key: str, holder: str | None
+) -> ReplayMismatch:
+    """The refusal of an open whose child reuses a replay key another group records
+    (R-6); names both group keys. The host records nothing."""
+    return ReplayMismatch(
+        f"child {replay_key!r} at position {position} of group {group_key!r}: the replay "
+        f"key is recorded for group {holder!r}",
+        group_key=group_key,
+        replay_key=replay_key,
         position=position,
     )
 
@@ -269,6 +284,12 @@ def check_cursor(key: str, consumed: int, child_count: int) -> int:
         CursorExhausted: ``consumed`` equals the child count; never clamped.
     """
     rank = consumed + 1
+    if rank < 1:  # an engine request naming no rank (a handle cannot: consumed >= 0)
+        raise CursorExhausted(
+            f"group {key!r} has {child_count} children; rank {rank} does not exist",
+            group_key=key,
+            rank=rank,
+        )
     if rank > child_count:
         raise CursorExhausted(
             f"group {key!r} has {child_count} children and the handle has "
@@ -386,22 +407,7 @@ def check_children(offer: Offer, recorded: Iterable[RecordedChild]) -> None:
 # -- first open ------------------------------------------------------------------------------
 
 T = TypeVar("T")
-Resolve = Callable[[EffectEnvelope], object | None]
 Skip = Callable[[int, EffectEnvelope], bool]
-
-
-def first_unresolvable(
-    group: EffectGroup, resolve: Resolve, *, skip: Skip | None = None
-) -> tuple[int, EffectEnvelope] | None:
-    """The first child (in position order) ``resolve`` answers ``None`` for, skipping
-    the kinds a host runs itself (``sleep``, ``await_event``: G-51) and what ``skip``
-    excludes; ``None`` when every child resolves (G-10)."""
-    for position, child in enumerate(group.children):
-        if is_host_kind(child) or (skip is not None and skip(position, child)):
-            continue
-        if resolve(child) is None:
-            return position, child
-    return None
 
 
 def resolve_first_open(
@@ -498,3 +504,162 @@ def next_rank(count: int, already_ranked: bool) -> int | None:
     """The rank rule on a host that keeps only a counter and a per-child mark: the
     next rank (``count + 1``), or ``None`` when the child already holds one."""
     return None if already_ranked else count + 1
+
+
+# -- a base for hosts whose engine lets the rules run in the controller ------------------------
+
+
+@dataclass(frozen=True)
+class FirstOpen:
+    """What :meth:`KitController.record_group` receives: the group, and its executors
+    in position order (``None`` for the kinds the host runs itself, G-51), every one
+    resolved before anything is recorded (G-10)."""
+
+    group: EffectGroup
+    executors: tuple[EffectExecutor | None, ...]
+
+
+class KitController(WiredController):
+    """A controller whose group methods are the kit's rules over a few engine hooks,
+    the way a SQLAlchemy dialect overrides a few hooks of ``DefaultDialect``.
+
+    It implements ``open_effect_group``, ``await_next_settlement``,
+    ``close_effect_group`` and ``settlement_order`` with R-2's order of refusals; a
+    subclass implements the hooks below (public names; each says when it is called and
+    what it must guarantee) and the methods the kit cannot know: ``deliver_event``,
+    ``open_group_keys``, ``drain``, and running the children it records.
+
+    The base checks, then acts: between :meth:`find_group` and the write that follows
+    nothing is locked. A host with concurrent writers to one group (several processes)
+    makes its writes conditional as the hooks require, or, like the SQL host, calls the
+    kit's functions inside its own transaction instead of using this base.
+    """
+
+    # -- hooks -------------------------------------------------------------------------
+
+    async def find_group(self, key: str) -> Known:
+        """What the host knows of ``key``: a :class:`GroupRecord`, a :class:`Tombstone`
+        (closed and retired; kept forever, R-4), or ``None`` (never recorded). Called
+        first by every group method after the wiring check, and again after each
+        :meth:`wait_for_change`. Must not write."""
+        raise NotImplementedError
+
+    async def recorded_children(self, key: str) -> Sequence[RecordedChild]:
+        """The recorded children of an unretired group (for the reopen fence, G-02).
+        Called only when :meth:`find_group` returned a record."""
+        raise NotImplementedError
+
+    async def replay_key_holder(self, replay_key: str) -> str | None:
+        """The key of the unretired group that records ``replay_key``, or ``None``
+        (R-6: replay keys are unique in the host's store). Called for each child of a
+        first open, before anything is recorded."""
+        raise NotImplementedError
+
+    def resolve_child(self, envelope: EffectEnvelope) -> EffectExecutor | None:
+        """A fresh executor for a ``tool_call`` child from the registered resolver
+        (G-09); ``None`` when it cannot run here. Called for every tool call of a first
+        open; override only to route differently, never to invent an outcome."""
+        return None if self._resolver is None else self._resolver.resolve(envelope)
+
+    async def record_group(self, opened: FirstOpen) -> bool:
+        """Record the group and all its children atomically, the group owned by this
+        incarnation, then start its children with ``opened.executors``; return once
+        recorded (G-08), not once a child settles. Return ``False`` and record nothing
+        when the key was recorded meanwhile (a concurrent first open, R-7): the base
+        then fences this open as a reopen. Called after every check of the open passed.
+
+        Raises:
+            ReplayMismatch: a replay key was taken meanwhile (R-6); nothing recorded.
+        """
+        raise NotImplementedError
+
+    async def resume_group(self, group: EffectGroup) -> None:
+        """A reopen passed its fences: make this incarnation the owner (R-1) and
+        dispatch the unsettled children nobody runs, resolving only those; a child the
+        resolver cannot run stays unsettled (G-11). The default does nothing (an engine
+        that runs its children itself)."""
+
+    async def read_rank(self, key: str, rank: int) -> Settlement | None:
+        """Rank ``rank`` of ``key`` if it exists: the child holding the ``rank``-th
+        smallest settlement sequence (G-16), as recorded (G-15). Must not wait."""
+        raise NotImplementedError
+
+    async def wait_for_change(self, key: str, rank: int) -> None:
+        """Return once rank ``rank`` may exist or the group may have closed; spurious
+        returns are allowed (the base reads again), lost wake-ups are not: a change
+        that landed after the base's last read must end the wait (a bounded poll is
+        enough). Cancelling it must change nothing (G-19)."""
+        raise NotImplementedError
+
+    async def record_close(self, key: str, disposition: LoserPolicy) -> None:
+        """Mark the group closed with ``disposition`` in force (the kit already applied
+        the narrowing), keep its key closed forever (R-4), wake its waiters, and retire
+        it once every child has settled (G-36). Must be a no-op on a group closed
+        meanwhile."""
+        raise NotImplementedError
+
+    async def cancel_unsettled(self, key: str) -> None:
+        """Issue one idempotent cancel per unsettled child and return without waiting
+        for them to stop (G-27); each cancelled child still settles and takes a rank.
+        Called after :meth:`record_close` with ``CANCEL``."""
+        raise NotImplementedError
+
+    async def settled_positions(self, key: str) -> Sequence[int]:
+        """Positions in rank order so far (``settlement_order``, G-22)."""
+        raise NotImplementedError
+
+    # -- the rules ---------------------------------------------------------------------
+
+    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        self._require_wired(group.key)
+        sleep_durations(group)  # a malformed sleep is refused before anything (G-10)
+        offer = Offer.of(group)
+        for _attempt in range(2):  # a lost race to record the key is a reopen (R-7)
+            known = await self.find_group(group.key)
+            recorded = (
+                await self.recorded_children(group.key) if isinstance(known, GroupRecord) else ()
+            )
+            if check_reopen(offer, known, recorded):
+                await self.resume_group(group)
+                return group.handle()
+            for position, child in enumerate(group.children):
+                holder = await self.replay_key_holder(child.replay_key)
+                if holder is not None and holder != group.key:
+                    raise replay_key_taken(group.key, position, child.replay_key, holder)
+            executors = resolve_first_open(
+                group, self.resolve_child, skip=lambda _p, child: is_host_kind(child)
+            )
+            if await self.record_group(FirstOpen(group, tuple(executors))):
+                return group.handle()
+        raise RuntimeError(f"group {group.key!r}: record_group refused twice with no record")
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        key = require_handle(handle).group_key
+        self._require_wired(key)
+        rank = handle.consumed + 1
+        while True:
+            check_await(key, handle, await self.find_group(key))
+            settlement = await self.read_rank(key, rank)
+            if settlement is not None:
+                handle.consumed = rank
+                return settlement
+            await self.wait_for_change(key, rank)
+
+    async def close_effect_group(
+        self, handle: GroupHandle, disposition: LoserPolicy | None = None
+    ) -> None:
+        disposition = coerce_disposition(require_handle(handle).group_key, disposition)
+        key = handle.group_key
+        self._require_wired(key)
+        target = check_close(key, handle, await self.find_group(key), disposition)
+        if target is None:
+            return
+        await self.record_close(key, target)
+        if target is LoserPolicy.CANCEL:
+            await self.cancel_unsettled(key)
+
+    async def settlement_order(self, group_key: str) -> list[int]:
+        self._require_wired(group_key)
+        if not isinstance(await self.find_group(group_key), GroupRecord):
+            raise unknown_group(group_key)
+        return list(await self.settled_positions(group_key))

@@ -29,7 +29,6 @@ from effecthost.contract import (
     NoExecutor,
     Outcome,
     PayloadTooLarge,
-    ReplayMismatch,
     Settlement,
     WakePolicy,
     WiredController,
@@ -180,13 +179,7 @@ class MemoryEffectHost(WiredController):
         for position, child in enumerate(group.children):
             holder = self._replay_keys.get(child.replay_key)
             if holder is not None:
-                raise ReplayMismatch(
-                    f"child {child.replay_key!r} at position {position} of group "
-                    f"{group.key!r}: the replay key is recorded for group {holder!r}",
-                    group_key=group.key,
-                    replay_key=child.replay_key,
-                    position=position,
-                )
+                raise kit.replay_key_taken(group.key, position, child.replay_key, holder)
 
     def _resolve_all(self, group: EffectGroup) -> list[EffectExecutor]:
         """First open: resolve every child before recording anything (G-10)."""

@@ -138,14 +138,7 @@ def build_services(
         return None if held is None else str(held["group_key"])
 
     def replay_mismatch(key: str, position: int, rk: str, holder: str) -> dict[str, Any]:
-        return error(
-            "replay_mismatch",
-            f"child {rk!r} at position {position} of group {key!r}: the replay key is "
-            f"recorded for group {holder!r}",
-            group_key=key,
-            replay_key=rk,
-            position=position,
-        )
+        return _refusal(kit.replay_key_taken(key, position, rk, holder))
 
     # -- payload object ---------------------------------------------------------------
 

@@ -371,12 +371,8 @@ class SqlEffectHost(WiredController):
                     sent=stamp,
                 )
             except ReplayKeyTaken as taken:
-                raise ReplayMismatch(
-                    f"child {taken.replay_key!r} at position {taken.position} of group "
-                    f"{group.key!r}: the replay key is recorded for group {taken.holder!r}",
-                    group_key=group.key,
-                    replay_key=taken.replay_key,
-                    position=taken.position,
+                raise kit.replay_key_taken(
+                    group.key, taken.position, taken.replay_key, taken.holder
                 ) from None
         record = opened.group
         if record is None or record.state == "closed":  # a closed key stays closed
