@@ -122,7 +122,7 @@ class EffectGroupWorkflow:
         self._options: Json = dict(spec.get("options") or {})
         self._opener: str | None = spec.get("opener")
         self._settled: list[Json] = []
-        self._settled_positions: set[int] = set()
+        self._ledger = kit.RankLedger(len(self._children))  # first settlement wins
         self._events: dict[int, Any] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._closed = False
@@ -191,9 +191,8 @@ class EffectGroupWorkflow:
         self._settle(position, outcome)
 
     def _settle(self, position: int, outcome: Json) -> None:
-        if position in self._settled_positions:
-            return
-        self._settled_positions.add(position)
+        if self._ledger.settle(position) is None:
+            return  # the position holds a rank already: a duplicate takes none
         assign_rank(
             self._settled,
             {
@@ -206,7 +205,7 @@ class EffectGroupWorkflow:
     def _cancel_unsettled(self) -> list[str]:
         cancelled: list[str] = []
         for position, task in self._tasks.items():
-            if position not in self._settled_positions and not task.done():
+            if self._ledger.rank_of(position) is None and not task.done():
                 task.cancel()
                 cancelled.append(self._children[position]["envelope"]["replay_key"])
         return cancelled
@@ -279,7 +278,7 @@ class EffectGroupWorkflow:
             "unsettled": [
                 {"position": p, "envelope": c["envelope"]}
                 for p, c in enumerate(self._children)
-                if p not in self._settled_positions
+                if self._ledger.rank_of(p) is None
             ],
         }
 
@@ -398,7 +397,7 @@ class EffectGroupWorkflow:
             if (
                 envelope["kind"] == "await_event"
                 and envelope["name"] == name
-                and position not in self._settled_positions
+                and self._ledger.rank_of(position) is None
                 and position not in self._events
             ):
                 self._events[position] = payload
