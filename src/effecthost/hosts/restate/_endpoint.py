@@ -81,6 +81,20 @@ def _known(key: str, shape: dict[str, Any]) -> kit.GroupRecord:
     )
 
 
+async def _cancel_unsettled(ctx: Any) -> list[str]:
+    """One cancel per unsettled child's invocation, not awaited (G-27, G-41); the
+    replay keys it cancelled."""
+    cancelled: list[str] = []
+    for entry in await _get(ctx, "children") or []:
+        rk = entry["envelope"]["replay_key"]
+        if await _get(ctx, f"settled:{rk}") is None:
+            invocation = await _get(ctx, f"inv:{rk}")
+            if invocation:
+                ctx.cancel_invocation(invocation)
+                cancelled.append(rk)
+    return cancelled
+
+
 def _claim(req: dict[str, Any], consumed: int = 0) -> kit.HandleClaim:
     return kit.HandleClaim(req["child_count"], req["wake"], req["disposition"], consumed)
 
@@ -394,15 +408,7 @@ def build_services(
             return {"ok": True}
         shape = await _get(ctx, "shape")
         target = policy.value
-        cancelled: list[str] = []
-        if target == LoserPolicy.CANCEL.value:
-            for entry in await _get(ctx, "children") or []:
-                rk = entry["envelope"]["replay_key"]
-                if await _get(ctx, f"settled:{rk}") is None:
-                    invocation = await _get(ctx, f"inv:{rk}")
-                    if invocation:
-                        ctx.cancel_invocation(invocation)
-                        cancelled.append(rk)
+        cancelled = await _cancel_unsettled(ctx) if target == LoserPolicy.CANCEL.value else []
         waiters = await _get(ctx, "waiters") or {}
         for aids in waiters.values():
             for aid in aids:
@@ -429,13 +435,7 @@ def build_services(
             and shape.get("owner") == req.get("owner")
             and shape.get("incarnation") != req.get("incarnation")
         ):
-            for entry in await _get(ctx, "children") or []:
-                rk = entry["envelope"]["replay_key"]
-                if await _get(ctx, f"settled:{rk}") is None:
-                    invocation = await _get(ctx, f"inv:{rk}")
-                    if invocation:
-                        ctx.cancel_invocation(invocation)
-                        cancelled.append(rk)
+            cancelled = await _cancel_unsettled(ctx)
         return {"cancelled": cancelled}
 
     @group.handler()
