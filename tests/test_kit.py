@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from effecthost.contract import (
@@ -282,3 +284,30 @@ def test_replay_key_taken_names_both_groups() -> None:
     assert isinstance(refused, ReplayMismatch)
     assert (refused.group_key, refused.position, refused.replay_key) == (KEY, 1, "rk-a")
     assert "other:group:x:0" in str(refused)
+    assert "another group" in str(kit.replay_key_taken(KEY, 0, "rk-a", None))
+
+
+KIT_REFUSALS = (
+    "HandleMismatch(",
+    "CursorExhausted(",
+    "DispositionWidened(",
+    "GroupShapeMismatch(",
+    "GroupShapeError(",
+    "GroupClosed(",
+    "ReplayMismatch(",
+)
+
+
+def test_no_tier_builds_a_kit_refusal_itself() -> None:
+    """G-13, G-20, G-26, R-2, R-4: the fences live once, in the kit; a tier that raised one
+    of their refusals itself would be a second copy of the rule that can drift."""
+    import effecthost.hosts
+
+    root = Path(effecthost.hosts.__file__).parent
+    found = [
+        f"{path.relative_to(root)}:{number}"
+        for path in sorted(root.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if any(name in line for name in KIT_REFUSALS)
+    ]
+    assert not found, found

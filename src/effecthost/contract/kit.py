@@ -209,10 +209,12 @@ def replay_key_taken(
     group_key: str, position: int, replay_key: str, holder: str | None
 ) -> ReplayMismatch:
     """The refusal of an open whose child reuses a replay key another group records
-    (R-6); names both group keys. The host records nothing."""
+    (R-6); names both group keys (``holder`` is ``None`` when the store cannot say which
+    group). The host records nothing."""
+    other = "another group" if holder is None else f"group {holder!r}"
     return ReplayMismatch(
         f"child {replay_key!r} at position {position} of group {group_key!r}: the replay "
-        f"key is recorded for group {holder!r}",
+        f"key is recorded for {other}",
         group_key=group_key,
         replay_key=replay_key,
         position=position,

@@ -63,7 +63,6 @@ from effecthost.contract import (
     NoExecutor,
     Outcome,
     PayloadTooLarge,
-    ReplayMismatch,
     Settlement,
     WakePolicy,
     WiredController,
@@ -488,12 +487,7 @@ class SqlEffectHost(WiredController):
             kit.check_children(kit.Offer.of(group, hashes), _recorded(rows))
             if len(rows) != group.child_count:
                 taken = next(s for s in missing if s.position not in {r.position for r in rows})
-                raise ReplayMismatch(
-                    f"replay key {taken.replay_key!r} is recorded in another group",
-                    group_key=group.key,
-                    replay_key=taken.replay_key,
-                    position=taken.position,
-                )
+                raise kit.replay_key_taken(group.key, taken.position, taken.replay_key, None)
             if any(spec.sleep_seconds is not None for spec in missing):
                 self._timer_changed.set()
         for row in rows:

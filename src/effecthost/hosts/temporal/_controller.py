@@ -245,10 +245,10 @@ class TemporalEffectHost(WiredController):
         except WorkflowAlreadyStartedError:
             with contextlib.suppress(Exception):
                 await start.workflow_handle()  # consume the start operation's failure too
-            raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key) from None
+            raise kit.group_closed(group.key) from None
         except RPCError as exc:
             if exc.status == RPCStatusCode.ALREADY_EXISTS:
-                raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key) from None
+                raise kit.group_closed(group.key) from None
             raise
         self._expected[group.key] = True
         return group.handle()
@@ -326,7 +326,7 @@ class TemporalEffectHost(WiredController):
                 _raise_from(exc.cause, key)
             except RPCError as exc:
                 if exc.status == RPCStatusCode.NOT_FOUND:
-                    raise GroupClosed(f"group {key!r} was closed", group_key=key) from None
+                    raise kit.group_closed(key) from None
                 raise
         replay_key, position = doc["replay_key"], doc["position"]
         # Decoded before the handle advances: a refusal leaves the cursor (G-49).
