@@ -613,7 +613,7 @@ class KitController(WiredController):
     # -- the rules ---------------------------------------------------------------------
 
     async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
-        self._require_wired(group.key)
+        self.require_wired(group.key)
         sleep_durations(group)  # a malformed sleep is refused before anything (G-10)
         offer = Offer.of(group)
         for _attempt in range(2):  # a lost race to record the key is a reopen
@@ -637,7 +637,7 @@ class KitController(WiredController):
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
         key = require_handle(handle).group_key
-        self._require_wired(key)
+        self.require_wired(key)
         rank = handle.consumed + 1
         while True:
             check_await(key, handle, await self.find_group(key))
@@ -652,7 +652,7 @@ class KitController(WiredController):
     ) -> None:
         disposition = coerce_disposition(require_handle(handle).group_key, disposition)
         key = handle.group_key
-        self._require_wired(key)
+        self.require_wired(key)
         target = check_close(key, handle, await self.find_group(key), disposition)
         if target is None:
             return
@@ -661,7 +661,7 @@ class KitController(WiredController):
             await self.cancel_unsettled(key)
 
     async def settlement_order(self, group_key: str) -> list[int]:
-        self._require_wired(group_key)
+        self.require_wired(group_key)
         if not isinstance(await self.find_group(group_key), GroupRecord):
             raise unknown_group(group_key)
         return list(await self.settled_positions(group_key))
