@@ -312,8 +312,10 @@ class _EmptyDrain(GroupDrain):
 class WiredController(EffectController):
     """A controller whose group capability is exactly "a resolver is registered" (G-07).
 
-    Hosts inherit the wiring and the first-open resolution rule (G-10) from here, so every
-    tier answers these the same way.
+    Hosts inherit the wiring (:meth:`register_executors`, :meth:`supports_effect_groups`,
+    :meth:`require_wired`) and the first-open resolution rule (:meth:`first_unresolvable`,
+    G-10) from here, so every tier answers these the same way. The kit's
+    :class:`~effecthost.contract.kit.KitController` builds the group methods on it.
     """
 
     _resolver: GroupExecutors | None = None
@@ -325,8 +327,10 @@ class WiredController(EffectController):
     def supports_effect_groups(self) -> bool:
         return self._resolver is not None
 
-    def _require_wired(self, group_key: str) -> GroupExecutors:
-        """The registered resolver.
+    def require_wired(self, group_key: str) -> GroupExecutors:
+        """The registered resolver. A host calls it first in every group method, after
+        ``require_handle`` on await and close (R-2), so an unwired host refuses before it
+        reads anything.
 
         Raises:
             EffectGroupUnsupported: none is registered; the caller records nothing (G-07).
@@ -338,17 +342,27 @@ class WiredController(EffectController):
             )
         return self._resolver
 
+    def first_unresolvable(
+        self, group: EffectGroup, *, skip: Callable[[int, EffectEnvelope], bool] | None = None
+    ) -> tuple[int, EffectEnvelope] | None:
+        """The first child the registered resolver cannot run, skipping the kinds the
+        host runs itself (and whatever ``skip`` excludes); ``None`` when every child
+        resolves (G-10). For a host that must decide a first open's refusal before it
+        can tell whether the key is recorded (an engine tier)."""
+        resolver = self._resolver
+        if resolver is None:
+            return first_unresolvable(group, lambda _child: None, skip=skip)
+        return first_unresolvable(group, resolver.resolve, skip=skip)
+
+    def _require_wired(self, group_key: str) -> GroupExecutors:
+        """:meth:`require_wired`, under the name the tiers used before it was public."""
+        return self.require_wired(group_key)
+
     def _first_unresolvable(
         self, group: EffectGroup, *, skip: Callable[[int, EffectEnvelope], bool] | None = None
     ) -> tuple[int, EffectEnvelope] | None:
-        """The first child the resolver cannot run, skipping the kinds the host runs itself
-        (and whatever ``skip`` excludes); ``None`` when every child resolves (G-10)."""
-        for position, child in enumerate(group.children):
-            if is_host_kind(child) or (skip is not None and skip(position, child)):
-                continue
-            if self._resolver is None or self._resolver.resolve(child) is None:
-                return position, child
-        return None
+        """:meth:`first_unresolvable`, under its earlier name."""
+        return self.first_unresolvable(group, skip=skip)
 
 
 def group_shape_error(group: EffectGroup, position: int, child: EffectEnvelope) -> GroupShapeError:
@@ -360,6 +374,23 @@ def group_shape_error(group: EffectGroup, position: int, child: EffectEnvelope) 
         replay_key=child.replay_key,
         position=position,
     )
+
+
+def first_unresolvable(
+    group: EffectGroup,
+    resolve: Callable[[EffectEnvelope], object | None],
+    *,
+    skip: Callable[[int, EffectEnvelope], bool] | None = None,
+) -> tuple[int, EffectEnvelope] | None:
+    """The first child (in position order) ``resolve`` answers ``None`` for, skipping
+    the kinds a host runs itself (``sleep``, ``await_event``: G-51) and what ``skip``
+    excludes; ``None`` when every child resolves (G-10)."""
+    for position, child in enumerate(group.children):
+        if is_host_kind(child) or (skip is not None and skip(position, child)):
+            continue
+        if resolve(child) is None:
+            return position, child
+    return None
 
 
 def refuse_membership(envelope: EffectEnvelope) -> None:

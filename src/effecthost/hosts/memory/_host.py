@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from effecthost.contract import (
-    CursorExhausted,
-    DispositionWidened,
     DrainReport,
     EffectEnvelope,
     EffectExecutor,
@@ -24,25 +22,20 @@ from effecthost.contract import (
     EffectHostError,
     EffectKind,
     ExecutionInput,
-    GroupClosed,
     GroupDrain,
     GroupExecutors,
     GroupHandle,
-    GroupShapeMismatch,
-    HandleMismatch,
     LoserPolicy,
     NoExecutor,
     Outcome,
     PayloadTooLarge,
-    ReplayMismatch,
     Settlement,
-    UnknownGroup,
     WakePolicy,
     WiredController,
     canonical_json,
     coerce_disposition,
-    group_shape_error,
     is_host_kind,
+    kit,
     require_handle,
     sleep_durations,
     sleep_seconds,
@@ -96,6 +89,11 @@ class _Group:
     def child_count(self) -> int:
         return len(self.children)
 
+    def shape(self) -> kit.GroupRecord:
+        """The record as the kit's fences read it; ``closed`` is checked by the host's own
+        order of refusals (R-2)."""
+        return kit.GroupRecord(self.key, self.child_count, self.wake, self.declared, self.effective)
+
 
 class MemoryEffectHost(WiredController):
     """Reference host. ``supports_effect_groups()`` is true iff a resolver is registered.
@@ -143,11 +141,9 @@ class MemoryEffectHost(WiredController):
 
     async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
         self._require_wired(group.key)
-        if group.key in self._retired:
-            raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key)
         record = self._groups.get(group.key)
-        if record is not None and record.closed:
-            raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key)
+        if group.key in self._retired or (record is not None and record.closed):
+            raise kit.group_closed(group.key)  # R-4, first in R-2's order
         if record is None:
             self._check_sizes(group)
             sleep_durations(group)
@@ -183,23 +179,11 @@ class MemoryEffectHost(WiredController):
         for position, child in enumerate(group.children):
             holder = self._replay_keys.get(child.replay_key)
             if holder is not None:
-                raise ReplayMismatch(
-                    f"child {child.replay_key!r} at position {position} of group "
-                    f"{group.key!r}: the replay key is recorded for group {holder!r}",
-                    group_key=group.key,
-                    replay_key=child.replay_key,
-                    position=position,
-                )
+                raise kit.replay_key_taken(group.key, position, child.replay_key, holder)
 
     def _resolve_all(self, group: EffectGroup) -> list[EffectExecutor]:
         """First open: resolve every child before recording anything (G-10)."""
-        executors: list[EffectExecutor] = []
-        for position, child in enumerate(group.children):
-            executor = self._resolve(child)
-            if executor is None:
-                raise group_shape_error(group, position, child)
-            executors.append(executor)
-        return executors
+        return [e for e in kit.resolve_first_open(group, self._resolve) if e is not None]
 
     def _record_group(self, group: EffectGroup) -> _Group:
         record = _Group(
@@ -218,26 +202,8 @@ class MemoryEffectHost(WiredController):
 
     def _fence_reopen(self, record: _Group, group: EffectGroup) -> None:
         """Reopen is fenced on shape (G-13) and on each child's hash (G-02)."""
-        if (record.child_count, record.wake, record.declared) != (
-            group.child_count,
-            group.wake,
-            group.disposition,
-        ):
-            raise GroupShapeMismatch(
-                f"group {group.key!r} is recorded with {record.child_count} children, wake "
-                f"{record.wake.value}, disposition {record.declared.value}; reopened with "
-                f"{group.child_count}, {group.wake.value}, {group.disposition.value}",
-                group_key=group.key,
-            )
-        for child, envelope in zip(record.children, group.children, strict=True):
-            if child.hash != envelope.envelope_hash() or child.replay_key != envelope.replay_key:
-                raise ReplayMismatch(
-                    f"child at position {child.position} of group {group.key!r} is recorded "
-                    f"as {child.replay_key!r} with another envelope hash",
-                    group_key=group.key,
-                    replay_key=envelope.replay_key,
-                    position=child.position,
-                )
+        recorded = [kit.RecordedChild(c.position, c.replay_key, c.hash) for c in record.children]
+        kit.check_reopen(kit.Offer.of(group), record.shape(), recorded)
 
     # -- children -----------------------------------------------------------------------
 
@@ -361,26 +327,13 @@ class MemoryEffectHost(WiredController):
     # -- consume ------------------------------------------------------------------------
 
     def _lookup(self, handle: GroupHandle) -> _Group:
-        record = self._groups.get(handle.group_key)
+        """*hook*: the record a handle names, after the handle's fence (G-20); a closed
+        record is returned (the callers order ``GroupClosed`` themselves, R-2)."""
+        key = handle.group_key
+        record = self._groups.get(key)
         if record is None:
-            if handle.group_key in self._retired:
-                raise GroupClosed(
-                    f"group {handle.group_key!r} was closed", group_key=handle.group_key
-                )
-            raise UnknownGroup(
-                f"no group is recorded under {handle.group_key!r}", group_key=handle.group_key
-            )
-        if (handle.child_count, handle.wake, handle.disposition) != (
-            record.child_count,
-            record.wake,
-            record.declared,
-        ):
-            raise HandleMismatch(
-                f"handle for {handle.group_key!r} claims {handle.child_count} children, wake "
-                f"{handle.wake.value}, disposition {handle.disposition.value}; the group has "
-                f"{record.child_count}, {record.wake.value}, {record.declared.value}",
-                group_key=handle.group_key,
-            )
+            raise kit.group_closed(key) if key in self._retired else kit.unknown_group(key)
+        kit.check_handle(key, handle, record.shape())
         return record
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
@@ -404,16 +357,9 @@ class MemoryEffectHost(WiredController):
         self._require_wired(handle.group_key)
         recorded = self._groups.get(handle.group_key)
         if recorded is not None and recorded.closed:  # GroupClosed before HandleMismatch (R-2)
-            raise GroupClosed(f"group {recorded.key!r} was closed", group_key=recorded.key)
+            raise kit.group_closed(recorded.key)
         record = self._lookup(handle)
-        rank = handle.consumed + 1
-        if rank > record.child_count:
-            raise CursorExhausted(
-                f"group {record.key!r} has {record.child_count} children and the handle has "
-                f"consumed them all; rank {rank} does not exist",
-                group_key=record.key,
-                rank=rank,
-            )
+        rank = kit.check_cursor(record.key, handle.consumed, record.child_count)
         while (child := self._settled_at_rank(record, rank)) is None:
             changed = record.changed
             record.parked[rank] += 1
@@ -422,7 +368,7 @@ class MemoryEffectHost(WiredController):
             finally:
                 record.parked[rank] -= 1
             if record.closed:
-                raise GroupClosed(f"group {record.key!r} was closed", group_key=record.key)
+                raise kit.group_closed(record.key)
         if child.stored is not None:
             # A refusal raises here: nothing recorded changes and the handle stays (G-49).
             outcome = await decode_outcome(
@@ -446,9 +392,7 @@ class MemoryEffectHost(WiredController):
         self._require_wired(group_key)
         record = self._groups.get(group_key)
         if record is None:
-            raise UnknownGroup(
-                f"no open group is recorded under {group_key!r}", group_key=group_key
-            )
+            raise kit.unknown_group(group_key)
         return [child.position for child in record.settled]
 
     async def open_group_keys(self) -> list[str]:
@@ -480,14 +424,7 @@ class MemoryEffectHost(WiredController):
         self, group_key: str, current: LoserPolicy, requested: LoserPolicy | None
     ) -> LoserPolicy:
         """*hook*: a close may narrow ``RUN_TO_COMPLETION`` to ``CANCEL``, never widen."""
-        target = requested or current
-        if current is LoserPolicy.CANCEL and target is LoserPolicy.RUN_TO_COMPLETION:
-            raise DispositionWidened(
-                f"group {group_key!r} declares CANCEL; a close cannot widen it to "
-                "RUN_TO_COMPLETION",
-                group_key=group_key,
-            )
-        return target
+        return kit.narrow(group_key, current, requested)
 
     def _request_cancel(self, record: _Group, child: _Child) -> None:
         """One cancel per unsettled child; does not wait for it to stop (G-27)."""
@@ -514,7 +451,7 @@ class MemoryEffectHost(WiredController):
         if record is None:
             if group_key in self._retired:
                 return 0
-            raise UnknownGroup(f"no group is recorded under {group_key!r}", group_key=group_key)
+            raise kit.unknown_group(group_key)
         reached = 0
         for child in record.children:
             if (
@@ -583,13 +520,13 @@ class _MemoryDrain(GroupDrain):
                     continue
                 ids = (record.key, child.replay_key)
                 if host._resolver is None:
-                    missing.append(_no_executor(record, child, "no resolver is registered"))
+                    missing.append(_no_executor(record, child, kit.NO_RESOLVER))
                 elif record.effective is LoserPolicy.CANCEL:
                     child.cancel_requested = True
                     host._finalize(record, child, child.fence, Outcome.cancelled())
                     cancelled.append(ids)
                 elif (executor := host._resolve(child.envelope)) is None:
-                    missing.append(_no_executor(record, child, "the resolver returned None"))
+                    missing.append(_no_executor(record, child, kit.RESOLVER_MISS))
                 else:
                     host._dispatch(record, child, executor)
                     resumed.append(ids)
@@ -599,10 +536,4 @@ class _MemoryDrain(GroupDrain):
 
 
 def _no_executor(record: _Group, child: _Child, why: str) -> NoExecutor:
-    return NoExecutor(
-        f"child {child.replay_key!r} at position {child.position} of group {record.key!r} "
-        f"cannot run here: {why}",
-        group_key=record.key,
-        replay_key=child.replay_key,
-        position=child.position,
-    )
+    return kit.no_executor(record.key, child.replay_key, child.position, why)

@@ -25,6 +25,7 @@ from effecthost.contract import (
     WiredController,
     coerce_disposition,
     group_shape_error,
+    kit,
     require_handle,
     sleep_durations,
 )
@@ -159,9 +160,7 @@ class GroupObjectClient(WiredController):
         self._require_wired(group_key)
         described = await self._call(group_key, "describe")
         if not described.get("recorded"):
-            raise UnknownGroup(
-                f"no open group is recorded under {group_key!r}", group_key=group_key
-            )
+            raise kit.unknown_group(group_key)
         return list(described["order"])
 
     async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:

@@ -15,6 +15,7 @@ from effecthost.contract import (
     GroupHandle,
     NoExecutor,
     is_host_kind,
+    kit,
 )
 from effecthost.hosts import require
 from effecthost.payloads import PayloadPolicy
@@ -128,18 +129,11 @@ class _RestateDrain(GroupDrain):
                     continue
                 why = None
                 if ctl._resolver is None:
-                    why = "no resolver is registered"
+                    why = kit.NO_RESOLVER
                 elif not is_host_kind(envelope) and ctl._resolver.resolve(envelope) is None:
-                    why = "the resolver returned None"
+                    why = kit.RESOLVER_MISS
                 if why is not None:
-                    position = envelope.membership.position if envelope.membership else None
-                    missing.append(
-                        NoExecutor(
-                            f"child {envelope.replay_key!r} at position {position} of group "
-                            f"{key!r} cannot run here: {why}",
-                            group_key=key,
-                            replay_key=envelope.replay_key,
-                            position=position,
-                        )
-                    )
+                    assert envelope.membership is not None  # a recorded child of the group
+                    position = envelope.membership.position
+                    missing.append(kit.no_executor(key, envelope.replay_key, position, why))
         return DrainReport(cancelled=tuple(cancelled), no_executor=tuple(missing))

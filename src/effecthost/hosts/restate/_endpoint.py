@@ -30,6 +30,7 @@ from typing import Any
 
 from effecthost.contract import (
     EffectEnvelope,
+    EffectHostError,
     EffectKind,
     ExecutionInput,
     GroupExecutors,
@@ -37,6 +38,7 @@ from effecthost.contract import (
     NoExecutor,
     Outcome,
     canonical_json,
+    kit,
     sleep_seconds,
 )
 from effecthost.hosts import require
@@ -59,23 +61,42 @@ async def _get(ctx: Any, name: str) -> Any:
     return await ctx.get(name)
 
 
-def _shape_matches(shape: dict[str, Any], req: dict[str, Any]) -> bool:
-    return bool(
-        shape["child_count"] == req["child_count"]
-        and shape["wake"] == req["wake"]
-        and shape["declared"] == req["disposition"]
+def _refusal(exc: EffectHostError) -> dict[str, Any]:
+    """A kit refusal as a handler returns it (the client raises the same error again)."""
+    return error(
+        exc.code.value,
+        exc.message,
+        group_key=exc.group_key,
+        replay_key=exc.replay_key,
+        position=exc.position,
+        rank=exc.rank,
     )
 
 
-def _narrow(group_key: str, current: str, requested: str | None) -> str | dict[str, Any]:
-    target = requested or current
-    if current == LoserPolicy.CANCEL.value and target == LoserPolicy.RUN_TO_COMPLETION.value:
-        return error(
-            "disposition_widened",
-            f"group {group_key!r} declares CANCEL; a close cannot widen it to RUN_TO_COMPLETION",
-            group_key=group_key,
-        )
-    return target
+def _known(key: str, shape: dict[str, Any]) -> kit.GroupRecord:
+    """The group object's ``shape`` as the kit's fences read it (an unretired group;
+    close replaces the state with a tombstone)."""
+    return kit.GroupRecord(
+        key, shape["child_count"], shape["wake"], shape["declared"], shape["effective"]
+    )
+
+
+async def _cancel_unsettled(ctx: Any) -> list[str]:
+    """One cancel per unsettled child's invocation, not awaited (G-27, G-41); the
+    replay keys it cancelled."""
+    cancelled: list[str] = []
+    for entry in await _get(ctx, "children") or []:
+        rk = entry["envelope"]["replay_key"]
+        if await _get(ctx, f"settled:{rk}") is None:
+            invocation = await _get(ctx, f"inv:{rk}")
+            if invocation:
+                ctx.cancel_invocation(invocation)
+                cancelled.append(rk)
+    return cancelled
+
+
+def _claim(req: dict[str, Any], consumed: int = 0) -> kit.HandleClaim:
+    return kit.HandleClaim(req["child_count"], req["wake"], req["disposition"], consumed)
 
 
 def build_services(
@@ -131,14 +152,7 @@ def build_services(
         return None if held is None else str(held["group_key"])
 
     def replay_mismatch(key: str, position: int, rk: str, holder: str) -> dict[str, Any]:
-        return error(
-            "replay_mismatch",
-            f"child {rk!r} at position {position} of group {key!r}: the replay key is "
-            f"recorded for group {holder!r}",
-            group_key=key,
-            replay_key=rk,
-            position=position,
-        )
+        return _refusal(kit.replay_key_taken(key, position, rk, holder))
 
     # -- payload object ---------------------------------------------------------------
 
@@ -164,33 +178,31 @@ def build_services(
     @group.handler()
     async def open(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
         key = ctx.key()
-        if await _get(ctx, "tombstone") is not None:
-            return error("group_closed", f"group {key!r} was closed", group_key=key)
-        shape = await _get(ctx, "shape")
         envelopes: list[dict[str, Any]] = req["children"]
         hashes: list[str] = req["hashes"]
+        offer = kit.Offer(
+            key,
+            req["child_count"],
+            req["wake"],
+            req["disposition"],
+            tuple((e["replay_key"], h) for e, h in zip(envelopes, hashes, strict=True)),
+        )
+        if await _get(ctx, "tombstone") is not None:
+            return _refusal(kit.group_closed(key))
+        shape = await _get(ctx, "shape")
         if shape is not None:
-            if not _shape_matches(shape, req):
-                return error(
-                    "group_shape_mismatch",
-                    f"group {key!r} is recorded with {shape['child_count']} children, wake "
-                    f"{shape['wake']}, disposition {shape['declared']}; reopened with "
-                    f"{req['child_count']}, {req['wake']}, {req['disposition']}",
-                    group_key=key,
-                )
             recorded = await _get(ctx, "children") or []
-            for position, (old, envelope, digest) in enumerate(
-                zip(recorded, envelopes, hashes, strict=True)
-            ):
-                if old["hash"] != digest or old["envelope"]["replay_key"] != envelope["replay_key"]:
-                    return error(
-                        "replay_mismatch",
-                        f"child at position {position} of group {key!r} is recorded as "
-                        f"{old['envelope']['replay_key']!r} with another envelope hash",
-                        group_key=key,
-                        replay_key=envelope["replay_key"],
-                        position=position,
-                    )
+            try:
+                kit.check_reopen(
+                    offer,
+                    _known(key, shape),
+                    [
+                        kit.RecordedChild(p, c["envelope"]["replay_key"], c["hash"])
+                        for p, c in enumerate(recorded)
+                    ],
+                )
+            except EffectHostError as exc:
+                return _refusal(exc)
             shape["owner"] = req.get("owner")
             shape["incarnation"] = req.get("incarnation")
             ctx.set("shape", shape)
@@ -303,27 +315,13 @@ def build_services(
         waiters.setdefault(str(rank), []).append(aid)
         ctx.set("waiters", waiters)
 
-    async def check_handle(
-        ctx: restate.ObjectSharedContext | restate.ObjectContext, req: dict[str, Any]
-    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    async def known(ctx: restate.ObjectSharedContext | restate.ObjectContext) -> kit.Known:
+        """What the group object knows of its key: the record, a tombstone, or nothing."""
         key = ctx.key()
         shape = await _get(ctx, "shape")
-        if shape is None:
-            tomb = await _get(ctx, "tombstone")
-            if tomb is not None:
-                return None, error("group_closed", f"group {key!r} was closed", group_key=key)
-            return None, error(
-                "unknown_group", f"no group is recorded under {key!r}", group_key=key
-            )
-        if not _shape_matches(shape, req):
-            return None, error(
-                "handle_mismatch",
-                f"handle for {key!r} claims {req['child_count']} children, wake "
-                f"{req['wake']}, disposition {req['disposition']}; the group has "
-                f"{shape['child_count']}, {shape['wake']}, {shape['declared']}",
-                group_key=key,
-            )
-        return shape, None
+        if shape is not None:
+            return _known(key, shape)
+        return kit.Tombstone(key) if await _get(ctx, "tombstone") is not None else None
 
     async def materialize(
         ctx: restate.ObjectSharedContext, rank: int, record: dict[str, Any]
@@ -345,19 +343,11 @@ def build_services(
     async def await_rank(ctx: restate.ObjectSharedContext, req: dict[str, Any]) -> dict[str, Any]:
         """Read rank ``consumed + 1`` first; otherwise park on an awakeable the exclusive
         handler resolves. Never holds the object's lock (G-39)."""
-        shape, refusal = await check_handle(ctx, req)
-        if refusal is not None:
-            return refusal
-        assert shape is not None
         rank = int(req["rank"])
-        if rank > shape["child_count"]:
-            return error(
-                "cursor_exhausted",
-                f"group {ctx.key()!r} has {shape['child_count']} children and the handle has "
-                f"consumed them all; rank {rank} does not exist",
-                group_key=ctx.key(),
-                rank=rank,
-            )
+        try:
+            kit.check_await(ctx.key(), _claim(req, rank - 1), await known(ctx))  # R-2
+        except EffectHostError as exc:
+            return _refusal(exc)
         record = await _get(ctx, f"rank:{rank}")
         if record is None:
             # The shared handler sees a snapshot: the waker hands over the record itself.
@@ -365,7 +355,7 @@ def build_services(
             ctx.object_send(register_waiter, ctx.key(), {"rank": rank, "awakeable": aid})
             signal = await woken
             if signal.get("closed"):
-                return error("group_closed", f"group {ctx.key()!r} was closed", group_key=ctx.key())
+                return _refusal(kit.group_closed(ctx.key()))
             record = signal["record"]
         return await materialize(ctx, rank, record)
 
@@ -410,24 +400,15 @@ def build_services(
         """Idempotent; narrows only; under CANCEL issues one cancel per unsettled child and
         returns without awaiting them; deletes the state, keeping a tombstone (G-41)."""
         key = ctx.key()
-        if await _get(ctx, "tombstone") is not None:
-            return {"ok": True}  # a close of a closed group is a no-op (R-2, R-4)
-        shape, refusal = await check_handle(ctx, req)
-        if refusal is not None:
-            return refusal
-        assert shape is not None
-        target = _narrow(key, shape["effective"], req.get("close_with"))
-        if isinstance(target, dict):
-            return target
-        cancelled: list[str] = []
-        if target == LoserPolicy.CANCEL.value:
-            for entry in await _get(ctx, "children") or []:
-                rk = entry["envelope"]["replay_key"]
-                if await _get(ctx, f"settled:{rk}") is None:
-                    invocation = await _get(ctx, f"inv:{rk}")
-                    if invocation:
-                        ctx.cancel_invocation(invocation)
-                        cancelled.append(rk)
+        try:  # a close of a closed group is a no-op (R-2, R-4)
+            policy = kit.check_close(key, _claim(req), await known(ctx), req.get("close_with"))
+        except EffectHostError as exc:
+            return _refusal(exc)
+        if policy is None:
+            return {"ok": True}
+        shape = await _get(ctx, "shape")
+        target = policy.value
+        cancelled = await _cancel_unsettled(ctx) if target == LoserPolicy.CANCEL.value else []
         waiters = await _get(ctx, "waiters") or {}
         for aids in waiters.values():
             for aid in aids:
@@ -454,13 +435,7 @@ def build_services(
             and shape.get("owner") == req.get("owner")
             and shape.get("incarnation") != req.get("incarnation")
         ):
-            for entry in await _get(ctx, "children") or []:
-                rk = entry["envelope"]["replay_key"]
-                if await _get(ctx, f"settled:{rk}") is None:
-                    invocation = await _get(ctx, f"inv:{rk}")
-                    if invocation:
-                        ctx.cancel_invocation(invocation)
-                        cancelled.append(rk)
+            cancelled = await _cancel_unsettled(ctx)
         return {"cancelled": cancelled}
 
     @group.handler()

@@ -48,8 +48,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from effecthost.contract import (
-    CursorExhausted,
-    DispositionWidened,
     DrainReport,
     EffectEnvelope,
     EffectExecutor,
@@ -57,23 +55,20 @@ from effecthost.contract import (
     EffectHostError,
     EffectKind,
     ExecutionInput,
-    GroupClosed,
     GroupDrain,
     GroupExecutors,
     GroupHandle,
-    GroupShapeMismatch,
-    HandleMismatch,
     InvalidEnvelope,
     LoserPolicy,
     NoExecutor,
     Outcome,
     PayloadTooLarge,
-    ReplayMismatch,
     Settlement,
-    UnknownGroup,
+    WakePolicy,
     WiredController,
     coerce_disposition,
-    group_shape_error,
+    is_host_kind,
+    kit,
     require_handle,
     sleep_durations,
 )
@@ -356,8 +351,7 @@ class SqlEffectHost(WiredController):
         def fence(record: GroupRow, rows: tuple[ChildRow, ...]) -> None:
             # a reopen (or the loser of a concurrent first open), before it takes the
             # group over: a refused reopen changes no owner
-            self._fence_shape(record, group)
-            self._fence_children(group, hashes, rows)
+            kit.check_reopen(kit.Offer.of(group, hashes), _known(record), _recorded(rows))
 
         stamp = Sent()
         before = time.monotonic()
@@ -376,16 +370,12 @@ class SqlEffectHost(WiredController):
                     sent=stamp,
                 )
             except ReplayKeyTaken as taken:
-                raise ReplayMismatch(
-                    f"child {taken.replay_key!r} at position {taken.position} of group "
-                    f"{group.key!r}: the replay key is recorded for group {taken.holder!r}",
-                    group_key=group.key,
-                    replay_key=taken.replay_key,
-                    position=taken.position,
+                raise kit.replay_key_taken(
+                    group.key, taken.position, taken.replay_key, taken.holder
                 ) from None
         record = opened.group
         if record is None or record.state == "closed":  # a closed key stays closed (R-4)
-            raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key)
+            raise kit.group_closed(group.key)
         self._owned.add(group.key)  # this incarnation is the caller now (R-1)
         if self._keeper_idle:
             self._keeper_changed.set()
@@ -451,55 +441,14 @@ class SqlEffectHost(WiredController):
         ]
 
     def _resolve_all(self, group: EffectGroup) -> list[EffectExecutor | None]:
-        """First open: resolve every child before recording anything (G-10)."""
-        executors: list[EffectExecutor | None] = []
-        for position, child in enumerate(group.children):
-            if child.kind in (EffectKind.SLEEP, EffectKind.AWAIT_EVENT):
-                executors.append(None)  # the host runs these itself (G-51)
-                continue
-            executor = self._resolve(child)
-            if executor is None:
-                raise group_shape_error(group, position, child)
-            executors.append(executor)
-        return executors
+        """First open: resolve every child before recording anything (G-10); the host
+        runs ``sleep`` and ``await_event`` itself (G-51)."""
+        return kit.resolve_first_open(group, self._resolve, skip=lambda _p, c: is_host_kind(c))
 
     def _resolve(self, envelope: EffectEnvelope) -> EffectExecutor | None:
         if self._resolver is None:
             return None
         return self._resolver.resolve(envelope)
-
-    @staticmethod
-    def _fence_shape(record: GroupRow, group: EffectGroup) -> None:
-        """Reopen is fenced on shape (G-13)."""
-        if (record.child_count, record.wake, record.disposition) != (
-            group.child_count,
-            group.wake.value,
-            group.disposition.value,
-        ):
-            raise GroupShapeMismatch(
-                f"group {group.key!r} is recorded with {record.child_count} children, wake "
-                f"{record.wake}, disposition {record.disposition}; reopened with "
-                f"{group.child_count}, {group.wake.value}, {group.disposition.value}",
-                group_key=group.key,
-            )
-
-    @staticmethod
-    def _fence_children(group: EffectGroup, hashes: list[str], rows: tuple[ChildRow, ...]) -> None:
-        """Reopen is fenced on each recorded child's position, replay key and hash (G-02,
-        R-7): the loser of a concurrent first open is refused here like any reopen."""
-        recorded = {row.position: row for row in rows}
-        for position, envelope in enumerate(group.children):
-            row = recorded.get(position)
-            if row is not None and (
-                row.replay_key != envelope.replay_key or row.envelope_hash != hashes[position]
-            ):
-                raise ReplayMismatch(
-                    f"child at position {position} of group {group.key!r} is recorded as "
-                    f"{row.replay_key!r} with another envelope hash",
-                    group_key=group.key,
-                    replay_key=envelope.replay_key,
-                    position=position,
-                )
 
     def _start_children(
         self,
@@ -535,15 +484,10 @@ class SqlEffectHost(WiredController):
             await self.store.insert_children(group.key, missing, self.owner, self.lease_ttl)
             rows = tuple(await self.store.children(group.key))
             hashes = [spec.envelope_hash for spec in specs]
-            self._fence_children(group, hashes, rows)
+            kit.check_children(kit.Offer.of(group, hashes), _recorded(rows))
             if len(rows) != group.child_count:
                 taken = next(s for s in missing if s.position not in {r.position for r in rows})
-                raise ReplayMismatch(
-                    f"replay key {taken.replay_key!r} is recorded in another group",
-                    group_key=group.key,
-                    replay_key=taken.replay_key,
-                    position=taken.position,
-                )
+                raise kit.replay_key_taken(group.key, taken.position, taken.replay_key, None)
             if any(spec.sleep_seconds is not None for spec in missing):
                 self._timer_changed.set()
         for row in rows:
@@ -894,23 +838,9 @@ class SqlEffectHost(WiredController):
 
     # -- consume --------------------------------------------------------------------------
 
-    def _check_handle(self, handle: GroupHandle, record: GroupRow) -> None:
-        if (handle.child_count, handle.wake.value, handle.disposition.value) != (
-            record.child_count,
-            record.wake,
-            record.disposition,
-        ):
-            raise HandleMismatch(
-                f"handle for {handle.group_key!r} claims {handle.child_count} children, wake "
-                f"{handle.wake.value}, disposition {handle.disposition.value}; the group has "
-                f"{record.child_count}, {record.wake}, {record.disposition}",
-                group_key=handle.group_key,
-            )
-
-    async def _missing(self, group_key: str) -> EffectHostError:
-        if await self.store.retired(group_key) is not None:
-            return GroupClosed(f"group {group_key!r} was closed", group_key=group_key)
-        return UnknownGroup(f"no group is recorded under {group_key!r}", group_key=group_key)
+    async def _tombstone(self, group_key: str) -> kit.Tombstone | None:
+        """What the host knows of a key with no group row: closed and retired, or never."""
+        return kit.Tombstone(group_key) if await self.store.retired(group_key) else None
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
         with self._refusing_input(handle.group_key):
@@ -920,7 +850,6 @@ class SqlEffectHost(WiredController):
         self._require_wired(handle.group_key)
         await self._ready()
         rank = handle.consumed + 1
-        checked = False
         adopt_at = time.monotonic() + self.renew_every
         while True:
             waiter = self._waiter(handle.group_key)  # taken before the read: no lost wake-up
@@ -929,29 +858,19 @@ class SqlEffectHost(WiredController):
                 if fresh is not None:
                     # nothing of this group has committed yet, and only this host's leases
                     # can commit it: wait for that commit (or the bound) without a read
-                    self._check_handle(handle, fresh)
-                    checked = True
+                    kit.check_handle(handle.group_key, handle, _known(fresh))
                     await self._sleep(waiter)
                     self._fresh.pop(handle.group_key, None)
                     continue
                 # rank n is sequence n: dense, commit-ordered sequences (see the module doc)
                 read = await self._read_rank(handle.group_key, rank)
-                if read is None:
-                    raise await self._missing(handle.group_key)
-                if read.group.state == "closed":  # before the handle's fence (R-2)
-                    raise GroupClosed(
-                        f"group {handle.group_key!r} was closed", group_key=handle.group_key
-                    )
-                if not checked:
-                    self._check_handle(handle, read.group)
-                    checked = True
-                if rank > read.group.child_count:
-                    raise CursorExhausted(
-                        f"group {handle.group_key!r} has {read.group.child_count} children and "
-                        f"the handle has consumed them all; rank {rank} does not exist",
-                        group_key=handle.group_key,
-                        rank=rank,
-                    )
+                known = (
+                    _known(read.group)
+                    if read is not None
+                    else await self._tombstone(handle.group_key)
+                )
+                kit.check_await(handle.group_key, handle, known)  # R-2's order
+                assert read is not None
                 if read.replay_key is not None and read.outcome is not None:
                     assert read.position is not None
                     # decoded before the handle advances: a refusal leaves it (G-49)
@@ -1036,9 +955,7 @@ class SqlEffectHost(WiredController):
         self._require_wired(group_key)
         await self._ready()
         if await self.store.get_group(group_key) is None:
-            raise UnknownGroup(
-                f"no open group is recorded under {group_key!r}", group_key=group_key
-            )
+            raise kit.unknown_group(group_key)
         return await self.store.settlement_order(group_key)
 
     async def open_group_keys(self) -> list[str]:
@@ -1069,16 +986,13 @@ class SqlEffectHost(WiredController):
         def decide(record: GroupRow | None, tombstone: str | None) -> str | None:
             """Refusals raise before anything is written; ``None``: nothing to write."""
             nonlocal target, already
-            if record is None:
-                if tombstone is None:
-                    raise UnknownGroup(f"no group is recorded under {key!r}", group_key=key)
-                return None  # retired: a later close is a no-op (R-4)
-            self._check_handle(handle, record)
-            if record.state == "closed":
-                already = True  # a close of a closed group is a no-op (R-2, R-4)
-                return None
-            target = self._narrow(key, LoserPolicy(record.effective), disposition)
-            return target.value
+            if record is not None:
+                known: kit.Known = _known(record)
+            else:
+                known = kit.Tombstone(key) if tombstone is not None else None
+            target = kit.check_close(key, handle, known, disposition)  # R-2, R-4
+            already = target is None and record is not None
+            return None if target is None else target.value
 
         # closed, and retired in the same transaction when every child has settled
         _record, recorded, done = await self.store.close_group(key, decide)
@@ -1097,17 +1011,6 @@ class SqlEffectHost(WiredController):
         if target is LoserPolicy.CANCEL:
             await self._cancel_unsettled(key)
         await self._maybe_retire(key)
-
-    @staticmethod
-    def _narrow(group_key: str, current: LoserPolicy, requested: LoserPolicy | None) -> LoserPolicy:
-        target = requested or current
-        if current is LoserPolicy.CANCEL and target is LoserPolicy.RUN_TO_COMPLETION:
-            raise DispositionWidened(
-                f"group {group_key!r} declares CANCEL; a close cannot widen it to "
-                "RUN_TO_COMPLETION",
-                group_key=group_key,
-            )
-        return target
 
     async def _cancel_unsettled(self, group_key: str) -> None:
         """The cancels are durable (``cancel_requested``); act on them where this host can:
@@ -1143,7 +1046,7 @@ class SqlEffectHost(WiredController):
         if record is None:
             if await self.store.retired(group_key) is not None:
                 return 0
-            raise UnknownGroup(f"no group is recorded under {group_key!r}", group_key=group_key)
+            raise kit.unknown_group(group_key)
         reached = 0
         for row in await self.store.children(group_key):
             if row.kind == EffectKind.AWAIT_EVENT and row.name == name and row.state != "settled":
@@ -1188,7 +1091,7 @@ class SqlDrain(GroupDrain):
         for row in await host.store.unfinished():
             ids = (row.group_key, row.replay_key)
             if host._resolver is None:
-                missing.append(_no_executor(row, "no resolver is registered"))
+                missing.append(_no_executor(row, kit.NO_RESOLVER))
                 continue
             if row.replay_key in host._drivers or not row.lease_expired:
                 continue
@@ -1216,7 +1119,7 @@ class SqlDrain(GroupDrain):
             envelope = EffectEnvelope.model_validate(json.loads(row.envelope))
             executor = host._resolve(envelope)
             if executor is None:
-                missing.append(_no_executor(row, "the resolver returned None"))
+                missing.append(_no_executor(row, kit.RESOLVER_MISS))
             elif await host._claim_and_dispatch(envelope, executor):
                 resumed.append(ids)
         return DrainReport(
@@ -1232,10 +1135,20 @@ class SqlDrain(GroupDrain):
 
 
 def _no_executor(row: ChildRow, why: str) -> NoExecutor:
-    return NoExecutor(
-        f"child {row.replay_key!r} at position {row.position} of group {row.group_key!r} "
-        f"cannot run here: {why}",
-        group_key=row.group_key,
-        replay_key=row.replay_key,
-        position=row.position,
+    return kit.no_executor(row.group_key, row.replay_key, row.position, why)
+
+
+def _known(record: GroupRow) -> kit.GroupRecord:
+    """A group row as the kit's fences read it."""
+    return kit.GroupRecord(
+        record.group_key,
+        record.child_count,
+        WakePolicy(record.wake),
+        LoserPolicy(record.disposition),
+        LoserPolicy(record.effective),
+        closed=record.state == "closed",
     )
+
+
+def _recorded(rows: tuple[ChildRow, ...]) -> list[kit.RecordedChild]:
+    return [kit.RecordedChild(r.position, r.replay_key, r.envelope_hash) for r in rows]

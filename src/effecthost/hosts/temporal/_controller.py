@@ -38,6 +38,7 @@ from effecthost.contract import (
     WiredController,
     coerce_disposition,
     group_shape_error,
+    kit,
     require_handle,
     sleep_durations,
 )
@@ -244,10 +245,10 @@ class TemporalEffectHost(WiredController):
         except WorkflowAlreadyStartedError:
             with contextlib.suppress(Exception):
                 await start.workflow_handle()  # consume the start operation's failure too
-            raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key) from None
+            raise kit.group_closed(group.key) from None
         except RPCError as exc:
             if exc.status == RPCStatusCode.ALREADY_EXISTS:
-                raise GroupClosed(f"group {group.key!r} was closed", group_key=group.key) from None
+                raise kit.group_closed(group.key) from None
             raise
         self._expected[group.key] = True
         return group.handle()
@@ -300,20 +301,11 @@ class TemporalEffectHost(WiredController):
                 result: dict[str, Any] = await self._handle(key).query(query, args=list(args))
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
-                raise UnknownGroup(f"no group is recorded under {key!r}", group_key=key) from None
+                raise kit.unknown_group(key) from None
             raise
         except WorkflowQueryFailedError as exc:
             raise UnknownGroup(f"group {key!r} cannot be read: {exc}", group_key=key) from None
         return result
-
-    def _check_handle(self, handle: GroupHandle, shape: list[Any]) -> None:
-        ours = [handle.child_count, handle.wake.value, handle.disposition.value]
-        if ours != list(shape):
-            raise HandleMismatch(
-                f"handle for {handle.group_key!r} claims {ours[0]} children, wake {ours[1]}, "
-                f"disposition {ours[2]}; the group has {shape[0]}, {shape[1]}, {shape[2]}",
-                group_key=handle.group_key,
-            )
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
         """Query first; otherwise one waiting update per rank, with a deterministic id,
@@ -324,16 +316,7 @@ class TemporalEffectHost(WiredController):
         # The rank is in the query's name: nothing for the worker to decode, so a caller
         # with other codec keys fails here, caller-side, and records nothing (G-49).
         state = await self._query(key, f"{READ_QUERY}{rank}", rank=rank)
-        if state["closed"]:  # before the handle's own fence (R-2)
-            raise GroupClosed(f"group {key!r} was closed", group_key=key)
-        self._check_handle(handle, state["shape"])
-        if rank > handle.child_count:
-            raise CursorExhausted(
-                f"group {key!r} has {handle.child_count} children and the handle has "
-                f"consumed them all; rank {rank} does not exist",
-                group_key=key,
-                rank=rank,
-            )
+        kit.check_await(key, handle, _record(key, state))  # R-2's order
         doc = state["settlement"]
         if doc is None:
             try:
@@ -343,7 +326,7 @@ class TemporalEffectHost(WiredController):
                 _raise_from(exc.cause, key)
             except RPCError as exc:
                 if exc.status == RPCStatusCode.NOT_FOUND:
-                    raise GroupClosed(f"group {key!r} was closed", group_key=key) from None
+                    raise kit.group_closed(key) from None
                 raise
         replay_key, position = doc["replay_key"], doc["position"]
         # Decoded before the handle advances: a refusal leaves the cursor (G-49).
@@ -398,15 +381,13 @@ class TemporalEffectHost(WiredController):
         except RPCError as exc:
             if exc.status == RPCStatusCode.RESOURCE_EXHAUSTED:
                 state = await self._query(key, "status")
-                self._check_handle(handle, state["shape"])
-                if not state["closed"]:
-                    _check_narrowing(key, state["effective"], target)
+                if kit.check_close(key, handle, _record(key, state), target) is not None:
                     await wf.signal(EffectGroupWorkflow.close_signal, target)
             elif exc.status == RPCStatusCode.NOT_FOUND:
                 # Not found, or the run already finished (closed and retired: a later
                 # close is a no-op, R-4); the handle is still compared with the record.
                 state = await self._query(key, "status")
-                self._check_handle(handle, state["shape"])
+                kit.check_close(key, handle, _record(key, state), target)
             else:
                 raise
         self._expected[key] = False
@@ -423,9 +404,7 @@ class TemporalEffectHost(WiredController):
                 raise
             if await self._exists(group_key):
                 return 0  # the run finished: no child can take the event
-            raise UnknownGroup(
-                f"no group is recorded under {group_key!r}", group_key=group_key
-            ) from None
+            raise kit.unknown_group(group_key) from None
         return reached
 
     # -- inspection ---------------------------------------------------------------------
@@ -489,7 +468,7 @@ class _TemporalDrain(GroupDrain):
                 continue
             if host._resolver is None:
                 for child in status["unsettled"]:
-                    missing.append(_no_executor(key, child, "no resolver is registered"))
+                    missing.append(_no_executor(key, child, kit.NO_RESOLVER))
                 continue
             if (
                 not status["closed"]
@@ -509,7 +488,7 @@ class _TemporalDrain(GroupDrain):
                 if envelope.kind in (EffectKind.SLEEP, EffectKind.AWAIT_EVENT):
                     engine_owned += 1
                 elif host._resolver.resolve(envelope) is None:
-                    missing.append(_no_executor(key, child, "the resolver returned None"))
+                    missing.append(_no_executor(key, child, kit.RESOLVER_MISS))
                 else:
                     engine_owned += 1
         return DrainReport(
@@ -568,22 +547,13 @@ def _stored_form(key: str, replay_key: str, rank: int, doc: Any) -> StoredOutcom
 
 
 def _no_executor(key: str, child: dict[str, Any], why: str) -> NoExecutor:
-    replay_key = child["envelope"]["replay_key"]
-    return NoExecutor(
-        f"child {replay_key!r} at position {child['position']} of group {key!r} cannot run "
-        f"here: {why}",
-        group_key=key,
-        replay_key=replay_key,
-        position=child["position"],
-    )
+    return kit.no_executor(key, child["envelope"]["replay_key"], child["position"], why)
 
 
-def _check_narrowing(key: str, current: str, requested: str | None) -> None:
-    if current == LoserPolicy.CANCEL.value and requested == LoserPolicy.RUN_TO_COMPLETION.value:
-        raise DispositionWidened(
-            f"group {key!r} declares CANCEL; a close cannot widen it to RUN_TO_COMPLETION",
-            group_key=key,
-        )
+def _record(key: str, state: dict[str, Any]) -> kit.GroupRecord:
+    """The group workflow's ``read``/``status`` answer as the kit's fences read it."""
+    count, wake, declared = state["shape"]
+    return kit.GroupRecord(key, count, wake, declared, state["effective"], state["closed"])
 
 
 def _raise_from(cause: BaseException | None, key: str) -> NoReturn:

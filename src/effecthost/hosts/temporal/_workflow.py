@@ -5,8 +5,9 @@ in position order, and a settlement takes rank ``len(settled) + 1`` at the momen
 watcher observes it (:func:`assign_rank`). History orders completions, so a replay
 re-derives the same ranks. No ``asyncio.wait``/``as_completed`` and no local activities.
 
-Only the standard library, ``temporalio`` and :mod:`._shared` are imported, so the
-module loads inside the workflow sandbox.
+Only the standard library, ``temporalio``, :mod:`._shared` and the contract's host kit
+(pure functions; ``effecthost`` passes through the sandbox) are imported, so the module
+loads inside the workflow sandbox. The fences of the validators are the kit's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from effecthost.contract import EffectHostError, kit
 from effecthost.hosts import require
 
 require("temporal", "temporal", "temporalio")
@@ -54,6 +56,18 @@ def assign_rank(settled: list[Json], settlement: Json) -> None:
 
 def _refuse(kind: str, message: str, **ids: Any) -> ApplicationError:
     return ApplicationError(message, error_details(**ids), type=kind, non_retryable=True)
+
+
+def _refusal(exc: EffectHostError) -> ApplicationError:
+    """A kit refusal as the workflow raises it (the caller raises the same error again)."""
+    return _refuse(
+        type(exc).__name__,
+        exc.message,
+        group_key=exc.group_key,
+        replay_key=exc.replay_key,
+        position=exc.position,
+        rank=exc.rank,
+    )
 
 
 def _failure(exc: ActivityError) -> Json:
@@ -108,7 +122,7 @@ class EffectGroupWorkflow:
         self._options: Json = dict(spec.get("options") or {})
         self._opener: str | None = spec.get("opener")
         self._settled: list[Json] = []
-        self._settled_positions: set[int] = set()
+        self._ledger = kit.RankLedger(len(self._children))  # first settlement wins
         self._events: dict[int, Any] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._closed = False
@@ -177,9 +191,8 @@ class EffectGroupWorkflow:
         self._settle(position, outcome)
 
     def _settle(self, position: int, outcome: Json) -> None:
-        if position in self._settled_positions:
-            return
-        self._settled_positions.add(position)
+        if self._ledger.settle(position) is None:
+            return  # the position holds a rank already: a duplicate takes none
         assign_rank(
             self._settled,
             {
@@ -192,7 +205,7 @@ class EffectGroupWorkflow:
     def _cancel_unsettled(self) -> list[str]:
         cancelled: list[str] = []
         for position, task in self._tasks.items():
-            if position not in self._settled_positions and not task.done():
+            if self._ledger.rank_of(position) is None and not task.done():
                 task.cancel()
                 cancelled.append(self._children[position]["envelope"]["replay_key"])
         return cancelled
@@ -209,30 +222,28 @@ class EffectGroupWorkflow:
     def _validate_open(self, fence: Json) -> None:
         """The shape fence (G-13) and each child's hash (G-02). A refusal here leaves
         nothing in history."""
-        if self._closed:
-            raise _refuse("GroupClosed", f"group {self._key!r} was closed", group_key=self._key)
-        recorded = (len(self._children), self._wake, self._declared)
-        asked = (fence["count"], fence["wake"], fence["disposition"])
-        if recorded != asked:
-            raise _refuse(
-                "GroupShapeMismatch",
-                f"group {self._key!r} is recorded with {recorded[0]} children, wake "
-                f"{recorded[1]}, disposition {recorded[2]}; reopened with {asked[0]}, "
-                f"{asked[1]}, {asked[2]}",
-                group_key=self._key,
-            )
-        for position, (child, (replay_key, digest)) in enumerate(
-            zip(self._children, fence["children"], strict=True)
-        ):
-            if child["envelope"]["replay_key"] != replay_key or child["hash"] != digest:
-                raise _refuse(
-                    "ReplayMismatch",
-                    f"child at position {position} of group {self._key!r} is recorded as "
-                    f"{child['envelope']['replay_key']!r} with another envelope hash",
-                    group_key=self._key,
-                    replay_key=replay_key,
-                    position=position,
-                )
+        offer = kit.Offer(
+            self._key, fence["count"], fence["wake"], fence["disposition"], fence["children"]
+        )
+        recorded = [
+            kit.RecordedChild(p, c["envelope"]["replay_key"], c["hash"])
+            for p, c in enumerate(self._children)
+        ]
+        try:
+            kit.check_reopen(offer, self._record(), recorded)
+        except EffectHostError as exc:
+            raise _refusal(exc) from None
+
+    def _record(self) -> kit.GroupRecord:
+        """What this run knows of its group, as the kit's fences read it."""
+        return kit.GroupRecord(
+            self._key,
+            len(self._children),
+            self._wake,  # type: ignore[arg-type]
+            self._declared,  # type: ignore[arg-type]
+            self._effective,  # type: ignore[arg-type]
+            closed=self._closed,
+        )
 
     # -- read ---------------------------------------------------------------------------
 
@@ -267,7 +278,7 @@ class EffectGroupWorkflow:
             "unsettled": [
                 {"position": p, "envelope": c["envelope"]}
                 for p, c in enumerate(self._children)
-                if p not in self._settled_positions
+                if self._ledger.rank_of(p) is None
             ],
         }
 
@@ -279,20 +290,18 @@ class EffectGroupWorkflow:
         await workflow.wait_condition(lambda: len(self._settled) >= rank or self._closed)
         if len(self._settled) >= rank:
             return self._settled[rank - 1]
-        raise _refuse("GroupClosed", f"group {self._key!r} was closed", group_key=self._key)
+        raise _refusal(kit.group_closed(self._key))
 
     @await_rank.validator
     def _validate_await_rank(self, rank: int) -> None:
-        if self._closed:
-            raise _refuse("GroupClosed", f"group {self._key!r} was closed", group_key=self._key)
-        if not 0 < rank <= len(self._children):
-            raise _refuse(
-                "CursorExhausted",
-                f"group {self._key!r} has {len(self._children)} children; rank {rank} "
-                "does not exist",
-                group_key=self._key,
-                rank=rank,
-            )
+        """The caller fenced its handle with a query; here the group is read again:
+        ``GroupClosed``, then the cursor (R-2)."""
+        record = self._record()
+        claim = kit.HandleClaim(record.child_count, record.wake, record.declared, rank - 1)
+        try:
+            kit.check_await(self._key, claim, record)
+        except EffectHostError as exc:
+            raise _refusal(exc) from None
 
     @workflow.update(dynamic=True)
     async def await_rank_by_name(self, name: str, args: Sequence[RawValue]) -> Json:
@@ -333,17 +342,6 @@ class EffectGroupWorkflow:
 
     # -- close --------------------------------------------------------------------------
 
-    def _target(self, requested: str | None) -> str:
-        target = requested or self._effective
-        if self._effective == "cancel" and target == "run_to_completion":
-            raise _refuse(
-                "DispositionWidened",
-                f"group {self._key!r} declares CANCEL; a close cannot widen it to "
-                "RUN_TO_COMPLETION",
-                group_key=self._key,
-            )
-        return target
-
     def _close(self, target: str) -> None:
         self._effective = target
         if not self._closed:
@@ -355,18 +353,12 @@ class EffectGroupWorkflow:
     def _close_target(self, disposition: str | None, shape: list[Any] | None) -> str | None:
         """R-2's order for a close: the handle's shape (G-20), then a closed group is a
         no-op (``None``; R-4), then the narrowing."""
-        recorded = [len(self._children), self._wake, self._declared]
-        if shape is not None and list(shape) != recorded:
-            raise _refuse(
-                "HandleMismatch",
-                f"handle for {self._key!r} claims {shape[0]} children, wake {shape[1]}, "
-                f"disposition {shape[2]}; the group has {recorded[0]}, {recorded[1]}, "
-                f"{recorded[2]}",
-                group_key=self._key,
-            )
-        if self._closed:
-            return None
-        return self._target(disposition)
+        claim = None if shape is None else kit.HandleClaim(shape[0], shape[1], shape[2])
+        try:
+            target = kit.check_close(self._key, claim, self._record(), disposition)
+        except EffectHostError as exc:
+            raise _refusal(exc) from None
+        return None if target is None else target.value
 
     @workflow.update(name="close")
     async def close(self, disposition: str | None, shape: list[Any] | None = None) -> None:
@@ -389,8 +381,8 @@ class EffectGroupWorkflow:
         if self._closed:
             return
         try:
-            target = self._target(disposition)
-        except ApplicationError:
+            target = kit.narrow(self._key, self._effective, disposition).value
+        except EffectHostError:
             target = self._effective
         self._close(target)
 
@@ -405,7 +397,7 @@ class EffectGroupWorkflow:
             if (
                 envelope["kind"] == "await_event"
                 and envelope["name"] == name
-                and position not in self._settled_positions
+                and self._ledger.rank_of(position) is None
                 and position not in self._events
             ):
                 self._events[position] = payload
