@@ -4,7 +4,7 @@ Imports only the standard library and pydantic, so a host for any engine can dep
 it without pulling in a tier.
 """
 
-from . import limits
+from . import kit, limits
 from ._controller import (
     DrainReport,
     EffectController,
@@ -67,6 +67,7 @@ from ._types import (
     normalize_json,
     require_handle,
 )
+from .kit import GroupRecord, HandleClaim, Offer, RankLedger, RecordedChild, Tombstone
 
 __all__ = [
     "CursorExhausted",
@@ -90,8 +91,10 @@ __all__ = [
     "GroupExecutors",
     "GroupHandle",
     "GroupMembership",
+    "GroupRecord",
     "GroupShapeError",
     "GroupShapeMismatch",
+    "HandleClaim",
     "HandleMismatch",
     "InvalidEnvelope",
     "JsonValue",
@@ -102,15 +105,19 @@ __all__ = [
     "MembershipUnsupported",
     "NoExecutor",
     "OccurrenceCounter",
+    "Offer",
     "Outcome",
     "PayloadMissing",
     "PayloadShredded",
     "PayloadTooLarge",
+    "RankLedger",
+    "RecordedChild",
     "ReplayMismatch",
     "RuntimeErrorCode",
     "SealedPayloadUnreadable",
     "Settlement",
     "StoreRefused",
+    "Tombstone",
     "ToolError",
     "ToolFunction",
     "ToolRegistry",
@@ -123,6 +130,7 @@ __all__ = [
     "group_key",
     "group_shape_error",
     "is_host_kind",
+    "kit",
     "limits",
     "normalize_json",
     "refuse_membership",

@@ -7,15 +7,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import kit
 from ._errors import (
     EffectGroupUnsupported,
     ExecutorConsumed,
-    GroupShapeError,
     InvalidEnvelope,
     MembershipUnsupported,
     NoExecutor,
 )
-from ._kinds import is_host_kind
 from ._types import (
     EffectEnvelope,
     EffectGroup,
@@ -343,23 +342,13 @@ class WiredController(EffectController):
     ) -> tuple[int, EffectEnvelope] | None:
         """The first child the resolver cannot run, skipping the kinds the host runs itself
         (and whatever ``skip`` excludes); ``None`` when every child resolves (G-10)."""
-        for position, child in enumerate(group.children):
-            if is_host_kind(child) or (skip is not None and skip(position, child)):
-                continue
-            if self._resolver is None or self._resolver.resolve(child) is None:
-                return position, child
-        return None
+        resolver = self._resolver
+        if resolver is None:
+            return kit.first_unresolvable(group, lambda _child: None, skip=skip)
+        return kit.first_unresolvable(group, resolver.resolve, skip=skip)
 
 
-def group_shape_error(group: EffectGroup, position: int, child: EffectEnvelope) -> GroupShapeError:
-    """The refusal of a first open whose child at ``position`` has no executor (G-10)."""
-    return GroupShapeError(
-        f"no executor for child {child.replay_key!r} at position {position} of group "
-        f"{group.key!r} ({child.kind} {child.name!r}); nothing recorded",
-        group_key=group.key,
-        replay_key=child.replay_key,
-        position=position,
-    )
+group_shape_error = kit.group_shape_error
 
 
 def refuse_membership(envelope: EffectEnvelope) -> None:

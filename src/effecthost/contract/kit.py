@@ -1,0 +1,475 @@
+"""The host kit: every engine-independent rule of the spec, once, for host authors.
+
+A host is engine glue (record a group, settle a child, read a rank, cancel, wake) around
+these rules. Each function here is pure: it reads a small frozen record of what the host
+knows about a key and either answers or raises the contract's typed error, so it runs the
+same in an async controller, a SQL transaction's decide callback, a Temporal workflow
+validator (deterministic, sandboxed) or a Restate exclusive handler. Nothing here does
+I/O, reads a clock or keeps state between calls (:class:`RankLedger` excepted, which holds
+only what its caller gives it).
+
+What a host knows about a key is one of three things:
+
+- ``None``: the key was never recorded (or the host cannot tell it from never);
+- a :class:`Tombstone`: the group was closed and retired, its record deleted (R-4);
+- a :class:`GroupRecord`: child count, wake, declared and in-force disposition, closed.
+
+The order of refusals on every method is R-2's; see ``docs/contract.md`` ("Writing a
+host: the kit") and ``docs/spec.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from ._errors import (
+    CursorExhausted,
+    DispositionWidened,
+    GroupClosed,
+    GroupShapeError,
+    GroupShapeMismatch,
+    HandleMismatch,
+    NoExecutor,
+    ReplayMismatch,
+    UnknownGroup,
+)
+from ._kinds import is_host_kind
+from ._types import EffectEnvelope, EffectGroup, LoserPolicy, WakePolicy
+
+__all__ = [
+    "NO_RESOLVER",
+    "RESOLVER_MISS",
+    "GroupRecord",
+    "HandleClaim",
+    "HandleLike",
+    "Offer",
+    "RankLedger",
+    "RecordedChild",
+    "Tombstone",
+    "check_await",
+    "check_close",
+    "check_handle",
+    "check_reopen",
+    "first_unresolvable",
+    "group_closed",
+    "group_shape_error",
+    "narrow",
+    "next_rank",
+    "no_executor",
+    "resolve_first_open",
+    "unknown_group",
+]
+
+NO_RESOLVER = "no resolver is registered"
+"""The ``NoExecutor`` reason of a drain on a host with no resolver at all (G-12)."""
+
+RESOLVER_MISS = "the resolver returned None"
+"""The ``NoExecutor`` reason of a child the registered resolver cannot run (G-11)."""
+
+
+# -- what a host knows ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """What a host has recorded for an unretired group.
+
+    ``wake``, ``declared`` and ``effective`` accept the enums or their string values (as
+    an engine's state stores them); they are held as the enums. ``effective`` is the
+    disposition in force (the declared one, or a narrower one a close recorded) and
+    defaults to ``declared``. ``closed`` is true once a close succeeded (R-4).
+    """
+
+    key: str
+    child_count: int
+    wake: WakePolicy
+    declared: LoserPolicy
+    effective: LoserPolicy | None = None
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "wake", WakePolicy(self.wake))
+        object.__setattr__(self, "declared", LoserPolicy(self.declared))
+        effective = self.declared if self.effective is None else LoserPolicy(self.effective)
+        object.__setattr__(self, "effective", effective)
+
+    @property
+    def in_force(self) -> LoserPolicy:
+        """The disposition in force (never ``None``)."""
+        assert self.effective is not None
+        return self.effective
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """A closed and retired key: its record is gone, the key stays closed forever (R-4)."""
+
+    key: str
+
+
+Known = GroupRecord | Tombstone | None
+"""What a host knows about a key: a record, a tombstone, or nothing."""
+
+
+class HandleLike(Protocol):
+    """What the fences read of a handle: a :class:`~effecthost.contract.GroupHandle`
+    satisfies it, and so does a :class:`HandleClaim` rebuilt from an engine's request."""
+
+    @property
+    def child_count(self) -> int: ...
+    @property
+    def wake(self) -> WakePolicy | str: ...
+    @property
+    def disposition(self) -> LoserPolicy | str: ...
+    @property
+    def consumed(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class HandleClaim:
+    """A handle's claims as engine code receives them (strings on the wire); for code
+    that holds no :class:`~effecthost.contract.GroupHandle`."""
+
+    child_count: int
+    wake: WakePolicy | str
+    disposition: LoserPolicy | str
+    consumed: int = 0
+
+
+@dataclass(frozen=True)
+class RecordedChild:
+    """One recorded child of a group: its position, replay key and envelope hash."""
+
+    position: int
+    replay_key: str
+    hash: str
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What an open asks for: the group's shape and each child's (replay key, hash) in
+    position order. :meth:`of` builds it from an :class:`EffectGroup`; engine code that
+    received the open as JSON builds it from the fields."""
+
+    key: str
+    child_count: int
+    wake: WakePolicy
+    disposition: LoserPolicy
+    children: tuple[tuple[str, str], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "wake", WakePolicy(self.wake))
+        object.__setattr__(self, "disposition", LoserPolicy(self.disposition))
+        object.__setattr__(self, "children", tuple((str(k), str(h)) for k, h in self.children))
+
+    @classmethod
+    def of(cls, group: EffectGroup, hashes: Sequence[str] | None = None) -> Offer:
+        """The offer of ``group``; ``hashes`` when the host already computed them."""
+        digests = hashes if hashes is not None else [c.envelope_hash() for c in group.children]
+        return cls(
+            key=group.key,
+            child_count=group.child_count,
+            wake=group.wake,
+            disposition=group.disposition,
+            children=tuple((c.replay_key, d) for c, d in zip(group.children, digests, strict=True)),
+        )
+
+
+# -- the refusals, built one way -------------------------------------------------------------
+
+
+def group_closed(key: str) -> GroupClosed:
+    """The refusal of an open or await of a closed key (R-4)."""
+    return GroupClosed(f"group {key!r} was closed", group_key=key)
+
+
+def unknown_group(key: str) -> UnknownGroup:
+    """The refusal of a key the host never recorded (G-20)."""
+    return UnknownGroup(f"no group is recorded under {key!r}", group_key=key)
+
+
+def group_shape_error(group: EffectGroup, position: int, child: EffectEnvelope) -> GroupShapeError:
+    """The refusal of a first open whose child at ``position`` has no executor (G-10)."""
+    return GroupShapeError(
+        f"no executor for child {child.replay_key!r} at position {position} of group "
+        f"{group.key!r} ({child.kind} {child.name!r}); nothing recorded",
+        group_key=group.key,
+        replay_key=child.replay_key,
+        position=position,
+    )
+
+
+def no_executor(group_key: str, replay_key: str, position: int, why: str) -> NoExecutor:
+    """A drain report entry for a child this host cannot run (G-11, G-12); ``why`` is
+    :data:`NO_RESOLVER` or :data:`RESOLVER_MISS`. Never raised at a caller."""
+    return NoExecutor(
+        f"child {replay_key!r} at position {position} of group {group_key!r} "
+        f"cannot run here: {why}",
+        group_key=group_key,
+        replay_key=replay_key,
+        position=position,
+    )
+
+
+# -- the fences ------------------------------------------------------------------------------
+
+
+def check_handle(key: str, handle: HandleLike, record: GroupRecord) -> None:
+    """The handle's fence (G-20): its child count, wake and disposition must be the
+    record's. The disposition compared is the declared one, not a narrower one a close
+    recorded.
+
+    Raises:
+        HandleMismatch: any of the three disagrees; names the group only.
+    """
+    claimed = (handle.child_count, WakePolicy(handle.wake), LoserPolicy(handle.disposition))
+    if claimed != (record.child_count, record.wake, record.declared):
+        raise HandleMismatch(
+            f"handle for {key!r} claims {claimed[0]} children, wake {claimed[1].value}, "
+            f"disposition {claimed[2].value}; the group has {record.child_count}, "
+            f"{record.wake.value}, {record.declared.value}",
+            group_key=key,
+        )
+
+
+def check_await(key: str, handle: HandleLike, known: Known) -> GroupRecord:
+    """R-2's order for ``await_next_settlement`` once the handle passed its own checks
+    (``require_handle``) and the host is wired: ``UnknownGroup`` → ``GroupClosed`` →
+    ``HandleMismatch`` → ``CursorExhausted``. Returns the record when rank
+    ``handle.consumed + 1`` may be served; the host then reads or waits for it.
+
+    A host that wakes a parked waiter re-reads and calls this again, so a close while
+    it waited is ``GroupClosed`` (R-4).
+
+    Raises:
+        UnknownGroup: ``known`` is ``None``.
+        GroupClosed: a tombstone, or a closed record.
+        HandleMismatch: see :func:`check_handle`.
+        CursorExhausted: ``handle.consumed`` equals the child count; never clamped.
+    """
+    if known is None:
+        raise unknown_group(key)
+    if isinstance(known, Tombstone) or known.closed:
+        raise group_closed(key)
+    check_handle(key, handle, known)
+    rank = handle.consumed + 1
+    if rank > known.child_count:
+        raise CursorExhausted(
+            f"group {key!r} has {known.child_count} children and the handle has "
+            f"consumed them all; rank {rank} does not exist",
+            group_key=key,
+            rank=rank,
+        )
+    return known
+
+
+def narrow(
+    key: str, in_force: LoserPolicy | str, requested: LoserPolicy | str | None
+) -> LoserPolicy:
+    """The narrowing rule (G-26, R-3): the disposition a close records. ``None`` keeps
+    the one in force; ``RUN_TO_COMPLETION`` may narrow to ``CANCEL``, never the reverse.
+
+    Raises:
+        DispositionWidened: ``CANCEL`` is in force and ``RUN_TO_COMPLETION`` asked.
+    """
+    current = LoserPolicy(in_force)
+    target = current if requested is None else LoserPolicy(requested)
+    if current is LoserPolicy.CANCEL and target is LoserPolicy.RUN_TO_COMPLETION:
+        raise DispositionWidened(
+            f"group {key!r} declares CANCEL; a close cannot widen it to RUN_TO_COMPLETION",
+            group_key=key,
+        )
+    return target
+
+
+def check_close(
+    key: str, handle: HandleLike | None, known: Known, requested: LoserPolicy | str | None
+) -> LoserPolicy | None:
+    """R-2's order for ``close_effect_group`` once the handle passed its own checks and
+    the disposition was coerced (``coerce_disposition``): the disposition to record, or
+    ``None`` when the close is a no-op.
+
+    A tombstone is a no-op whatever is asked (R-4: nothing is recorded, so nothing is
+    widened). A closed record is a no-op once the handle passed its fence (G-20). With
+    ``handle=None`` (an engine history recorded before handles were sent) the handle's
+    fence is skipped.
+
+    Raises:
+        UnknownGroup: ``known`` is ``None``.
+        HandleMismatch: see :func:`check_handle`.
+        DispositionWidened: see :func:`narrow`.
+    """
+    if known is None:
+        raise unknown_group(key)
+    if isinstance(known, Tombstone):
+        return None
+    if handle is not None:
+        check_handle(key, handle, known)
+    if known.closed:
+        return None
+    return narrow(key, known.in_force, requested)
+
+
+def check_reopen(offer: Offer, known: Known, recorded: Iterable[RecordedChild] = ()) -> bool:
+    """R-2's order for ``open_effect_group`` on what the host knows of the key, after
+    the wiring: ``GroupClosed`` → ``GroupShapeMismatch`` → ``ReplayMismatch``. Returns
+    ``False`` for a first open (nothing recorded: the host then resolves every child,
+    :func:`resolve_first_open`, and checks R-6 on its store) and ``True`` for a reopen
+    that passed its fences (G-11: it refuses nothing for a resolver miss).
+
+    ``recorded`` are the recorded children; a position missing from it (a group an older
+    release recorded partly) is not compared.
+
+    Raises:
+        GroupClosed: a tombstone or a closed record (R-4).
+        GroupShapeMismatch: another child count, wake or declared disposition (G-13);
+            compared with the declared disposition, not a narrowed one.
+        ReplayMismatch: a recorded child's replay key or envelope hash differs from the
+            offered one at its position (G-02, R-7); names the position.
+    """
+    if known is None:
+        return False
+    if isinstance(known, Tombstone) or known.closed:
+        raise group_closed(offer.key)
+    if (known.child_count, known.wake, known.declared) != (
+        offer.child_count,
+        offer.wake,
+        offer.disposition,
+    ):
+        raise GroupShapeMismatch(
+            f"group {offer.key!r} is recorded with {known.child_count} children, wake "
+            f"{known.wake.value}, disposition {known.declared.value}; reopened with "
+            f"{offer.child_count}, {offer.wake.value}, {offer.disposition.value}",
+            group_key=offer.key,
+        )
+    by_position = {child.position: child for child in recorded}
+    for position, (replay_key, digest) in enumerate(offer.children):
+        child = by_position.get(position)
+        if child is not None and (child.replay_key != replay_key or child.hash != digest):
+            raise ReplayMismatch(
+                f"child at position {position} of group {offer.key!r} is recorded as "
+                f"{child.replay_key!r} with another envelope hash",
+                group_key=offer.key,
+                replay_key=replay_key,
+                position=position,
+            )
+    return True
+
+
+# -- first open ------------------------------------------------------------------------------
+
+T = TypeVar("T")
+Resolve = Callable[[EffectEnvelope], object | None]
+Skip = Callable[[int, EffectEnvelope], bool]
+
+
+def first_unresolvable(
+    group: EffectGroup, resolve: Resolve, *, skip: Skip | None = None
+) -> tuple[int, EffectEnvelope] | None:
+    """The first child (in position order) ``resolve`` answers ``None`` for, skipping
+    the kinds a host runs itself (``sleep``, ``await_event``: G-51) and what ``skip``
+    excludes; ``None`` when every child resolves (G-10)."""
+    for position, child in enumerate(group.children):
+        if is_host_kind(child) or (skip is not None and skip(position, child)):
+            continue
+        if resolve(child) is None:
+            return position, child
+    return None
+
+
+def resolve_first_open(
+    group: EffectGroup,
+    resolve: Callable[[EffectEnvelope], T | None],
+    *,
+    skip: Skip | None = None,
+) -> list[T | None]:
+    """A first open resolves every child before recording anything (G-10): the
+    executors in position order, ``None`` where ``skip`` excluded the child (e.g. the
+    kinds the host runs itself). Call it after the fences and R-6 (``GroupShapeError``
+    is the last refusal of an open, R-2).
+
+    Raises:
+        GroupShapeError: the first child ``resolve`` answers ``None`` for; names its
+            position and replay key. The host records nothing.
+    """
+    found: list[T | None] = []
+    for position, child in enumerate(group.children):
+        if skip is not None and skip(position, child):
+            found.append(None)
+            continue
+        executor = resolve(child)
+        if executor is None:
+            raise group_shape_error(group, position, child)
+        found.append(executor)
+    return found
+
+
+# -- the rank ledger -------------------------------------------------------------------------
+
+
+class RankLedger:
+    """The rank rule for a host that holds a group's settlements in one place (a
+    workflow's state, an exclusive handler's, a process's memory): the first settlement
+    of each position wins and takes rank ``count + 1``; a later one of the same position
+    (a duplicate delivery, a retry, a cancel racing a completion) is refused and takes
+    no rank (G-15, G-17, G-35). Deterministic: no clock, no randomness.
+
+    ``settled`` seeds the ledger with positions already ranked, in rank order.
+    """
+
+    def __init__(self, child_count: int, settled: Iterable[int] = ()) -> None:
+        self.child_count = child_count
+        self._order: list[int] = []
+        self._ranks: dict[int, int] = {}
+        for position in settled:
+            self.settle(position)
+
+    def settle(self, position: int) -> int | None:
+        """Record the settlement of ``position``: its rank, or ``None`` when the position
+        already holds one (nothing changes).
+
+        Raises:
+            ValueError: ``position`` is outside the group (a host bug, never input).
+        """
+        if not 0 <= position < self.child_count:
+            raise ValueError(f"position {position} outside a group of {self.child_count}")
+        if position in self._ranks:
+            return None
+        rank = len(self._order) + 1
+        self._order.append(position)
+        self._ranks[position] = rank
+        return rank
+
+    def position_at(self, rank: int) -> int | None:
+        """The position holding ``rank``, or ``None`` while it does not exist."""
+        return self._order[rank - 1] if 0 < rank <= len(self._order) else None
+
+    def rank_of(self, position: int) -> int | None:
+        return self._ranks.get(position)
+
+    @property
+    def count(self) -> int:
+        """How many ranks exist."""
+        return len(self._order)
+
+    @property
+    def order(self) -> list[int]:
+        """Positions in rank order (``settlement_order``, G-22)."""
+        return list(self._order)
+
+    @property
+    def complete(self) -> bool:
+        """Every child holds a rank: a closed group may retire (G-36)."""
+        return len(self._order) == self.child_count
+
+    def unsettled(self) -> list[int]:
+        """Positions without a rank, in position order (what a ``CANCEL`` close cancels)."""
+        return [p for p in range(self.child_count) if p not in self._ranks]
+
+
+def next_rank(count: int, already_ranked: bool) -> int | None:
+    """The rank rule on a host that keeps only a counter and a per-child mark: the
+    next rank (``count + 1``), or ``None`` when the child already holds one."""
+    return None if already_ranked else count + 1
