@@ -27,4 +27,6 @@ def factory(env: FactoryEnv) -> ProcessHostUnderTest:
         "examples.file_host.testing:build",
         capabilities=HostCapabilities(restart=True, durable_timers=True, waiter_probe=True),
     )
+
+
 # [/factory]
