@@ -58,7 +58,7 @@ def known(record: Record | None) -> GroupRecord | Tombstone | None:
     return GroupRecord(child_count=len(record["children"]), **{f: record[f] for f in fields})
 
 
-# [/store]
+# [/known]
 
 
 # [open]
