@@ -8,6 +8,7 @@ needing an undeclared capability are printed skips. Run it with
 from ._context import CheckContext, CheckFailed
 from ._host import FactoryEnv, HostCapabilities, HostUnderTest
 from ._lab import Lab, LabClient, LabEvent, mark_killed
+from ._process import Deployment, ProcessHostUnderTest
 from ._registry import OBLIGATIONS, Check, all_checks, check
 from ._reports import json_report, junit_xml
 from ._runner import (
@@ -33,6 +34,7 @@ __all__ = [
     "CheckFailed",
     "CheckResult",
     "ConformanceResolver",
+    "Deployment",
     "Factory",
     "FactoryEnv",
     "HostCapabilities",
@@ -40,6 +42,7 @@ __all__ = [
     "Lab",
     "LabClient",
     "LabEvent",
+    "ProcessHostUnderTest",
     "Rule",
     "SuiteReport",
     "SuiteRun",

@@ -1,0 +1,32 @@
+"""The conformance factory for the file host.
+
+``PYTHONPATH=. effecthost conformance examples.file_host.testing:factory`` runs the suite.
+The host runs in a deployment process of its own, so ``restart()`` SIGKILLs every child of
+the dead incarnation; the next process finds only what the directory recorded.
+"""
+
+# [factory]
+from effecthost.conformance import (
+    Deployment,
+    FactoryEnv,
+    HostCapabilities,
+    ProcessHostUnderTest,
+)
+
+from .host import FileHost
+
+
+def build(deployment: Deployment) -> FileHost:
+    """Called in the deployment process, once per controller the suite asks for."""
+    return FileHost(deployment.work_dir / "records", deployment.resolver)
+
+
+def factory(env: FactoryEnv) -> ProcessHostUnderTest:
+    return ProcessHostUnderTest(
+        env,
+        "examples.file_host.testing:build",
+        capabilities=HostCapabilities(restart=True, durable_timers=True, waiter_probe=True),
+    )
+
+
+# [/factory]

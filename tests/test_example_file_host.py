@@ -1,0 +1,120 @@
+"""The host-writing guide's example host runs the conformance suite in CI, and the guide
+shows its real code."""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import sys
+import tokenize
+from pathlib import Path
+
+import pytest
+
+from effecthost.conformance import all_checks, run_suite
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "file_host"
+GUIDE = ROOT / "docs" / "writing-a-host.md"
+GLUE_LIMIT = 250
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def example_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+
+
+async def test_the_file_host_passes_every_check_it_declares(example_importable: None) -> None:
+    """The example host passes every check its capabilities allow; the only skips are
+    checks needing a capability it does not declare (restart, the durable timers and the
+    waiter probe are declared, so none of their checks is skipped)."""
+    from examples.file_host.testing import factory
+
+    report = await run_suite(factory)
+    failed = [f"{r.check.node_name}: {r.reason}" for r in report.by_status("failed")]
+    assert not failed, "\n".join(failed)
+    declared = set(report.capabilities.declared()) if report.capabilities else set()
+    assert {"restart", "durable_timers", "waiter_probe"} <= declared
+    for result in report.by_status("skipped"):
+        assert not set(result.check.requires) <= declared, result.check.node_name
+    assert len(report.results) == len(all_checks())
+
+
+def code_lines(path: Path) -> int:
+    """Lines holding code: no blank lines, comments or docstrings."""
+    source = path.read_text()
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
+    lines: set[int] = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skip and token.type != tokenize.ENDMARKER:
+            lines.update(range(token.start[0], token.end[0] + 1))
+    return len(lines - docstrings)
+
+
+def test_the_engine_glue_stays_small() -> None:
+    """The guide's claim: the host's engine glue (``host.py``) is at most 250 lines of
+    code, and the guide states the number it has."""
+    count = code_lines(EXAMPLE / "host.py")
+    assert count <= GLUE_LIMIT, f"host.py has {count} lines of code"
+    assert f"{count} lines of code" in GUIDE.read_text(), f"the guide must say {count}"
+
+
+EXCERPT = re.compile(
+    r"<!-- excerpt: (?P<file>\S+) (?P<name>\S+) -->\n```python\n(?P<body>.*?)```", re.S
+)
+
+
+def region(path: Path, name: str) -> str:
+    """The lines between ``# [name]`` and ``# [/name]`` in ``path``, dedented."""
+    lines = path.read_text().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() == f"# [{name}]"]
+    ends = [i for i, line in enumerate(lines) if line.strip() == f"# [/{name}]"]
+    assert len(starts) == len(ends) == 1, f"{path.name} must mark region {name!r} once"
+    body = lines[starts[0] + 1 : ends[0]]
+    while body and not body[-1].strip():
+        body.pop()
+    indent = min(len(line) - len(line.lstrip()) for line in body if line.strip())
+    return "".join(line[indent:] + "\n" for line in body)
+
+
+def test_the_guide_shows_the_real_code() -> None:
+    """Every excerpt in the guide is the marked region of the file it names, verbatim,
+    and together they show all of host.py between its imports and its end."""
+    text = GUIDE.read_text()
+    excerpts = list(EXCERPT.finditer(text))
+    assert excerpts, "the guide has no excerpts"
+    for match in excerpts:
+        expected = region(ROOT / match["file"], match["name"])
+        assert match["body"] == expected, (
+            f"the guide's excerpt {match['file']} {match['name']} differs from the file; "
+            f"run: python {Path(__file__).relative_to(ROOT)} to rewrite the excerpts"
+        )
+    shown = {(m["file"], m["name"]) for m in excerpts}
+    host = ROOT / "examples/file_host/host.py"
+    for name in re.findall(r"^\s*# \[(\w+)\]$", host.read_text(), re.M):
+        assert ("examples/file_host/host.py", name) in shown, f"host.py region {name} not shown"
+
+
+def rewrite_excerpts() -> None:
+    """Replace every excerpt in the guide with the current region of its file."""
+    text = GUIDE.read_text()
+
+    def fresh(match: re.Match[str]) -> str:
+        body = region(ROOT / match["file"], match["name"])
+        return f"<!-- excerpt: {match['file']} {match['name']} -->\n```python\n{body}```"
+
+    GUIDE.write_text(EXCERPT.sub(fresh, text))
+
+
+if __name__ == "__main__":
+    rewrite_excerpts()
+    sys.exit(0)
