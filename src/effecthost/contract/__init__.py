@@ -65,6 +65,7 @@ from ._types import (
     canonical_json,
     coerce_disposition,
     normalize_json,
+    require_group,
     require_handle,
 )
 
@@ -126,6 +127,7 @@ __all__ = [
     "limits",
     "normalize_json",
     "refuse_membership",
+    "require_group",
     "require_handle",
     "sleep_durations",
     "sleep_input",
