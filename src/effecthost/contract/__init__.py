@@ -65,6 +65,7 @@ from ._types import (
     canonical_json,
     coerce_disposition,
     normalize_json,
+    require_group,
     require_handle,
 )
 from .kit import GroupRecord, HandleClaim, Offer, RankLedger, RecordedChild, Tombstone
@@ -134,6 +135,7 @@ __all__ = [
     "limits",
     "normalize_json",
     "refuse_membership",
+    "require_group",
     "require_handle",
     "sleep_durations",
     "sleep_input",

@@ -499,6 +499,18 @@ def require_handle(handle: Any) -> GroupHandle:
     return handle
 
 
+def require_group(group: Any) -> EffectGroup:
+    """``group`` if it is an :class:`EffectGroup`; what a host calls before it reads one,
+    so a wrong type is a typed refusal, not an ``AttributeError`` (R-2).
+
+    Raises:
+        InvalidEnvelope: not an :class:`EffectGroup`; nothing is recorded.
+    """
+    if not isinstance(group, EffectGroup):
+        raise InvalidEnvelope("open_effect_group takes an EffectGroup")
+    return group
+
+
 def coerce_disposition(group_key: str, disposition: Any) -> LoserPolicy | None:
     """The close disposition as a :class:`LoserPolicy`: ``None``, a member, or one of the
     enum's string values (``"cancel"``, ``"run_to_completion"``). Every host's close

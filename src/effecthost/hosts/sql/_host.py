@@ -69,6 +69,8 @@ from effecthost.contract import (
     coerce_disposition,
     is_host_kind,
     kit,
+    limits,
+    require_group,
     require_handle,
     sleep_durations,
 )
@@ -337,7 +339,7 @@ class SqlEffectHost(WiredController):
         of the same key finds either nothing or the whole group and is fenced as a
         reopen. A reopen that passes its fences makes this incarnation the owner in the
         same store operation (on SQLite the same transaction)."""
-        self._require_wired(group.key)
+        self._require_wired(require_group(group).key)
         await self._ready()
         canonical = self._check_sizes(group)
         hashes = [hashlib.sha256(data).hexdigest() for data in canonical]
@@ -843,7 +845,7 @@ class SqlEffectHost(WiredController):
         return kit.Tombstone(group_key) if await self.store.retired(group_key) else None
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
-        with self._refusing_input(handle.group_key):
+        with self._refusing_input(require_handle(handle).group_key):
             return await self._await_next(handle)
 
     async def _await_next(self, handle: GroupHandle) -> Settlement:
@@ -952,6 +954,7 @@ class SqlEffectHost(WiredController):
         return read
 
     async def settlement_order(self, group_key: str) -> list[int]:
+        limits.check_key(group_key, what="the group key of settlement_order")
         self._require_wired(group_key)
         await self._ready()
         if await self.store.get_group(group_key) is None:

@@ -168,12 +168,25 @@ def check_sqlite_file(path: str | Path, *, write: bool, lock_timeout: float) -> 
         raise _classify(path, exc, lock_timeout) from None
     try:
         _check_tables(path, conn, blank_ok=False)
+        if write:
+            _quick_check(path, conn)
     except sqlite3.Error as exc:
         raise _classify(path, exc, lock_timeout) from None
     finally:
         conn.close()
     if write:
         _probe_write_lock(path, lock_timeout)
+
+
+def _quick_check(path: Path, conn: sqlite3.Connection) -> None:
+    """Refuse a corrupt database before a writer opens it: opening it for writing
+    switches it to WAL (a header write), so corruption found later by a read would leave
+    a refused file changed."""
+    problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
+    if problems != ["ok"]:
+        raise DatabaseRefused(
+            DatabaseProblem.CORRUPT, f"{path}: corrupt SQLite database (quick_check failed)"
+        )
 
 
 def _check_tables(path: Path, conn: sqlite3.Connection, *, blank_ok: bool) -> None:
