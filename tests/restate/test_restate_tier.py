@@ -298,3 +298,31 @@ async def test_r9_race_cancelled_from_outside_closes_its_group(stack: Stack) -> 
     for tag in ("r9.a", "r9.b"):
         await stack.lab.wait_for("cancelled", tag, 1, TIMEOUT)
         assert stack.lab.count("finished", tag) == 0
+
+
+async def test_wrong_argument_types_are_typed_refusals(stack: Stack) -> None:
+    """SPEC §7, R-2: an argument of the wrong type (``None``, a string, a handle built
+    without validation, a key that is not a storable string) is a typed ``EffectHostError``
+    on every method, refused before any call to the engine, as on memory and SQL."""
+    from effecthost.contract import EffectHostError
+
+    ctl = stack.controller
+    unchecked = GroupHandle.model_construct(
+        group_key="k:group:x:0",
+        child_count=2,
+        consumed=-1,
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.CANCEL,
+    )
+    for call in (
+        lambda: ctl.open_effect_group(None),  # type: ignore[arg-type]
+        lambda: ctl.open_effect_group("g"),  # type: ignore[arg-type]
+        lambda: ctl.await_next_settlement(None),  # type: ignore[arg-type]
+        lambda: ctl.await_next_settlement(unchecked),
+        lambda: ctl.close_effect_group(None),  # type: ignore[arg-type]
+        lambda: ctl.settlement_order(["k"]),  # type: ignore[arg-type]
+        lambda: ctl.settlement_order("\ud800"),
+        lambda: ctl.deliver_event(None, "go"),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(EffectHostError):
+            await asyncio.wait_for(call(), TIMEOUT)

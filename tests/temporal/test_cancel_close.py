@@ -94,3 +94,37 @@ async def _outer_cancel(root: Path) -> None:
             await lab.wait_for("cancelled", tag, timeout=20)
             assert lab.count("finished", tag) == 0
         assert key not in await ctl.open_group_keys()
+
+
+@pytest.mark.timeout(90)
+def test_wrong_argument_types_are_typed_refusals(tmp_path: Path) -> None:
+    """SPEC §7, R-2: an argument of the wrong type (``None``, a string, a handle built
+    without validation, a key that is not a storable string) is a typed ``EffectHostError``
+    on every method, refused before any request to the server, as on memory and SQL."""
+    asyncio.run(_wrong_types(tmp_path))
+
+
+async def _wrong_types(root: Path) -> None:
+    from effecthost.contract import EffectHostError, LoserPolicy, WakePolicy
+
+    async with running_host(root) as (host, _lab):
+        ctl = await host.controller()
+        unchecked = GroupHandle.model_construct(
+            group_key="k:group:x:0",
+            child_count=2,
+            consumed=-1,
+            wake=WakePolicy.FIRST,
+            disposition=LoserPolicy.CANCEL,
+        )
+        for call in (
+            lambda: ctl.open_effect_group(None),  # type: ignore[arg-type]
+            lambda: ctl.open_effect_group("g"),  # type: ignore[arg-type]
+            lambda: ctl.await_next_settlement(None),  # type: ignore[arg-type]
+            lambda: ctl.await_next_settlement(unchecked),
+            lambda: ctl.close_effect_group(None),  # type: ignore[arg-type]
+            lambda: ctl.settlement_order(["k"]),  # type: ignore[arg-type]
+            lambda: ctl.settlement_order("\ud800"),
+            lambda: ctl.deliver_event(None, "go"),  # type: ignore[arg-type]
+        ):
+            with pytest.raises(EffectHostError):
+                await asyncio.wait_for(call(), 20)

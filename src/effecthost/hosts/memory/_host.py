@@ -36,6 +36,8 @@ from effecthost.contract import (
     coerce_disposition,
     is_host_kind,
     kit,
+    limits,
+    require_group,
     require_handle,
     sleep_durations,
     sleep_seconds,
@@ -140,7 +142,7 @@ class MemoryEffectHost(WiredController):
     # -- open ---------------------------------------------------------------------------
 
     async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
-        self._require_wired(group.key)
+        self._require_wired(require_group(group).key)
         record = self._groups.get(group.key)
         if group.key in self._retired or (record is not None and record.closed):
             raise kit.group_closed(group.key)  # R-4, first in R-2's order
@@ -389,7 +391,7 @@ class MemoryEffectHost(WiredController):
         return settlement
 
     async def settlement_order(self, group_key: str) -> list[int]:
-        self._require_wired(group_key)
+        self._require_wired(limits.check_key(group_key, what="the group key of settlement_order"))
         record = self._groups.get(group_key)
         if record is None:
             raise kit.unknown_group(group_key)

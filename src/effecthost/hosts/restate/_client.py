@@ -26,6 +26,8 @@ from effecthost.contract import (
     coerce_disposition,
     group_shape_error,
     kit,
+    limits,
+    require_group,
     require_handle,
     sleep_durations,
 )
@@ -135,10 +137,10 @@ class GroupObjectClient(WiredController):
         return group.handle()
 
     async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
-        return await self._open(group, {})
+        return await self._open(require_group(group), {})
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
-        self._require_wired(handle.group_key)
+        self._require_wired(require_handle(handle).group_key)
         rank = handle.consumed + 1
         answer = await self._call(
             handle.group_key, "await_rank", {**_handle_doc(handle), "rank": rank}
@@ -157,7 +159,7 @@ class GroupObjectClient(WiredController):
         _raise_refusal(await self._call(handle.group_key, "close", body))
 
     async def settlement_order(self, group_key: str) -> list[int]:
-        self._require_wired(group_key)
+        self._require_wired(limits.check_key(group_key, what="the group key of settlement_order"))
         described = await self._call(group_key, "describe")
         if not described.get("recorded"):
             raise kit.unknown_group(group_key)

@@ -39,6 +39,8 @@ from effecthost.contract import (
     coerce_disposition,
     group_shape_error,
     kit,
+    limits,
+    require_group,
     require_handle,
     sleep_durations,
 )
@@ -205,7 +207,7 @@ class TemporalEffectHost(WiredController):
     # -- open ---------------------------------------------------------------------------
 
     async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
-        return await self._open(group, check_routes=True)
+        return await self._open(require_group(group), check_routes=True)
 
     async def open_unresolved(self, group: EffectGroup) -> GroupHandle:
         """Open without resolving children locally (a caller that does not share the
@@ -310,7 +312,7 @@ class TemporalEffectHost(WiredController):
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
         """Query first; otherwise one waiting update per rank, with a deterministic id,
         so every caller of that rank (a fresh process included) shares it (G-44)."""
-        key = handle.group_key
+        key = require_handle(handle).group_key
         self._require_wired(key)
         rank = handle.consumed + 1
         # The rank is in the query's name: nothing for the worker to decode, so a caller
@@ -357,7 +359,7 @@ class TemporalEffectHost(WiredController):
             _raise_from(exc.cause, group_key)
 
     async def settlement_order(self, group_key: str) -> list[int]:
-        self._require_wired(group_key)
+        self._require_wired(limits.check_key(group_key, what="the group key of settlement_order"))
         status = await self._query(group_key, "status")
         return list(status["order"])
 
