@@ -85,8 +85,8 @@ def random_tables(draw: st.DrawFn) -> Callable[[Path], None]:
         conn = sqlite3.connect(path, isolation_level=None)
         conn.execute(f"PRAGMA journal_mode={journal}")
         for name, content in rows.items():
-            conn.execute(f"CREATE TABLE {name} (version, other)")
-            conn.executemany(f"INSERT INTO {name} VALUES (?, ?)", content)
+            conn.execute(f'CREATE TABLE "{name}" (version, other)')
+            conn.executemany(f'INSERT INTO "{name}" VALUES (?, ?)', content)
         conn.execute("PRAGMA journal_mode=DELETE")
         conn.close()
 
