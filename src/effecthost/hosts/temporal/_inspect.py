@@ -76,9 +76,18 @@ class TemporalInspector:
         return found
 
     async def groups(self) -> list[GroupRow]:
+        from temporalio.client import WorkflowQueryFailedError
+        from temporalio.service import RPCError
+
         rows: list[GroupRow] = []
         for key, execution in sorted((await self._open()).items()):
-            status = await self._status(key)
+            try:
+                status = await self._status(key)
+            except (RPCError, WorkflowQueryFailedError):
+                # no worker answers queries for it now: list what visibility knows
+                started = execution.start_time.timestamp() if execution.start_time else None
+                rows.append(GroupRow(key, age(started), None, None, None, None, None))
+                continue
             if status["closed"]:
                 continue  # closed since the (eventually consistent) listing
             rows.append(_group(key, execution, status))
