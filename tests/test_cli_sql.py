@@ -4,6 +4,7 @@ went away (G-12, G-30, G-34)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -73,14 +74,16 @@ async def test_inspect_and_drain_a_gone_opener(tmp_path: Path) -> None:
     db = tmp_path / "effects.sqlite3"
     key = await abandoned_group(db)
 
-    listed = cli("inspect", "--sqlite", str(db))
+    listed = cli("inspect", "--sqlite", str(db), "--json")
     assert listed.returncode == 0, listed.stderr
-    assert key in listed.stdout and "settled=0/2" in listed.stdout
+    (group,) = json.loads(listed.stdout)["groups"]
+    assert (group["key"], group["settled"], group["total"]) == (key, 0, 2)
     assert "1 open group(s)" in listed.stderr
 
     report = drain_until(db, expect="no executor 2")
     assert f"no executor: {key} {key}:0" in report
 
     drain_until(db, "--resolver", "cli_tools:registry", expect="resumed 2")
-    final = cli("inspect", "--sqlite", str(db))
-    assert "settled=2/2" in final.stdout, final.stdout
+    final = cli("inspect", "--sqlite", str(db), "--json")
+    (group,) = json.loads(final.stdout)["groups"]
+    assert (group["settled"], group["total"]) == (2, 2), final.stdout

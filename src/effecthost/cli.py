@@ -39,6 +39,7 @@ class ExitCode(IntEnum):
     UNREACHABLE = 14
     SEALED = 15
     ENGINE_MISSING = 16
+    UNKNOWN_GROUP = 17
 
 
 async def _load_controller(spec: str) -> EffectController:
@@ -259,7 +260,9 @@ async def _load_host(args: argparse.Namespace) -> EffectController:
     if not spec:
         raise Refused(
             ExitCode.USAGE,
-            "name a host with --sqlite FILE, --postgres DSN or --host MODULE:ATTR "
+            "name a host with --sqlite FILE, --postgres DSN, "
+            + ("--restate ADMIN_URL, --temporal ADDRESS " if "restate" in args else "")
+            + "or --host MODULE:ATTR "
             "(or set EFFECTHOST_HOST)",
         )
     return await _load_controller(spec)
@@ -271,44 +274,155 @@ async def _close(controller: EffectController) -> None:
         await aclose()
 
 
-def _show_groups(groups: Sequence[Any]) -> None:
-    for g in groups:
-        print(
-            f"{g.group_key}  age={g.age_seconds:.0f}s  settled={g.settled}/"
-            f"{g.child_count}  wake={g.wake}  losers={g.effective}"
+class _SqlInspector:
+    """The inspection reads of a SQL store (``inspect_groups``, ``inspect_group``), with
+    what a database can be wrong with turned into refusals."""
+
+    def __init__(self, store: Any, where: str, start: Any = None) -> None:
+        self._store = store
+        self._where = where
+        self._start = start
+
+    async def _started(self) -> Any:
+        if self._start is not None:
+            start, self._start = self._start, None
+            with _refusals(self._where):
+                await start
+        return self._store
+
+    async def groups(self) -> list[Any]:
+        store = await self._started()
+        with _refusals(self._where):
+            groups: list[Any] = await store.inspect_groups()
+        return groups
+
+    async def group(self, group_key: str) -> tuple[Any, list[Any]]:
+        from effecthost._inspect import UnknownGroupKey, in_rank_order
+
+        store = await self._started()
+        with _refusals(self._where):
+            found = await store.inspect_group(group_key)
+        if found is None:
+            raise UnknownGroupKey(group_key)
+        return found[0], in_rank_order(found[1])
+
+    async def aclose(self) -> None:
+        await self._store.aclose()
+
+
+class _KeysOnly:
+    """A host that lists only its open group keys (no ranks to show)."""
+
+    def __init__(self, controller: EffectController) -> None:
+        self._controller = controller
+
+    async def groups(self) -> list[Any]:
+        from effecthost._inspect import GroupRow
+
+        keys = await self._controller.open_group_keys()
+        return [GroupRow(key, None, None, None, None, None, None) for key in keys]
+
+    async def group(self, group_key: str) -> tuple[Any, list[Any]]:
+        raise Refused(
+            ExitCode.USAGE, f"{type(self._controller).__name__} lists open group keys only"
         )
+
+    async def aclose(self) -> None:
+        await _close(self._controller)
+
+
+class _HostInspector:
+    """The inspector of a controller named by ``--host``; closing it closes the host."""
+
+    def __init__(self, inner: Any, controller: EffectController) -> None:
+        self._inner = inner
+        self._controller = controller
+
+    async def groups(self) -> list[Any]:
+        groups: list[Any] = await self._inner.groups()
+        return groups
+
+    async def group(self, group_key: str) -> tuple[Any, list[Any]]:
+        found: tuple[Any, list[Any]] = await self._inner.group(group_key)
+        return found
+
+    async def aclose(self) -> None:
+        await _close(self._controller)
+
+
+def _inspector_of(controller: EffectController) -> Any:
+    """How to read ``controller``'s records: its SQL store, its Restate admin API, its
+    Temporal client, or only its open group keys."""
+    store = getattr(controller, "store", None)
+    if store is not None and hasattr(store, "inspect_groups"):
+        return _HostInspector(_SqlInspector(store, type(controller).__name__), controller)
+    module = type(controller).__module__
+    admin = getattr(controller, "_admin", None)
+    if module.startswith("effecthost.hosts.restate") and isinstance(admin, str):
+        from effecthost.hosts.restate._inspect import RestateInspector
+
+        return _HostInspector(RestateInspector(admin), controller)
+    client = getattr(controller, "_client", None)
+    if module.startswith("effecthost.hosts.temporal") and client is not None:
+        from effecthost.hosts.temporal._inspect import TemporalInspector
+
+        return _HostInspector(TemporalInspector(client), controller)
+    return _KeysOnly(controller)
+
+
+async def _inspector(args: argparse.Namespace) -> Any:
+    if args.sqlite or args.postgres:
+        store = _store(args, read_only=True)
+        start = (
+            asyncio.wait_for(store.start(), args.connect_timeout)
+            if args.postgres
+            else store.start()
+        )
+        return _SqlInspector(store, _where(args), start)
+    if args.restate:
+        from effecthost.hosts.restate._inspect import RestateInspector
+
+        return RestateInspector(args.restate, timeout=args.connect_timeout)
+    if args.temporal:
+        from effecthost.hosts.temporal._inspect import TemporalInspector
+
+        return await TemporalInspector.connect(
+            args.temporal, args.namespace, timeout=args.connect_timeout
+        )
+    return _inspector_of(await _load_host(args))
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    async def sql() -> int:
-        store = _store(args, read_only=True)
-        try:
-            with _refusals(_where(args)):
-                await _start(store, args)
-                groups = await store.open_groups()
-        finally:
-            await store.aclose()
-        _show_groups(groups)
-        return len(groups)
+    from effecthost import _inspect as shown
+    from effecthost.hosts import MissingExtra
 
-    async def other() -> int:
-        controller = await _load_host(args)
+    async def main() -> int:
+        inspector = await _inspector(args)
         try:
-            listing = getattr(controller, "open_groups", None)
-            if listing is not None:
-                groups = await listing()
-                _show_groups(groups)
-                return len(groups)
-            keys = await controller.open_group_keys()
-            for key in keys:
-                print(key)
-            return len(keys)
+            if args.group is None:
+                groups = await inspector.groups()
+                print(shown.groups_json(groups) if args.json else shown.groups_table(groups))
+                print(f"{len(groups)} open group(s)", file=sys.stderr)
+            else:
+                group, children = await inspector.group(args.group)
+                if args.json:
+                    print(shown.group_json(group, children))
+                else:
+                    print(shown.groups_table([group]))
+                    print()
+                    print(shown.ranks_table(children))
         finally:
-            await _close(controller)
+            await inspector.aclose()
+        return ExitCode.OK
 
-    count = asyncio.run(sql() if args.sqlite or args.postgres else other())
-    print(f"{count} open group(s)", file=sys.stderr)
-    return ExitCode.OK
+    try:
+        return asyncio.run(main())
+    except shown.UnknownGroupKey as exc:
+        raise Refused(ExitCode.UNKNOWN_GROUP, f"no open group {exc.group_key!r}") from None
+    except shown.TierUnreachable as exc:
+        raise Refused(ExitCode.UNREACHABLE, str(exc)) from None
+    except MissingExtra as exc:
+        raise Refused(ExitCode.ENGINE_MISSING, str(exc)) from None
 
 
 def _payload_policy(args: argparse.Namespace) -> Any:
@@ -532,14 +646,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     inspect_ = commands.add_parser(
         "inspect",
-        help="list the open groups of a host",
-        description="List the open groups of a host. A SQLite file is opened read-only "
-        "and never needs the write lock; a PostgreSQL schema is read in read-only "
-        "transactions; nothing is created.",
+        help="list the open groups of a host, or one group's ranks",
+        description="List the open groups of a host (key, age, wake, disposition, "
+        "settled/total, owner), or with --group KEY that group's children in rank order. "
+        "Nothing is written and no write lock is taken: a SQLite file is opened read-only, "
+        "a PostgreSQL schema is read in read-only transactions, Restate is read through "
+        "its admin SQL API and Temporal through visibility, queries and history reads.",
         epilog=exit_code_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _host_options(inspect_)
+    _host_options(inspect_, engines=True)
+    inspect_.add_argument("--group", metavar="KEY", help="show this group's rank table")
+    inspect_.add_argument("--json", action="store_true", help="print JSON")
     inspect_.set_defaults(run=_inspect)
 
     drain = commands.add_parser(
@@ -606,9 +724,10 @@ EXIT_CODES = {
     ExitCode.UNREADABLE: "the file cannot be read (permissions)",
     ExitCode.LOCKED: "locked by another writer for longer than --lock-timeout",
     ExitCode.BAD_DSN: "a malformed PostgreSQL DSN",
-    ExitCode.UNREACHABLE: "PostgreSQL unreachable or refusing the connection",
+    ExitCode.UNREACHABLE: "PostgreSQL, Restate or Temporal unreachable or refusing",
     ExitCode.SEALED: "drain: sealed outcomes recorded, but no --keys given",
     ExitCode.ENGINE_MISSING: "an engine binary or an extra is not installed",
+    ExitCode.UNKNOWN_GROUP: "inspect --group: no open group of that key",
 }
 
 
@@ -620,10 +739,18 @@ def exit_code_help() -> str:
     return "\n".join(lines)
 
 
-def _host_options(parser: argparse.ArgumentParser) -> None:
+def _host_options(parser: argparse.ArgumentParser, *, engines: bool = False) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--sqlite", metavar="FILE", help="a SQLite host's database file")
     where.add_argument("--postgres", metavar="DSN", help="a PostgreSQL host's DSN")
+    if engines:
+        where.add_argument(
+            "--restate", metavar="ADMIN_URL", help="a Restate server's admin URL (read only)"
+        )
+        where.add_argument(
+            "--temporal", metavar="ADDRESS", help="a Temporal frontend (host:port; read only)"
+        )
+        parser.add_argument("--namespace", default="default", help="Temporal namespace")
     where.add_argument(
         "--host", metavar="MODULE:ATTR", help="a controller, or a callable returning one"
     )

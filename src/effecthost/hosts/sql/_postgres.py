@@ -26,6 +26,8 @@ import re
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
+from effecthost._inspect import ChildRow as InspectedChild
+from effecthost._inspect import GroupRow as InspectedGroup
 from effecthost.hosts import require
 
 from ._preflight import SEALED_LIKE, DatabaseProblem, DatabaseRefused, sealed_outcomes
@@ -45,6 +47,7 @@ from ._store import (
     Sent,
     Store,
     _mark,
+    inspected_child,
 )
 
 NOW = "extract(epoch from clock_timestamp())::float8"
@@ -792,6 +795,37 @@ class PostgresStore(Store):
             "FROM eh_groups WHERE state = 'open' ORDER BY group_key"
         )
         return [OpenGroup(*r) for r in rows]
+
+    async def inspect_groups(self) -> list[InspectedGroup]:
+        """Open groups as ``effecthost inspect`` lists them (a read)."""
+        rows = await self._pool.fetch(
+            f"SELECT group_key, {NOW} - created_at, wake, effective, counter, child_count, "
+            "owner FROM eh_groups WHERE state = 'open' ORDER BY group_key"
+        )
+        return [InspectedGroup(*r) for r in rows]
+
+    async def inspect_group(
+        self, group_key: str
+    ) -> tuple[InspectedGroup, list[InspectedChild]] | None:
+        """An open group and its children (one read-only snapshot); ``None`` when no such
+        group is open."""
+        async with (
+            self._pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            row = await conn.fetchrow(
+                f"SELECT group_key, {NOW} - created_at, wake, effective, counter, child_count, "
+                "owner FROM eh_groups WHERE state = 'open' AND group_key = $1",
+                group_key,
+            )
+            if row is None:
+                return None
+            children = await conn.fetch(
+                "SELECT seq, position, replay_key, name, state, outcome, settled_at "
+                "FROM eh_children WHERE group_key = $1 ORDER BY position",
+                group_key,
+            )
+        return InspectedGroup(*row), [inspected_child(*r) for r in children]
 
     async def unfinished(self) -> list[ChildRow]:
         rows = await self._pool.fetch(

@@ -30,6 +30,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from effecthost._inspect import ChildRow as InspectedChild
+from effecthost._inspect import GroupRow as InspectedGroup
+
 from ._preflight import (
     SEALED_LIKE,
     check_creatable_sqlite_file,
@@ -53,6 +56,7 @@ from ._store import (
     Sent,
     Store,
     _mark,
+    inspected_child,
 )
 
 T = TypeVar("T")
@@ -567,6 +571,40 @@ class SqliteStore(Store):
                 "FROM eh_groups WHERE state = 'open' ORDER BY group_key"
             ).fetchall()
             return [OpenGroup(*r) for r in rows]
+
+        return await self._run(read)
+
+    async def inspect_groups(self) -> list[InspectedGroup]:
+        """Open groups as ``effecthost inspect`` lists them (a read)."""
+
+        def read(c: sqlite3.Connection) -> list[InspectedGroup]:
+            rows = c.execute(
+                f"SELECT group_key, {NOW} - created_at, wake, effective, counter, child_count, "
+                "owner FROM eh_groups WHERE state = 'open' ORDER BY group_key"
+            ).fetchall()
+            return [InspectedGroup(*r) for r in rows]
+
+        return await self._run(read)
+
+    async def inspect_group(
+        self, group_key: str
+    ) -> tuple[InspectedGroup, list[InspectedChild]] | None:
+        """An open group and its children (a read); ``None`` when no such group is open."""
+
+        def read(c: sqlite3.Connection) -> tuple[InspectedGroup, list[InspectedChild]] | None:
+            row = c.execute(
+                f"SELECT group_key, {NOW} - created_at, wake, effective, counter, child_count, "
+                "owner FROM eh_groups WHERE state = 'open' AND group_key = ?",
+                (group_key,),
+            ).fetchone()
+            if row is None:
+                return None
+            children = c.execute(
+                "SELECT seq, position, replay_key, name, state, outcome, settled_at "
+                "FROM eh_children WHERE group_key = ? ORDER BY position",
+                (group_key,),
+            ).fetchall()
+            return InspectedGroup(*row), [inspected_child(*r) for r in children]
 
         return await self._run(read)
 

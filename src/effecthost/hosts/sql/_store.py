@@ -11,6 +11,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from effecthost._inspect import RUNNING, outcome_status
+from effecthost._inspect import ChildRow as InspectedChild
 from effecthost.contract import StoreRefused
 from effecthost.payloads import PayloadRef, PayloadStore
 from effecthost.payloads._store import _check, _make_ref, _missing
@@ -195,6 +197,31 @@ class OpenGroup:
     settled: int
     wake: str
     effective: str
+
+
+def inspected_child(
+    seq: int | None,
+    position: int,
+    replay_key: str,
+    name: str,
+    state: str,
+    outcome: str | None,
+    settled_at: float | None,
+) -> InspectedChild:
+    """One ``eh_children`` row as ``effecthost inspect`` shows it."""
+    if state == "settled" and outcome is not None:
+        status, sealed = outcome_status(outcome)
+    else:
+        status, sealed = RUNNING, None
+    return InspectedChild(
+        None if seq is None else int(seq),
+        int(position),
+        replay_key,
+        name,
+        status,
+        settled_at if state == "settled" else None,
+        sealed,
+    )
 
 
 class Store(ABC):

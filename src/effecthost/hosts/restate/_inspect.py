@@ -1,0 +1,148 @@
+"""Read-only inspection of a Restate deployment of this tier through the admin SQL API
+(``POST /query`` over ``state`` and ``sys_invocation``): no invocation is made, no state
+is written. Ages and settlement times come from ``sys_invocation``, so they read ``None``
+once the server has dropped the completed invocations (its retention, a day by default).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from effecthost._inspect import (
+    RUNNING,
+    ChildRow,
+    GroupRow,
+    TierUnreachable,
+    UnknownGroupKey,
+    age,
+    in_rank_order,
+    outcome_status,
+)
+from effecthost.hosts import require
+
+from ._wire import GROUP
+
+_GROUP_KEYS = "('shape', 'counter')"
+
+
+def _text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _epoch(stamp: Any) -> float | None:
+    if not stamp:
+        return None
+    return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+
+
+class RestateInspector:
+    """Open groups and their ranks, read from the admin API at ``admin_url``."""
+
+    def __init__(self, admin_url: str, *, timeout: float = 10.0) -> None:
+        (httpx,) = require("restate", "restate", "httpx")
+        self._admin = admin_url.rstrip("/")
+        self._http = httpx.AsyncClient(timeout=timeout)
+        self._errors: tuple[type[BaseException], ...] = (httpx.HTTPError,)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _query(self, sql: str) -> list[dict[str, Any]]:
+        try:
+            response = await self._http.post(
+                f"{self._admin}/query",
+                json={"query": sql},
+                headers={"Accept": "application/json"},
+            )
+            response.raise_for_status()
+        except self._errors as exc:
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise TierUnreachable(f"Restate admin API {self._admin}: {why}") from None
+        rows: list[dict[str, Any]] = response.json().get("rows", [])
+        return rows
+
+    async def _opened_at(self, keys: list[str] | None = None) -> dict[str, float]:
+        where = (
+            "" if keys is None else f" AND target_service_key IN ({', '.join(map(_text, keys))})"
+        )
+        rows = await self._query(
+            "SELECT target_service_key AS k, min(created_at) AS at FROM sys_invocation "
+            f"WHERE target_service_name = {_text(GROUP)} AND target_handler_name = 'open'"
+            f"{where} GROUP BY target_service_key"
+        )
+        return {r["k"]: at for r in rows if (at := _epoch(r["at"])) is not None}
+
+    async def groups(self) -> list[GroupRow]:
+        rows = await self._query(
+            "SELECT service_key, key, value_utf8 FROM state "
+            f"WHERE service_name = {_text(GROUP)} AND key IN {_GROUP_KEYS}"
+        )
+        state: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            state.setdefault(row["service_key"], {})[row["key"]] = json.loads(row["value_utf8"])
+        opened = await self._opened_at() if state else {}
+        return [
+            _group(key, found, opened.get(key))
+            for key, found in sorted(state.items())
+            if "shape" in found
+        ]
+
+    async def group(self, group_key: str) -> tuple[GroupRow, list[ChildRow]]:
+        rows = await self._query(
+            "SELECT key, value_utf8 FROM state "
+            f"WHERE service_name = {_text(GROUP)} AND service_key = {_text(group_key)}"
+        )
+        state = {row["key"]: json.loads(row["value_utf8"]) for row in rows}
+        if "shape" not in state:
+            raise UnknownGroupKey(group_key)
+        opened = await self._opened_at([group_key])
+        ranks: dict[str, tuple[int, dict[str, Any]]] = {}
+        for name, value in state.items():
+            if name.startswith("rank:"):
+                ranks[value["replay_key"]] = (int(name[len("rank:") :]), value)
+        invocations = {
+            name[len("inv:") :]: value
+            for name, value in state.items()
+            if name.startswith("inv:") and isinstance(value, str)
+        }
+        completed: dict[str, float] = {}
+        if invocations:
+            found = await self._query(
+                "SELECT id, completed_at FROM sys_invocation WHERE id IN "
+                f"({', '.join(map(_text, invocations.values()))})"
+            )
+            completed = {
+                r["id"]: at for r in found if (at := _epoch(r.get("completed_at"))) is not None
+            }
+        children: list[ChildRow] = []
+        for position, entry in enumerate(state.get("children") or []):
+            envelope = entry["envelope"]
+            rk = envelope["replay_key"]
+            if rk in ranks:
+                rank, record = ranks[rk]
+                if "outcome" in record:
+                    status, sealed = outcome_status(record["outcome"])
+                elif "stored" in record:
+                    status, sealed = outcome_status(record["stored"])
+                else:  # an outcome in the payload object, unsealed
+                    status, sealed = outcome_status({"form": "ref", "sealed": False})
+                at = completed.get(invocations.get(rk, ""))
+                children.append(ChildRow(rank, position, rk, envelope["name"], status, at, sealed))
+            else:
+                children.append(ChildRow(None, position, rk, envelope["name"], RUNNING, None, None))
+        return _group(group_key, state, opened.get(group_key)), in_rank_order(children)
+
+
+def _group(key: str, state: dict[str, Any], opened_at: float | None) -> GroupRow:
+    shape = state["shape"]
+    return GroupRow(
+        key,
+        age(opened_at),
+        shape["wake"],
+        shape["effective"],
+        int(state.get("counter") or 0),
+        int(shape["child_count"]),
+        shape.get("owner"),
+    )
