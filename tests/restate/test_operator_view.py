@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from restate_operator_tools import resolver
+from operator_tools import resolver
 
 from effecthost.conformance import Lab, step_input
 from effecthost.contract import EffectEnvelope, EffectGroup, EffectKind, LoserPolicy, WakePolicy
 from effecthost.hosts.restate import CHILD, GROUP, RestateController
 from effecthost.hosts.restate.testing import LocalRestate
 
-HERE = str(Path(__file__).parent)
+TESTS = str(Path(__file__).parents[1])
 ROOT = Path(__file__).resolve().parents[2]
 CLI = ROOT / ".engines/restate/node_modules/@restatedev/restate-linux-x64/bin/restate"
 TIMEOUT = 20.0
@@ -60,11 +60,11 @@ async def raced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
     """A ``race`` of ``lookup.fast`` (position 0, wins) and ``lookup.slow`` (position 1,
     cancelled by the close and then finished cancelled), closed."""
     assert CLI.is_file(), "run scripts/install-restate.sh (installs the restate CLI)"
-    paths = [HERE, os.environ.get("PYTHONPATH")]
+    paths = [TESTS, os.environ.get("PYTHONPATH")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
     lab = Lab(tmp_path / "lab")
     await lab.start()
-    local = LocalRestate(tmp_path / "restate", "restate_operator_tools:resolver", [str(lab.path)])
+    local = LocalRestate(tmp_path / "restate", "operator_tools:resolver", [str(lab.path)])
     try:
         await local.start()
         ctl = local.controller(resolver(str(lab.path)), owner="tests")

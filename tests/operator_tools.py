@@ -1,6 +1,6 @@
 """Two tool names backed by the conformance lab's gated step, so a test can look for tool
-names where an operator looks: the endpoint resolves them by
-``--resolver restate_operator_tools:resolver`` with the lab path as argument (this
+names where an operator looks: an endpoint or worker resolves them by
+``--resolver operator_tools:resolver`` with the lab path as argument (this
 directory on ``PYTHONPATH``)."""
 
 from __future__ import annotations
