@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from operator_tools import resolver
+from temporalio.worker import Replayer
 
 from effecthost.conformance import FactoryEnv, step_input
 from effecthost.conformance._lab import Lab
@@ -23,6 +24,7 @@ from effecthost.contract import (
     LoserPolicy,
     WakePolicy,
 )
+from effecthost.hosts.temporal import EffectGroupWorkflow, workflow_runner
 from effecthost.hosts.temporal.testing import TemporalHostUnderTest, temporal_cli
 
 TESTS = str(Path(__file__).parents[1])
@@ -62,7 +64,7 @@ def test_temporal_cli_names_children_and_shows_the_cancelled_loser(
     child's activity id with its tool name and position and the group's summary (wake,
     disposition, child count, the children's tools); ``metadata`` its settled count; after a ``CANCEL`` close, ``show``
     holds every child's summary (tool, position) and the loser's end, and the result
-    lists rank → position, replay key and status."""
+    lists rank → position, replay key and status; the run's history replays."""
     paths = [TESTS, os.environ.get("PYTHONPATH")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
     asyncio.run(_race(tmp_path))
@@ -128,6 +130,12 @@ async def _race(root: Path) -> None:
             {"rank": 2, "position": 1, "replay_key": "ops.slow", "status": "cancelled"},
         ]
         assert result["ranks"] == ["ops.fast", "ops.slow"]
+
+        # the patched run (named activities, a waited-for loser) replays deterministically
+        recorded = await host.client.get_workflow_handle(group.key).fetch_history()
+        replayer = Replayer(workflows=[EffectGroupWorkflow], workflow_runner=workflow_runner())
+        replayed = await replayer.replay_workflow(recorded, raise_on_replay_failure=False)
+        assert replayed.replay_failure is None, replayed.replay_failure
     finally:
         lab.open_all("")
         await host.aclose()
