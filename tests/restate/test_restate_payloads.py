@@ -162,7 +162,8 @@ async def test_nothing_sealed_is_plaintext_in_the_restate_state(sealed: Sealed) 
     # the child invocations' journals carry the stored form only
     journal = await ctl.query(
         f"SELECT j.* FROM sys_journal j JOIN sys_invocation i ON j.id = i.id "
-        f"WHERE i.target_service_name = 'EffecthostChild' AND i.idempotency_key LIKE {_sql(key + '%')}"
+        f"WHERE i.target_service_name = 'EffecthostChild' "
+        f"AND i.invoked_by_target = {_sql(f'{GROUP}/{key}/open')}"
     )
     recorded = _all_bytes(journal)
     assert b'"ciphertext"' in recorded, "the journal does not hold the stored form"

@@ -196,7 +196,7 @@ async def test_cancel_close_returns_while_the_loser_runs(stack: Stack) -> None:
     async def loser_status() -> list[dict[str, Any]]:
         return await ctl.query(
             f"SELECT status, completion_failure FROM sys_invocation "
-            f"WHERE target_service_name = '{CHILD}' AND idempotency_key LIKE '%cancel.lose'"
+            f"WHERE target_service_name = '{CHILD}' AND idempotency_key LIKE '%:cancel.lose:%'"
         )
 
     deadline = time.monotonic() + TIMEOUT

@@ -44,7 +44,16 @@ from effecthost.contract import (
 from effecthost.hosts import require
 from effecthost.payloads import PayloadPolicy, encode_outcome
 
-from ._wire import CHILD, GROUP, INLINE_LIMIT, PAYLOAD, REPLAY_KEY, error, idempotency_key
+from ._wire import (
+    CHILD,
+    GROUP,
+    INLINE_LIMIT,
+    PAYLOAD,
+    REPLAY_KEY,
+    child_headers,
+    error,
+    idempotency_key,
+)
 
 require("restate", "restate", "restate", "httpx")
 
@@ -259,7 +268,8 @@ def build_services(
                             "envelope": envelope,
                             "target": targets.get(str(position)),
                         },
-                        idempotency_key=idempotency_key(key, epoch, rk),
+                        idempotency_key=idempotency_key(envelope["name"], position, rk, epoch),
+                        headers=child_headers(key, position, envelope),
                     ),
                 )
             )

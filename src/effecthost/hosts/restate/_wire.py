@@ -43,10 +43,43 @@ INLINE_LIMIT = 4096
 larger ones live in the payload object and the rank record carries a reference."""
 
 
-def idempotency_key(group_key: str, epoch: str, replay_key: str) -> str:
-    """``{group_key}:{epoch}:{replay_key}`` with ``/`` escaped: Restate's attach URLs
-    break on ``/`` in idempotency keys."""
-    return f"{group_key}:{epoch}:{replay_key}".replace("%", "%25").replace("/", "%2F")
+def idempotency_key(tool: str, position: int, replay_key: str, epoch: str) -> str:
+    """``{tool}:{position}:{replay_key}:{epoch}`` with the epoch cut to its first 64 bits
+    (hex) and ``/`` escaped (Restate's attach URLs break on it).
+
+    Unique in the child service: a replay key is held by one group at a time (R-6) and
+    the epoch is random per group, so only a replay key reused by a later group within
+    the idempotency retention needs the epoch to tell them apart (G-37). The tool name and
+    position lead because ``restate invocations list`` shows the key and not the input;
+    the group key shows there as the invoking ``EffecthostGroup/{key}/open``.
+    """
+    short = epoch.replace("-", "")[:16]
+    return _escaped(f"{tool}:{position}:{replay_key}:{short}")
+
+
+def _escaped(text: str) -> str:
+    return text.replace("%", "%25").replace("/", "%2F")
+
+
+def child_headers(group_key: str, position: int, envelope: dict[str, Any]) -> dict[str, str]:
+    """Headers of a child's invocation, so the engine's UI and CLI show which tool it runs
+    and where it sits in its group (the input holds the same, but operators do not read
+    inputs)."""
+    return {
+        "effecthost-tool": _header_text(envelope["name"]),
+        "effecthost-kind": _header_text(envelope["kind"]),
+        "effecthost-group": _header_text(group_key),
+        "effecthost-position": str(position),
+        "effecthost-replay-key": _header_text(envelope["replay_key"]),
+    }
+
+
+def _header_text(text: str) -> str:
+    """Printable ASCII as is; ``%`` and everything else percent-encoded (UTF-8)."""
+    return "".join(
+        c if " " <= c <= "~" and c != "%" else "".join(f"%{b:02X}" for b in c.encode("utf-8"))
+        for c in text
+    )
 
 
 def error(code: str, message: str, **ids: Any) -> dict[str, Any]:

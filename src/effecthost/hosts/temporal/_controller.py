@@ -236,6 +236,8 @@ class TemporalEffectHost(WiredController):
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             memo={MEMO_STATE: "open"},
+            static_summary=_summary(group),
+            static_details=_details(group),
         )
         try:
             opened: Any = await self._client.execute_update_with_start_workflow(
@@ -528,6 +530,29 @@ def _opened(key: str, rank: int | None) -> Iterator[None]:
             group_key=key,
             rank=rank,
         ) from None
+
+
+def _summary(group: EffectGroup) -> str:
+    """The group's one-line summary in the engine's UI and CLI."""
+    return (
+        f"effecthost group: wake {group.wake.value}, losers {group.disposition.value}, "
+        f"{group.child_count} children"
+    )
+
+
+DETAILED_CHILDREN = 50
+"""Children listed by name in a group's static details (the rest are counted)."""
+
+
+def _details(group: EffectGroup) -> str:
+    """The group's children by position, tool and replay key (the UI renders Markdown)."""
+    lines = [
+        f"- {position}: {child.name} ({child.kind}) · {child.replay_key}"
+        for position, child in enumerate(group.children[:DETAILED_CHILDREN])
+    ]
+    if group.child_count > DETAILED_CHILDREN:
+        lines.append(f"- … and {group.child_count - DETAILED_CHILDREN} more")
+    return "\n".join(lines)
 
 
 def _stored_form(key: str, replay_key: str, rank: int, doc: Any) -> StoredOutcome:

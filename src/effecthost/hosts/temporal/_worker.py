@@ -134,9 +134,11 @@ class ChildActivities:
 
 
 def _position(info: activity.Info) -> int:
-    """The child's position: the workflow schedules child ``n`` as activity ``child-n``,
-    the position its settlement records (bound into a sealed outcome, R-10)."""
-    prefix, _, number = info.activity_id.partition("-")
+    """The child's position: the workflow schedules child ``n`` as activity
+    ``child-n:{tool}`` (``child-n`` in runs started before the tool was named), the
+    position its settlement records (bound into a sealed outcome, R-10)."""
+    prefix, _, rest = info.activity_id.partition("-")
+    number = rest.partition(":")[0]
     if prefix != "child" or not number.isdigit():
         raise ApplicationError(
             f"activity {info.activity_id!r} is not a group child", type="NotAChild"

@@ -46,6 +46,12 @@ Json = dict[str, Any]
 
 _CANCELLED: Json = {"status": "cancelled", "value": None, "error": None}
 
+NAMED_CHILDREN = "effecthost-named-children"
+"""Patch id: runs started with it give each child activity an id and summary naming its
+tool and position, wait for a cancelled loser's activity to end (so history shows the
+end) and report progress as current details. Runs recorded before keep ``child-N`` and
+replay unchanged."""
+
 
 def assign_rank(settled: list[Json], settlement: Json) -> None:
     """The rank rule: a settlement takes the next rank in the order the workflow
@@ -99,6 +105,17 @@ def _failure(exc: ActivityError) -> Json:
     }
 
 
+def _status(outcome: Json) -> str:
+    """An outcome's status for the run's result; a stored form whose outcome the workflow
+    cannot read (sealed, or by reference) shows its form instead."""
+    if "status" in outcome:
+        return str(outcome["status"])
+    inner = outcome.get("outcome")
+    if outcome.get("form") == "inline" and isinstance(inner, dict):
+        return str(inner.get("status"))
+    return f"stored ({outcome.get('form')})"
+
+
 def _rank_of(name: str, prefix: str) -> int:
     try:
         return int(name[len(prefix) :])
@@ -125,12 +142,16 @@ class EffectGroupWorkflow:
         self._ledger = kit.RankLedger(len(self._children))  # first settlement wins
         self._events: dict[int, Any] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._activities: dict[int, workflow.ActivityHandle[Json]] = {}
         self._closed = False
+        self._named = False
 
     # -- run ----------------------------------------------------------------------------
 
     @workflow.run
     async def run(self, spec: Json) -> Json:
+        self._named = workflow.patched(NAMED_CHILDREN)
+        self._show_progress()
         for position in range(len(self._children)):
             self._tasks[position] = asyncio.create_task(self._watch(position))
         await workflow.wait_condition(
@@ -138,6 +159,7 @@ class EffectGroupWorkflow:
                 self._closed
                 and len(self._settled) == len(self._children)
                 and workflow.all_handlers_finished()
+                and (not self._named or all(t.done() for t in self._tasks.values()))
             )
         )
         if self._options.get("payloads"):
@@ -150,7 +172,19 @@ class EffectGroupWorkflow:
                 start_to_close_timeout=timedelta(seconds=60),
                 retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
             )
-        return {"ranks": [s["replay_key"] for s in self._settled]}
+        return {
+            "ranks": [s["replay_key"] for s in self._settled],
+            "settled": [
+                {
+                    "rank": s["rank"],
+                    "position": s["position"],
+                    "replay_key": s["replay_key"],
+                    "tool": self._children[s["position"]]["envelope"]["name"],
+                    "status": _status(s["outcome"]),
+                }
+                for s in self._settled
+            ],
+        }
 
     async def _watch(self, position: int) -> None:
         child = self._children[position]
@@ -164,31 +198,67 @@ class EffectGroupWorkflow:
             elif kind == "await_event":
                 await workflow.wait_condition(lambda: position in self._events)
                 outcome = {"status": "success", "value": self._events[position], "error": None}
+            elif self._named:
+                outcome = await self._run_named(position, envelope)
             else:
                 outcome = await workflow.execute_activity(
                     CHILD_ACTIVITY,
                     envelope,
                     activity_id=f"child-{position}",
-                    start_to_close_timeout=timedelta(
-                        seconds=float(self._options.get("start_to_close", 86400.0))
-                    ),
-                    heartbeat_timeout=timedelta(
-                        seconds=float(self._options.get("heartbeat_timeout", 5.0))
-                    ),
-                    retry_policy=RetryPolicy(
-                        initial_interval=timedelta(seconds=1),
-                        backoff_coefficient=2.0,
-                        maximum_interval=timedelta(seconds=10),
-                        maximum_attempts=0,
-                    ),
                     cancellation_type=workflow.ActivityCancellationType.TRY_CANCEL,
-                    result_type=dict,
+                    **self._activity_options(),
                 )
         except asyncio.CancelledError:
             outcome = dict(_CANCELLED)
         except ActivityError as exc:
             outcome = _failure(exc)
         self._settle(position, outcome)
+
+    def _activity_options(self) -> Json:
+        return {
+            "start_to_close_timeout": timedelta(
+                seconds=float(self._options.get("start_to_close", 86400.0))
+            ),
+            "heartbeat_timeout": timedelta(
+                seconds=float(self._options.get("heartbeat_timeout", 5.0))
+            ),
+            "retry_policy": RetryPolicy(
+                initial_interval=timedelta(seconds=1),
+                backoff_coefficient=2.0,
+                maximum_interval=timedelta(seconds=10),
+                maximum_attempts=0,
+            ),
+            "result_type": dict,
+        }
+
+    async def _run_named(self, position: int, envelope: Json) -> Json:
+        """The child's activity, named ``child-{position}:{tool}`` with a summary. A cancel
+        settles the child at once (:meth:`_cancel_unsettled`, so a close still returns
+        without waiting) but this watcher waits for the activity to end, so history
+        records the loser's end (``ActivityTaskCanceled``, or its completion if it
+        finished anyway)."""
+        handle = workflow.start_activity(
+            CHILD_ACTIVITY,
+            envelope,
+            activity_id=f"child-{position}:{envelope['name']}",
+            summary=f"{envelope['name']} · position {position} · {envelope['replay_key']}",
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            **self._activity_options(),
+        )
+        self._activities[position] = handle
+        outcome: Json = await handle
+        return outcome
+
+    def _show_progress(self) -> None:
+        """Current details (``temporal workflow describe``, the UI): shape and progress."""
+        if not self._named:
+            return
+        state = f"closed ({self._effective})" if self._closed else "open"
+        workflow.set_current_details(
+            f"effecthost group: wake {self._wake}, losers {self._declared}, "
+            f"{len(self._children)} children, settled {len(self._settled)}/"
+            f"{len(self._children)}, {state}"
+        )
 
     def _settle(self, position: int, outcome: Json) -> None:
         if self._ledger.settle(position) is None:
@@ -201,12 +271,18 @@ class EffectGroupWorkflow:
                 "outcome": outcome,
             },
         )
+        self._show_progress()
 
     def _cancel_unsettled(self) -> list[str]:
         cancelled: list[str] = []
         for position, task in self._tasks.items():
             if self._ledger.rank_of(position) is None and not task.done():
-                task.cancel()
+                activity = self._activities.get(position)
+                if activity is None:
+                    task.cancel()
+                else:  # settled now; its watcher waits for the activity's end
+                    activity.cancel()
+                    self._settle(position, dict(_CANCELLED))
                 cancelled.append(self._children[position]["envelope"]["replay_key"])
         return cancelled
 
@@ -349,6 +425,7 @@ class EffectGroupWorkflow:
             workflow.upsert_memo({MEMO_STATE: "closed"})
         if target == "cancel":
             self._cancel_unsettled()
+        self._show_progress()
 
     def _close_target(self, disposition: str | None, shape: list[Any] | None) -> str | None:
         """R-2's order for a close: the handle's shape (G-20), then a closed group is a
