@@ -4,6 +4,7 @@ endpoint mid-group, an unbound target, and a CANCEL close that does not wait."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -41,6 +42,9 @@ from effecthost.hosts.restate.testing import (
     group_state,
     sealed_factory,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from untyped_calls import wrong_type_calls
 
 
 @dataclass
@@ -307,22 +311,6 @@ async def test_wrong_argument_types_are_typed_refusals(stack: Stack) -> None:
     from effecthost.contract import EffectHostError
 
     ctl = stack.controller
-    unchecked = GroupHandle.model_construct(
-        group_key="k:group:x:0",
-        child_count=2,
-        consumed=-1,
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-    )
-    for call in (
-        lambda: ctl.open_effect_group(None),  # type: ignore[arg-type]
-        lambda: ctl.open_effect_group("g"),  # type: ignore[arg-type]
-        lambda: ctl.await_next_settlement(None),  # type: ignore[arg-type]
-        lambda: ctl.await_next_settlement(unchecked),
-        lambda: ctl.close_effect_group(None),  # type: ignore[arg-type]
-        lambda: ctl.settlement_order(["k"]),  # type: ignore[arg-type]
-        lambda: ctl.settlement_order("\ud800"),
-        lambda: ctl.deliver_event(None, "go"),  # type: ignore[arg-type]
-    ):
+    for _name, call in wrong_type_calls(ctl):
         with pytest.raises(EffectHostError):
             await asyncio.wait_for(call(), TIMEOUT)

@@ -338,13 +338,13 @@ async def test_values_the_database_refuses_are_typed_and_record_nothing(
     assert await db.tables() == tables
 
 
+@pytest.mark.parametrize("db", ["postgres"], indirect=True)  # row-level interleaving
 async def test_postgres_opens_in_flight_together_are_one_open(db: Db) -> None:
     """R-7 on PostgreSQL, both opens inside their transactions at once: the creator is
     held after its group row (a test transaction locks the children table), the second
     open then waits on the creator's uncommitted group row; once both are released,
     exactly one open recorded the group and the other is fenced as a reopen."""
-    if db.kind != "postgres":
-        pytest.skip("row-level interleaving inside one open is PostgreSQL's")
+    assert db.kind == "postgres"
     import asyncpg
 
     key = "flight:group:first:0"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,9 @@ from effecthost.contract import (
 )
 
 from ._support import running_host, step
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from untyped_calls import wrong_type_calls
 
 
 @pytest.mark.timeout(90)
@@ -105,26 +109,10 @@ def test_wrong_argument_types_are_typed_refusals(tmp_path: Path) -> None:
 
 
 async def _wrong_types(root: Path) -> None:
-    from effecthost.contract import EffectHostError, LoserPolicy, WakePolicy
+    from effecthost.contract import EffectHostError
 
     async with running_host(root) as (host, _lab):
         ctl = await host.controller()
-        unchecked = GroupHandle.model_construct(
-            group_key="k:group:x:0",
-            child_count=2,
-            consumed=-1,
-            wake=WakePolicy.FIRST,
-            disposition=LoserPolicy.CANCEL,
-        )
-        for call in (
-            lambda: ctl.open_effect_group(None),  # type: ignore[arg-type]
-            lambda: ctl.open_effect_group("g"),  # type: ignore[arg-type]
-            lambda: ctl.await_next_settlement(None),  # type: ignore[arg-type]
-            lambda: ctl.await_next_settlement(unchecked),
-            lambda: ctl.close_effect_group(None),  # type: ignore[arg-type]
-            lambda: ctl.settlement_order(["k"]),  # type: ignore[arg-type]
-            lambda: ctl.settlement_order("\ud800"),
-            lambda: ctl.deliver_event(None, "go"),  # type: ignore[arg-type]
-        ):
+        for _name, call in wrong_type_calls(ctl):
             with pytest.raises(EffectHostError):
                 await asyncio.wait_for(call(), 20)
