@@ -20,6 +20,7 @@ from effecthost.contract import (
     EffectGroup,
     EffectKind,
     GroupClosed,
+    GroupDrain,
     GroupHandle,
     GroupShapeError,
     GroupShapeMismatch,
@@ -1063,3 +1064,33 @@ def _shape_fence(record: _Group, group: EffectGroup) -> None:
         group.disposition,
     ):
         raise GroupShapeMismatch("shape differs", group_key=group.key)
+
+
+@mutant("G-10")
+class RecordsBeforeCheckingSleepsHost(MemoryEffectHost):
+    """G-10: the first open records the group, then validates its children's inputs; a
+    malformed ``sleep`` is refused, but the group stays recorded (as the SQL tier did when
+    child-kind validation ran after the group row committed)."""
+
+    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        from effecthost.contract import InvalidEnvelope
+
+        try:
+            return await super().open_effect_group(group)
+        except InvalidEnvelope:
+            if group.key not in self._groups:
+                self._record_group(group)
+            raise
+
+
+@mutant("G-12")
+class UnwiredDrainRefusedHost(MemoryEffectHost):
+    """G-12: a host with no resolver refuses to hand out a drain, as if draining needed
+    executors (it reports every unfinished child as ``NoExecutor`` instead)."""
+
+    def drain(self) -> GroupDrain:
+        if not self.supports_effect_groups():
+            from effecthost.contract import EffectGroupUnsupported
+
+            raise EffectGroupUnsupported("no resolver: no drain")
+        return super().drain()
