@@ -3,17 +3,38 @@ for a group of two children, position 1 settled (rank 1) and position 0 running.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 TESTS = Path(__file__).parent
 
-GROUP_FIELDS = ["key", "age_seconds", "wake", "disposition", "settled", "total", "owner"]
-CHILD_FIELDS = ["rank", "position", "replay_key", "tool", "status", "settled_at", "sealed"]
+GROUP_FIELDS = [
+    "key",
+    "age_seconds",
+    "wake",
+    "disposition",
+    "settled",
+    "total",
+    "owner",
+    "opened_at",
+]
+CHILD_FIELDS = [
+    "rank",
+    "position",
+    "replay_key",
+    "tool",
+    "status",
+    "settled_at",
+    "sealed",
+    "started_at",
+]
 GROUP_HEADER = ["KEY", "AGE", "WAKE", "DISPOSITION", "SETTLED", "OWNER"]
 RANK_HEADER = ["RANK", "POSITION", "REPLAY", "KEY", "TOOL", "STATUS", "SETTLED", "AT", "SEALED"]
 
@@ -42,9 +63,11 @@ def check_inspect(
     disposition: str,
     owner: str | None,
     children: list[tuple[str, str]],
+    starts: bool = True,
 ) -> None:
-    """Run the listing and the rank table (text and JSON) against ``where`` and check
-    them: ``children`` are (replay key, tool) by position; position 1 holds rank 1."""
+    """Run the listing, the rank table (text and JSON) and the timeline page against
+    ``where`` and check them: ``children`` are (replay key, tool) by position; position 1
+    holds rank 1. ``starts``: the tier records when each child started."""
     listed = inspect(*where, "--json")
     assert listed.returncode == 0, listed.stderr
     groups = json.loads(listed.stdout)["groups"]
@@ -58,6 +81,7 @@ def check_inspect(
     )
     assert group["owner"] == owner
     assert group["age_seconds"] is not None and 0 <= group["age_seconds"] < 600
+    assert group["opened_at"] is not None and abs(time.time() - group["opened_at"]) < 600
 
     text = inspect(*where)
     assert text.returncode == 0, text.stderr
@@ -73,7 +97,13 @@ def check_inspect(
     assert [list(c) for c in doc["children"]] == [CHILD_FIELDS] * 2
     first, running = doc["children"]
     assert first["settled_at"] is not None
-    assert {k: v for k, v in first.items() if k != "settled_at"} == {
+    if starts:
+        assert first["started_at"] is not None and running["started_at"] is not None
+        assert doc["group"]["opened_at"] <= first["started_at"] + 1 <= first["settled_at"] + 1
+    else:
+        assert first["started_at"] is None and running["started_at"] is None
+    times = ("settled_at", "started_at")
+    assert {k: v for k, v in first.items() if k not in times} == {
         "rank": 1,
         "position": 1,
         "replay_key": children[1][0],
@@ -89,6 +119,7 @@ def check_inspect(
         "status": "running",
         "settled_at": None,
         "sealed": None,
+        "started_at": running["started_at"],
     }
 
     table = inspect(*where, "--group", key)
@@ -100,6 +131,16 @@ def check_inspect(
     assert ranked[:5] == ["1", "1", children[1][0], children[1][1], "success"]
     assert ranked[6] == "no"
     assert unranked == ["-", "0", children[0][0], children[0][1], "running", "-", "-"]
+
+    with tempfile.TemporaryDirectory() as scratch:
+        page_file = Path(scratch) / "group.html"
+        drawn = inspect(*where, "--group", key, "--html", str(page_file))
+        assert drawn.returncode == 0, drawn.stderr
+        page = page_file.read_text("utf-8")
+    assert html.escape(key) in page and "running" in page
+    assert all(html.escape(rk) in page and html.escape(tool) in page for rk, tool in children)
+    assert ("records no start time" in page) is not starts
+    assert "<script" not in page and "http" not in page.split("<body>", 1)[1]
 
     unknown = inspect(*where, "--group", "no:such:group")
     assert unknown.returncode == 17, unknown.stderr

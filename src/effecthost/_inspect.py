@@ -46,6 +46,8 @@ class GroupRow:
     settled: int | None
     total: int | None
     owner: str | None
+    opened_at: float | None = None
+    """Epoch seconds the group was opened, where the tier tells (the timeline's origin)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ class ChildRow:
     status: str
     settled_at: float | None
     sealed: bool | None
+    started_at: float | None = None
+    """Epoch seconds the child began, where the tier records it (SQL does not: its
+    children are recorded at the group's open)."""
 
 
 def outcome_status(recorded: Any) -> tuple[str, bool | None]:

@@ -1,4 +1,4 @@
-"""The ``effecthost`` command: ``conformance``, ``inspect``, ``drain`` and ``demo``."""
+"""The ``effecthost`` command: ``conformance``, ``inspect``, ``ui``, ``drain`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ class ExitCode(IntEnum):
     SEALED = 15
     ENGINE_MISSING = 16
     UNKNOWN_GROUP = 17
+    NOT_LOOPBACK = 18
 
 
 async def _load_controller(spec: str) -> EffectController:
@@ -294,7 +295,7 @@ class _SqlInspector:
         store = await self._started()
         with _refusals(self._where):
             groups: list[Any] = await store.inspect_groups()
-        return groups
+        return [_opened(g) for g in groups]
 
     async def group(self, group_key: str) -> tuple[Any, list[Any]]:
         from effecthost._inspect import UnknownGroupKey, in_rank_order
@@ -304,10 +305,21 @@ class _SqlInspector:
             found = await store.inspect_group(group_key)
         if found is None:
             raise UnknownGroupKey(group_key)
-        return found[0], in_rank_order(found[1])
+        return _opened(found[0]), in_rank_order(found[1])
 
     async def aclose(self) -> None:
         await self._store.aclose()
+
+
+def _opened(group: Any) -> Any:
+    """The group with ``opened_at``: SQL records the open time, and its inspect read gives
+    it as an age on the database clock."""
+    import dataclasses
+    import time
+
+    if group.age_seconds is None:
+        return group
+    return dataclasses.replace(group, opened_at=time.time() - group.age_seconds)
 
 
 class _KeysOnly:
@@ -396,6 +408,9 @@ def _inspect(args: argparse.Namespace) -> int:
     from effecthost import _inspect as shown
     from effecthost.hosts import MissingExtra
 
+    if args.html and args.group is None:
+        raise Refused(ExitCode.USAGE, "--html draws one group: give --group KEY")
+
     async def main() -> int:
         inspector = await _inspector(args)
         try:
@@ -405,7 +420,13 @@ def _inspect(args: argparse.Namespace) -> int:
                 print(f"{len(groups)} open group(s)", file=sys.stderr)
             else:
                 group, children = await inspector.group(args.group)
-                if args.json:
+                if args.html:
+                    from effecthost._timeline import render_timeline
+
+                    page = render_timeline(group, children)
+                    await asyncio.to_thread(Path(args.html).write_text, page, "utf-8")
+                    print(f"wrote {args.html}", file=sys.stderr)
+                elif args.json:
                     print(shown.group_json(group, children))
                 else:
                     print(shown.groups_table([group]))
@@ -423,6 +444,64 @@ def _inspect(args: argparse.Namespace) -> int:
         raise Refused(ExitCode.UNREACHABLE, str(exc)) from None
     except MissingExtra as exc:
         raise Refused(ExitCode.ENGINE_MISSING, str(exc)) from None
+
+
+def _ui(args: argparse.Namespace) -> int:
+    """Serve every open group's timeline on a loopback address until interrupted."""
+    import signal
+    import threading
+
+    from effecthost import _inspect as shown
+    from effecthost import _timeline
+    from effecthost.hosts import MissingExtra
+
+    try:
+        _timeline.loopback_address(args.bind)
+    except _timeline.NotLoopback as exc:
+        raise Refused(ExitCode.NOT_LOOPBACK, str(exc)) from None
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="effecthost-ui", daemon=True)
+    thread.start()
+    inspector: Any = None
+    try:
+        try:
+            inspector = asyncio.run_coroutine_threadsafe(_inspector(args), loop).result()
+            # read once before serving, so a tier that cannot be read is refused up front
+            _timeline.run_in(loop, inspector)(lambda i: i.groups())
+        except shown.TierUnreachable as exc:
+            raise Refused(ExitCode.UNREACHABLE, str(exc)) from None
+        except MissingExtra as exc:
+            raise Refused(ExitCode.ENGINE_MISSING, str(exc)) from None
+        try:
+            server = _timeline.make_server(
+                _timeline.run_in(loop, inspector), args.bind, args.port, refresh=args.refresh
+            )
+        except OSError as exc:
+            raise Refused(
+                ExitCode.USAGE, f"cannot listen on {args.bind}:{args.port} ({exc.strerror})"
+            ) from None
+        host, port = str(server.server_address[0]), int(server.server_address[1])
+        shown_host = f"[{host}]" if ":" in host else host
+        print(f"effecthost ui: serving http://{shown_host}:{port}/", flush=True)
+
+        def stop(*_: Any) -> None:
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+    finally:
+        if inspector is not None:
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(inspector.aclose(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+    return ExitCode.OK
 
 
 def _payload_policy(args: argparse.Namespace) -> Any:
@@ -658,7 +737,32 @@ def build_parser() -> argparse.ArgumentParser:
     _host_options(inspect_, engines=True)
     inspect_.add_argument("--group", metavar="KEY", help="show this group's rank table")
     inspect_.add_argument("--json", action="store_true", help="print JSON")
+    inspect_.add_argument(
+        "--html",
+        metavar="FILE",
+        help="with --group: write the group's timeline as a self-contained HTML page",
+    )
     inspect_.set_defaults(run=_inspect)
+
+    ui = commands.add_parser(
+        "ui",
+        help="serve every open group's timeline on a loopback address",
+        description="A small local viewer: an index of the open groups of a host, each "
+        "linking to the page `inspect --group KEY --html` writes. It reads like inspect "
+        "(never writes) and listens on a loopback address only; stop it with Ctrl-C or "
+        "SIGTERM.",
+        epilog=exit_code_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _host_options(ui, engines=True)
+    ui.add_argument(
+        "--bind", default="127.0.0.1", help="a loopback address or name (default 127.0.0.1)"
+    )
+    ui.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks one)")
+    ui.add_argument(
+        "--refresh", type=int, default=5, metavar="SECONDS", help="page reload interval (0: none)"
+    )
+    ui.set_defaults(run=_ui)
 
     drain = commands.add_parser(
         "drain",
@@ -728,6 +832,7 @@ EXIT_CODES = {
     ExitCode.SEALED: "drain: sealed outcomes recorded, but no --keys given",
     ExitCode.ENGINE_MISSING: "an engine binary or an extra is not installed",
     ExitCode.UNKNOWN_GROUP: "inspect --group: no open group of that key",
+    ExitCode.NOT_LOOPBACK: "ui --bind: not a loopback address",
 }
 
 

@@ -107,15 +107,15 @@ class RestateInspector:
             for name, value in state.items()
             if name.startswith("inv:") and isinstance(value, str)
         }
+        created: dict[str, float] = {}
         completed: dict[str, float] = {}
         if invocations:
             found = await self._query(
-                "SELECT id, completed_at FROM sys_invocation WHERE id IN "
+                "SELECT id, created_at, completed_at FROM sys_invocation WHERE id IN "
                 f"({', '.join(map(_text, invocations.values()))})"
             )
-            completed = {
-                r["id"]: at for r in found if (at := _epoch(r.get("completed_at"))) is not None
-            }
+            created = {r["id"]: at for r in found if (at := _epoch(r.get("created_at")))}
+            completed = {r["id"]: at for r in found if (at := _epoch(r.get("completed_at")))}
         children: list[ChildRow] = []
         for position, entry in enumerate(state.get("children") or []):
             envelope = entry["envelope"]
@@ -129,9 +129,15 @@ class RestateInspector:
                 else:  # an outcome in the payload object, unsealed
                     status, sealed = outcome_status({"form": "ref", "sealed": False})
                 at = completed.get(invocations.get(rk, ""))
-                children.append(ChildRow(rank, position, rk, envelope["name"], status, at, sealed))
+                begun = created.get(invocations.get(rk, ""))
+                children.append(
+                    ChildRow(rank, position, rk, envelope["name"], status, at, sealed, begun)
+                )
             else:
-                children.append(ChildRow(None, position, rk, envelope["name"], RUNNING, None, None))
+                begun = created.get(invocations.get(rk, ""))
+                children.append(
+                    ChildRow(None, position, rk, envelope["name"], RUNNING, None, None, begun)
+                )
         return _group(group_key, state, opened.get(group_key)), in_rank_order(children)
 
 
@@ -145,4 +151,5 @@ def _group(key: str, state: dict[str, Any], opened_at: float | None) -> GroupRow
         int(state.get("counter") or 0),
         int(shape["child_count"]),
         shape.get("owner"),
+        opened_at,
     )

@@ -86,7 +86,7 @@ class TemporalInspector:
             except (RPCError, WorkflowQueryFailedError):
                 # no worker answers queries for it now: list what visibility knows
                 started = execution.start_time.timestamp() if execution.start_time else None
-                rows.append(GroupRow(key, age(started), None, None, None, None, None))
+                rows.append(GroupRow(key, age(started), None, None, None, None, None, started))
                 continue
             if status["closed"]:
                 continue  # closed since the (eventually consistent) listing
@@ -112,7 +112,7 @@ class TemporalInspector:
             raise UnknownGroupKey(group_key) from None  # a finished run answers no query
         if status["closed"]:
             raise UnknownGroupKey(group_key)
-        names, ended = await self._from_history(handle)
+        names, scheduled_at, ended = await self._from_history(handle)
         ranked = {s["position"]: (rank, s) for rank, s in enumerate(settled, start=1)}
         children: list[ChildRow] = []
         for position, name in enumerate(names):
@@ -121,7 +121,16 @@ class TemporalInspector:
                 outcome_state, sealed = outcome_status(record["outcome"])
                 rk = record["replay_key"]
                 children.append(
-                    ChildRow(rank, position, rk, name, outcome_state, ended.get(rk), sealed)
+                    ChildRow(
+                        rank,
+                        position,
+                        rk,
+                        name,
+                        outcome_state,
+                        ended.get(rk),
+                        sealed,
+                        scheduled_at.get(rk),
+                    )
                 )
         for entry in status["unsettled"]:
             envelope = entry["envelope"]
@@ -134,16 +143,22 @@ class TemporalInspector:
                     RUNNING,
                     None,
                     None,
+                    scheduled_at.get(envelope["replay_key"]),
                 )
             )
         return _group(group_key, execution, status), in_rank_order(children)
 
-    async def _from_history(self, handle: Any) -> tuple[list[str], dict[str, float]]:
+    async def _from_history(
+        self, handle: Any
+    ) -> tuple[list[str], dict[str, float], dict[str, float]]:
         """Each child's tool name (from the start input, in position order) and, per
-        replay key, when its activity ended (from the scheduled activity's input)."""
+        replay key, when its activity was scheduled and when it ended (matched through
+        the scheduled activity's input). A retried activity's start event is written
+        only when it ends, so the scheduling is the start a timeline can rely on."""
         converter = self._client.data_converter
         names: list[str] = []
         scheduled: dict[int, str] = {}
+        scheduled_at: dict[str, float] = {}
         ended: dict[str, float] = {}
         async for event in handle.fetch_history_events():
             if event.HasField("workflow_execution_started_event_attributes"):
@@ -158,13 +173,15 @@ class TemporalInspector:
                     continue
                 if isinstance(envelope, dict) and "replay_key" in envelope:
                     scheduled[event.event_id] = envelope["replay_key"]
+                    at = event.event_time.ToMicroseconds() / 1e6
+                    scheduled_at.setdefault(envelope["replay_key"], at)
             else:
                 for field in _ENDED:
                     if event.HasField(field):
                         rk = scheduled.get(getattr(event, field).scheduled_event_id)
                         if rk is not None:
                             ended[rk] = event.event_time.ToMicroseconds() / 1e6
-        return names, ended
+        return names, scheduled_at, ended
 
 
 def _group(key: str, execution: Any, status: dict[str, Any]) -> GroupRow:
@@ -178,4 +195,5 @@ def _group(key: str, execution: Any, status: dict[str, Any]) -> GroupRow:
         len(status["order"]),
         int(count),
         status.get("opener"),
+        started,
     )
