@@ -294,32 +294,34 @@ class _SqlInspector:
     async def groups(self) -> list[Any]:
         store = await self._started()
         with _refusals(self._where):
+            now = await store.now()
             groups: list[Any] = await store.inspect_groups()
-        return [_opened(g) for g in groups]
+        return [_opened(g, now) for g in groups]
 
     async def group(self, group_key: str) -> tuple[Any, list[Any]]:
         from effecthost._inspect import UnknownGroupKey, in_rank_order
 
         store = await self._started()
         with _refusals(self._where):
+            now = await store.now()
             found = await store.inspect_group(group_key)
         if found is None:
             raise UnknownGroupKey(group_key)
-        return _opened(found[0]), in_rank_order(found[1])
+        return _opened(found[0], now), in_rank_order(found[1])
 
     async def aclose(self) -> None:
         await self._store.aclose()
 
 
-def _opened(group: Any) -> Any:
-    """The group with ``opened_at``: SQL records the open time, and its inspect read gives
-    it as an age on the database clock."""
+def _opened(group: Any, now: float) -> Any:
+    """The group with ``opened_at``: the read gives its age on the database clock, and
+    ``now`` is that clock read just before, so the open is never placed after a
+    settlement recorded on the same clock."""
     import dataclasses
-    import time
 
     if group.age_seconds is None:
         return group
-    return dataclasses.replace(group, opened_at=time.time() - group.age_seconds)
+    return dataclasses.replace(group, opened_at=now - group.age_seconds)
 
 
 class _KeysOnly:
