@@ -257,3 +257,51 @@ def test_html_needs_a_group(tmp_path: Path) -> None:
     drawn = inspect("--sqlite", str(tmp_path / "x.sqlite3"), "--html", str(tmp_path / "x.html"))
     assert drawn.returncode == 2 and "give --group KEY" in drawn.stderr
     assert not (tmp_path / "x.html").exists()
+
+
+def _child(rank: int | None, position: int, status: str, settled_at: float | None = None) -> Any:
+    from effecthost._inspect import ChildRow
+
+    return ChildRow(rank, position, f"k:{position}", "t", status, settled_at, None)
+
+
+@pytest.mark.parametrize(
+    ("wake", "statuses", "total", "decides"),
+    [
+        ("first", ["error", "success"], 3, 1),
+        ("first_success", ["error", "success", "success"], 3, 2),
+        ("first_success", ["error", "error"], 3, None),  # a success may still come
+        ("first_success", ["error", "cancelled", "error"], 3, 3),  # the aggregate error
+        ("first_success", ["settled", "success"], 2, None),  # sealed: cannot tell
+        ("all", ["success", "success"], 3, None),
+        ("all", ["success", "cancelled", "error"], 3, 2),  # all's first rejection
+        ("all", ["success", "success", "success"], 3, 3),
+        ("all", [], 0, None),
+    ],
+)
+def test_deciding_rank_follows_the_wake_policy(
+    wake: str, statuses: list[str], total: int, decides: int | None
+) -> None:
+    """G-24: the highlighted rank is the settlement each combinator returns on."""
+    from effecthost._timeline import deciding_rank
+
+    children = [_child(rank, rank, s) for rank, s in enumerate(statuses, start=1)]
+    assert deciding_rank(wake, children, total) == decides
+
+
+def test_page_escapes_what_the_records_hold() -> None:
+    """Keys, tools and owners are recorded text: the page shows them, never runs them."""
+    from effecthost._inspect import ChildRow, GroupRow
+    from effecthost._timeline import render_index, render_timeline
+
+    hostile = '<script>alert("x")</script>'
+    group = GroupRow(hostile, 1.0, "first", "cancel", 1, 2, hostile, 100.0)
+    children = [
+        ChildRow(1, 0, hostile, hostile, "success", None, False, None),  # time gone
+        ChildRow(2, 1, "b", "b", "error", 101.0, False, 100.5),
+    ]
+    for page in (render_timeline(group, children, now=102.0), render_index([group])):
+        assert "<script" not in page and "&lt;script&gt;" in page
+    page = render_timeline(group, children, now=102.0)
+    assert "Settlement times not recorded for ranks 1" in page
+    assert "records no start time for positions 0" in page
