@@ -305,3 +305,25 @@ def test_page_escapes_what_the_records_hold() -> None:
     page = render_timeline(group, children, now=102.0)
     assert "Settlement times not recorded for ranks 1" in page
     assert "records no start time for positions 0" in page
+
+
+def test_html_through_a_host_named_by_module_attr(race_db: Path, tmp_path: Path) -> None:
+    """G-30: ``--host MODULE:ATTR`` draws the same page as ``--sqlite`` for its store."""
+    (tmp_path / "timeline_host.py").write_text(
+        "from effecthost.hosts.sql import sqlite_host\n\n"
+        f"async def host():\n    return await sqlite_host({str(race_db)!r})\n"
+    )
+    out = tmp_path / "race.html"
+    command = ["inspect", "--host", "timeline_host:host", "--group", RACE, "--html", str(out)]
+    drawn = subprocess.run(
+        [sys.executable, "-m", "effecthost.cli", *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        check=False,
+    )
+    assert drawn.returncode == 0, drawn.stderr
+    page = out.read_text("utf-8")
+    assert "Rank 1 decides this race: position 1 (search.cache)" in page
+    assert page.count("✕ cancelled") == 2
