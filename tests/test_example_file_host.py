@@ -6,13 +6,20 @@ from __future__ import annotations
 import ast
 import io
 import re
+import subprocess
 import sys
 import tokenize
 from pathlib import Path
 
 import pytest
 
-from effecthost.conformance import all_checks, run_suite
+from effecthost.conformance import (
+    FactoryEnv,
+    ProcessHostUnderTest,
+    all_checks,
+    mark_killed,
+    run_suite,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "file_host"
@@ -41,6 +48,39 @@ async def test_the_file_host_passes_every_check_it_declares(example_importable: 
     for result in report.by_status("skipped"):
         assert not set(result.check.requires) <= declared, result.check.node_name
     assert len(report.results) == len(all_checks())
+
+
+async def test_a_restart_that_leaves_the_old_process_running_fails(
+    example_importable: None,
+) -> None:
+    """G-15, G-28 (issue 12, item 5): the example's harness is honest. A factory whose
+    restart marks the deployment process killed but leaves it running (its children still
+    run) fails the restart check: the lab refuses the zombie's events."""
+    from examples.file_host.testing import factory
+
+    zombies: list[subprocess.Popen[bytes]] = []
+
+    class Zombie(ProcessHostUnderTest):
+        async def restart(self) -> None:
+            proc, self._proc = self._proc, None
+            await super().restart()
+            if proc is not None:
+                zombies.append(proc)
+                mark_killed(self._env.lab_path, proc.pid)
+
+        async def aclose(self) -> None:
+            await super().aclose()
+            for proc in zombies:
+                proc.kill()
+                proc.wait()
+
+    def zombie_factory(env: FactoryEnv) -> ProcessHostUnderTest:
+        capabilities = factory(env).capabilities
+        return Zombie(env, "examples.file_host.testing:build", capabilities=capabilities)
+
+    report = await run_suite(zombie_factory, select="drain_finishes_losers")
+    (result,) = report.results
+    assert result.status == "failed" and "killed process" in result.reason, result.reason
 
 
 def code_lines(path: Path) -> int:

@@ -289,3 +289,58 @@ async def test_a_lost_race_to_record_is_a_fenced_reopen() -> None:
     handle = await host.open_effect_group(group("r", "a"))
     assert handle.child_count == 1 and isinstance(await host.find_group("r"), GroupRecord)
     gates["a"].set()
+
+
+class GuardedHost(DictHost):
+    """A host with concurrent writers: each hook yields to the loop (as an engine's I/O
+    would), and the guard is one lock per key."""
+
+    def __init__(self, tools: ToolRegistry | None) -> None:
+        super().__init__(tools)
+        self.locks: dict[str, asyncio.Lock] = {}
+        self.recorded: list[str] = []
+        self.closes: list[LoserPolicy] = []
+
+    def guard(self, key: str) -> asyncio.Lock:
+        return self.locks.setdefault(key, asyncio.Lock())
+
+    def held(self, key: str) -> bool:
+        return key in self.locks and self.locks[key].locked()
+
+    async def find_group(self, key: str) -> Known:
+        await asyncio.sleep(0)
+        return await DictHost.find_group(self, key)
+
+    async def record_group(self, opened: FirstOpen) -> bool:
+        assert self.held(opened.group.key)
+        await asyncio.sleep(0)
+        self.recorded.append(opened.group.key)
+        return await DictHost.record_group(self, opened)
+
+    async def record_close(self, key: str, disposition: LoserPolicy) -> None:
+        assert self.held(key)
+        await asyncio.sleep(0)
+        self.closes.append(disposition)
+        await DictHost.record_close(self, key, disposition)
+
+    async def cancel_unsettled(self, key: str) -> None:
+        assert not self.held(key)  # a cancel that settles under the guard must not deadlock
+        await DictHost.cancel_unsettled(self, key)
+
+
+async def test_the_guard_makes_check_then_act_one_step() -> None:
+    """R-7, R-3: the base reads and writes an open or a close inside the host's guard,
+    so concurrent first opens record once and a close's check sees the last close;
+    the cancels are issued after the guard is left."""
+    tools, gates = gated_tools("a", "b")
+    host = GuardedHost(tools)
+    handles = await asyncio.gather(
+        *(host.open_effect_group(group("k", "a", "b")) for _ in range(3))
+    )
+    assert host.recorded == ["k"] and handles[0] == handles[1] == handles[2]
+    await asyncio.gather(
+        host.close_effect_group(handles[0], CANCEL), host.close_effect_group(handles[1], CANCEL)
+    )
+    assert host.closes == [CANCEL]  # the second close found the group closed: a no-op
+    for gate in gates.values():
+        gate.set()

@@ -5,7 +5,8 @@ exclusive ``flock`` on ``root/lock`` and replaces the file atomically (``os.repl
 Each host object is an *incarnation* that holds a ``flock`` on ``root/owners/ID`` as long
 as its process lives, so "the owner is gone" (R-1) is "its lock can be taken". Children
 run as asyncio tasks of the host's process; what survives a restart is the directory.
-The rules come from ``effecthost.contract.kit``; what is here is the engine glue.
+The rules come from :class:`~effecthost.contract.kit.KitController`, which runs every open and
+close under :meth:`FileHost.guard` (the store's lock); what is here is the engine glue.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import time
 import uuid
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 from effecthost.contract import (
@@ -26,25 +28,18 @@ from effecthost.contract import (
     ExecutionInput,
     GroupDrain,
     GroupExecutors,
-    GroupHandle,
     GroupRecord,
     LoserPolicy,
-    Offer,
     Outcome,
     RankLedger,
     RecordedChild,
-    ReplayMismatch,
     Settlement,
     Tombstone,
-    WiredController,
-    coerce_disposition,
-    group_shape_error,
     kit,
     normalize_json,
-    require_handle,
-    sleep_durations,
     sleep_seconds,
 )
+from effecthost.contract.kit import FirstOpen, KitController
 
 from .store import FileStore, Record
 
@@ -62,7 +57,7 @@ def known(record: Record | None) -> GroupRecord | Tombstone | None:
 
 
 # [open]
-class FileHost(WiredController):
+class FileHost(KitController):
     """The contract's controller over a :class:`FileStore`."""
 
     def __init__(self, root: str | os.PathLike[str], resolver: GroupExecutors | None) -> None:
@@ -75,38 +70,29 @@ class FileHost(WiredController):
         self._changed = asyncio.Event()
         self._parked: Counter[tuple[str, int]] = Counter()
 
-    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
-        self._require_wired(group.key)
+    @contextlib.asynccontextmanager
+    async def guard(self, key: str) -> AsyncIterator[None]:
+        """Every open and close holds the store's lock (no hook below suspends in it)."""
         with self.store.locked():
-            record = self.store.read(group.key)
-            recorded = [
-                RecordedChild(position, child["replay_key"], child["hash"])
-                for position, child in enumerate(record["children"] if record else [])
-            ]
-            if not kit.check_reopen(Offer.of(group), known(record), recorded):
-                record = self._first_open(group)
-            assert record is not None
-            record["owner"] = self.owner  # a reopen makes this incarnation the owner (R-1)
-            self.store.write(record)
-        for position, child in enumerate(record["children"]):
-            if child["outcome"] is None and (group.key, position) not in self._tasks:
-                self._dispatch(group.key, position)
-        return group.handle()
+            yield
 
-    def _first_open(self, group: EffectGroup) -> Record:
-        sleep_durations(group)  # a malformed sleep refuses the open (G-10)
-        taken = {c["replay_key"]: r["key"] for r in self.store.records() for c in r["children"]}
-        for position, child in enumerate(group.children):
-            if child.replay_key in taken:  # replay keys are unique in the store (R-6)
-                raise ReplayMismatch(
-                    f"replay key {child.replay_key!r} is recorded for {taken[child.replay_key]!r}",
-                    group_key=group.key,
-                    replay_key=child.replay_key,
-                    position=position,
-                )
-        if (miss := self._first_unresolvable(group)) is not None:
-            raise group_shape_error(group, *miss)  # the last refusal; nothing recorded (G-10)
-        now = time.time()
+    async def find_group(self, key: str) -> GroupRecord | Tombstone | None:
+        return known(self.store.read(key))
+
+    async def recorded_children(self, key: str) -> list[RecordedChild]:
+        children = self.store.read(key)["children"]  # type: ignore[index]
+        return [RecordedChild(p, c["replay_key"], c["hash"]) for p, c in enumerate(children)]
+
+    async def replay_key_holder(self, replay_key: str) -> str | None:
+        """A scan of every group: fine for an example, linear in the store (R-6)."""
+        records = self.store.records()
+        return next(
+            (r["key"] for r in records for c in r["children"] if c["replay_key"] == replay_key),
+            None,
+        )
+
+    async def record_group(self, opened: FirstOpen) -> bool:
+        group, now = opened.group, time.time()
         children = [
             {
                 "replay_key": child.replay_key,
@@ -120,29 +106,40 @@ class FileHost(WiredController):
         ]
         loser = group.disposition.value
         record = dict(key=group.key, wake=group.wake.value, declared=loser, effective=loser)
-        return record | {"closed": False, "children": children, "ranks": []}
+        record |= {"owner": self.owner, "closed": False, "children": children, "ranks": []}
+        for position, executor in enumerate(opened.executors):
+            self._start(record, position, executor)
+        self.store.write(record)
+        return True  # under the guard nobody recorded the key meanwhile
+
+    async def resume_group(self, group: EffectGroup) -> None:
+        record = self.store.read(group.key)
+        assert record is not None
+        record["owner"] = self.owner  # a reopen makes this incarnation the owner (R-1)
+        for position, child in enumerate(record["children"]):
+            if child["outcome"] is None and (group.key, position) not in self._tasks:
+                self._start(record, position)  # a resolver miss stays unsettled (G-11)
+        self.store.write(record)
 
     # [/open]
 
     # [children]
-    def _dispatch(self, key: str, position: int) -> bool:
-        """Start child ``position`` under a new attempt; ``False`` when the resolver
-        cannot run it. An event wait needs no task: ``deliver_event`` settles it."""
-        with self.store.locked():
-            record = self.store.read(key)
-            assert record is not None
-            child = record["children"][position]
-            envelope = EffectEnvelope.model_validate(child["envelope"])
-            if envelope.kind == EffectKind.AWAIT_EVENT:
-                return True
-            if envelope.kind == EffectKind.SLEEP:
-                work = self._sleep_until(child["due"])  # the due time recorded at open (G-51)
-            elif (executor := self._resolver and self._resolver.resolve(envelope)) is None:
-                return False
-            else:
-                work = executor.execute(ExecutionInput(envelope, attempt=child["attempt"] + 1))
-            child["attempt"] += 1
-            self.store.write(record)
+    def _start(self, record: Record, position: int, executor: Any = None) -> bool:
+        """Start child ``position`` under a new attempt, in ``record`` (the caller writes
+        it, under the lock); ``False`` when the resolver cannot run it. An event wait
+        needs no task: ``deliver_event`` settles it."""
+        child = record["children"][position]
+        envelope = EffectEnvelope.model_validate(child["envelope"])
+        if envelope.kind == EffectKind.AWAIT_EVENT:
+            return True
+        if envelope.kind == EffectKind.SLEEP:
+            work = self._sleep_until(child["due"])  # the due time recorded at open (G-51)
+        elif (executor := executor or self.resolve_child(envelope)) is None:
+            return False
+        else:
+            work = executor.execute(ExecutionInput(envelope, attempt=child["attempt"] + 1))
+        child["attempt"] += 1
+        key = record["key"]
         task = asyncio.create_task(self._run(key, position, child["attempt"], work))
         self._tasks[key, position] = task
         task.add_done_callback(lambda _: self._tasks.pop((key, position), None))
@@ -162,29 +159,13 @@ class FileHost(WiredController):
         self._settle(key, position, attempt, outcome)
 
     def _settle(self, key: str, position: int, attempt: int | None, outcome: Outcome) -> bool:
-        """Record a child's outcome and its rank in one write. A stale attempt is fenced
-        off first; the kit's ledger gives the first settlement of a position rank
-        ``count + 1`` and refuses a second. Ranks are dense (appended in the write that
-        records the outcome), so rank n is ``ranks[n - 1]`` (G-16)."""
         with self.store.locked():
             record = self.store.read(key)
-            if record is None or not record["children"]:
-                return False  # retired meanwhile
-            child = record["children"][position]
-            ledger = RankLedger(len(record["children"]), record["ranks"])
-            if attempt not in (None, child["attempt"]) or ledger.settle(position) is None:
+            if record is None or not settle(record, position, attempt, outcome):
                 return False
-            child["outcome"], record["ranks"] = outcome.model_dump(mode="json"), ledger.order
-            self._retire_if_done(record, ledger)
             self.store.write(record)
         self._notify()
         return True
-
-    def _retire_if_done(self, record: Record, ledger: RankLedger) -> None:
-        """A closed group whose every child ranked retires whole into a tombstone: the
-        key stays closed (R-4), its replay keys are free again (G-17, G-36)."""
-        if record["closed"] and ledger.complete:
-            record.update(children=[], ranks=[])
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -193,41 +174,33 @@ class FileHost(WiredController):
     # [/children]
 
     # [consume]
-    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
-        require_handle(handle)
-        self._require_wired(handle.group_key)
-        rank = handle.consumed + 1
-        while True:
-            changed = self._changed
-            record = self.store.read(handle.group_key)
-            kit.check_await(handle.group_key, handle, known(record))  # R-2's order
-            assert record is not None
-            if rank <= len(record["ranks"]):
-                break
-            self._parked[handle.group_key, rank] += 1
-            try:  # a write by another process (a drain) is seen within a second
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), 1.0)
-            finally:
-                self._parked[handle.group_key, rank] -= 1
-        position = record["ranks"][rank - 1]
+    async def read_rank(self, key: str, rank: int) -> Settlement | None:
+        record = self.store.read(key)
+        if record is None or rank > len(record["ranks"]):
+            return None
+        position = record["ranks"][rank - 1]  # ranks are dense, so rank n is entry n (G-16)
         child = record["children"][position]
         outcome = Outcome.model_validate(child["outcome"])
-        handle.consumed = rank
         return Settlement(
             rank=rank, position=position, replay_key=child["replay_key"], outcome=outcome
         )
+
+    async def wait_for_change(self, key: str, rank: int) -> None:
+        """Until the next settlement or close in this process; a write by another
+        process (a drain) is seen within a second."""
+        self._parked[key, rank] += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), 1.0)
+        finally:
+            self._parked[key, rank] -= 1
 
     async def awaiting(self, group_key: str, rank: int) -> bool:
         """The waiter probe the conformance harness asks (G-19)."""
         return self._parked[group_key, rank] > 0
 
-    async def settlement_order(self, group_key: str) -> list[int]:
-        self._require_wired(group_key)
-        record = self.store.read(group_key)
-        if record is None or not record["children"]:
-            raise kit.unknown_group(group_key)
-        return list(record["ranks"])
+    async def settled_positions(self, key: str) -> list[int]:
+        return list(self.store.read(key)["ranks"])  # type: ignore[index]
 
     async def open_group_keys(self) -> list[str]:
         return sorted(r["key"] for r in self.store.records() if not r["closed"])
@@ -235,39 +208,32 @@ class FileHost(WiredController):
     # [/consume]
 
     # [close]
-    async def close_effect_group(
-        self, handle: GroupHandle, disposition: LoserPolicy | None = None
-    ) -> None:
-        disposition = coerce_disposition(require_handle(handle).group_key, disposition)
-        self._require_wired(handle.group_key)
-        with self.store.locked():
-            record = self.store.read(handle.group_key)
-            target = kit.check_close(handle.group_key, handle, known(record), disposition)
-            if target is None or record is None:
-                return  # a close of a closed or retired group is a no-op (R-4)
-            record.update(effective=target.value, closed=True)
-            self._retire_if_done(record, RankLedger(len(record["children"]), record["ranks"]))
-            self.store.write(record)
-        if target is LoserPolicy.CANCEL:
-            for position, child in enumerate(record["children"]):
-                if child["outcome"] is None:
-                    self._cancel(handle.group_key, position)
+    async def record_close(self, key: str, disposition: LoserPolicy) -> None:
+        record = self.store.read(key)
+        assert record is not None
+        record.update(effective=disposition.value, closed=True)
+        retire_if_done(record)
+        self.store.write(record)
         self._notify()  # a parked waiter wakes with GroupClosed (R-4)
 
-    def _cancel(self, key: str, position: int) -> None:
+    async def cancel_unsettled(self, key: str) -> None:
         """One cancel per unsettled child, not waiting for it to stop (G-27)."""
-        task = self._tasks.get((key, position))
-        if task is None:
-            self._settle(key, position, None, Outcome.cancelled())
-        else:
-            self._cancelling.add((key, position))
-            task.cancel()
+        record = self.store.read(key) or {"children": []}
+        for position, child in enumerate(record["children"]):
+            if child["outcome"] is not None:
+                continue
+            task = self._tasks.get((key, position))
+            if task is None:
+                self._settle(key, position, None, Outcome.cancelled())
+            else:
+                self._cancelling.add((key, position))
+                task.cancel()
 
     # [/close]
 
     # [events]
     async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
-        self._require_wired(group_key)
+        self.require_wired(group_key)
         value = normalize_json(payload, what=f"event {name!r}", group_key=group_key)
         record = self.store.read(group_key)
         if record is None:
@@ -294,27 +260,60 @@ class FileDrain(GroupDrain):
 
     async def run_pass(self) -> DrainReport:
         host, resumed, cancelled, missing = self.host, [], [], []
-        for record in host.store.records():
-            mine = record.get("owner") == host.owner
-            if not mine and host.store.owner_alive(record["owner"]):
-                continue  # a live owner's group is never touched (R-1)
-            for position, child in enumerate(record["children"]):
-                ids = (record["key"], child["replay_key"])
-                if child["outcome"] is not None or (record["key"], position) in host._tasks:
-                    continue
-                if host._resolver is None:  # report, never cancel (G-12)
-                    missing.append(kit.no_executor(*ids, position, kit.NO_RESOLVER))
-                elif not mine and record["effective"] == LoserPolicy.CANCEL:
-                    host._settle(record["key"], position, None, Outcome.cancelled())
-                    cancelled.append(ids)  # the declared CANCEL stays in force (G-29)
-                elif child["envelope"]["kind"] == EffectKind.AWAIT_EVENT:
-                    continue  # it waits for deliver_event, whoever owns it
-                elif host._dispatch(record["key"], position):
-                    resumed.append(ids)
-                else:
-                    missing.append(kit.no_executor(*ids, position, kit.RESOLVER_MISS))
+        for key in [r["key"] for r in host.store.records()]:
+            with host.store.locked():
+                record = host.store.read(key)
+                assert record is not None
+                mine, before = record["owner"] == host.owner, len(resumed + cancelled)
+                if not mine and host.store.owner_alive(record["owner"]):
+                    continue  # a live owner's group is never touched (R-1)
+                for position, child in enumerate(record["children"]):
+                    ids = (key, child["replay_key"])
+                    if child["outcome"] is not None or (key, position) in host._tasks:
+                        continue
+                    if host._resolver is None:  # report, never cancel (G-12)
+                        missing.append(kit.no_executor(*ids, position, kit.NO_RESOLVER))
+                    elif not mine and record["effective"] == LoserPolicy.CANCEL:
+                        settle(record, position, None, Outcome.cancelled())
+                        cancelled.append(ids)  # the declared CANCEL stays in force (G-29)
+                    elif child["envelope"]["kind"] == EffectKind.AWAIT_EVENT:
+                        continue  # it waits for deliver_event, whoever owns it
+                    elif host._start(record, position):
+                        resumed.append(ids)
+                    else:
+                        missing.append(kit.no_executor(*ids, position, kit.RESOLVER_MISS))
+                if len(resumed + cancelled) > before:
+                    host.store.write(record)
+        host._notify()
         return DrainReport(
             resumed=tuple(resumed), cancelled=tuple(cancelled), no_executor=tuple(missing)
         )
 
     # [/drain]
+
+
+# [ledger]
+def settle(record: Record, position: int, attempt: int | None, outcome: Outcome) -> bool:
+    """Record a child's outcome and its rank in ``record``, in one write. A stale attempt
+    is fenced off first; the kit's ledger gives the first settlement of a position rank
+    ``count + 1`` and refuses a second. Ranks are appended with the outcome, so they are
+    dense (G-16)."""
+    if not record["children"]:
+        return False  # retired meanwhile
+    child = record["children"][position]
+    ledger = RankLedger(len(record["children"]), record["ranks"])
+    if attempt not in (None, child["attempt"]) or ledger.settle(position) is None:
+        return False
+    child["outcome"], record["ranks"] = outcome.model_dump(mode="json"), ledger.order
+    retire_if_done(record)
+    return True
+
+
+def retire_if_done(record: Record) -> None:
+    """A closed group whose every child ranked retires whole into a tombstone: the key
+    stays closed (R-4), its replay keys are free again (G-17, G-36)."""
+    if record["closed"] and RankLedger(len(record["children"]), record["ranks"]).complete:
+        record.update(children=[], ranks=[])
+
+
+# [/ledger]

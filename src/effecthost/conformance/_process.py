@@ -11,7 +11,9 @@ The builder is a ``"module:function"`` called in the deployment process with a
 :class:`Deployment`; it returns the controller (a ``WiredController`` subclass, say) for
 ``deployment.resolver`` — the conformance resolver, or ``None`` for the unwired host. A
 controller with an ``awaiting(group_key, rank)`` method answers the waiter probe; one
-with ``aclose()`` is closed when the process is asked to stop (never on a restart).
+with ``aclose()`` is closed when the process is asked to stop (never on a restart); one
+with an ``owner`` attribute (its incarnation's id, R-1) is listed in
+:attr:`ProcessHostUnderTest.owners` until the next restart.
 
 One connection per call: a JSON request line, a JSON reply line. Closing the connection
 cancels the call in the deployment process (an await cancelled by its caller, G-19).
@@ -31,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -197,6 +199,9 @@ class ProcessHostUnderTest(HostUnderTest):
     rebuilds the hosts from their durable state. Declare ``restart`` in ``capabilities``
     only if the builder's host keeps its state somewhere that outlives its process
     (under ``deployment.work_dir``). Its output goes to ``deployment.log`` in the work dir.
+    ``sys_path`` entries are put first on the deployment process's ``sys.path`` (this
+    process's path follows). A subclass whose restart must also wait for something (a
+    lease to expire) overrides :meth:`restart` and awaits ``super().restart()`` first.
     """
 
     def __init__(
@@ -207,6 +212,7 @@ class ProcessHostUnderTest(HostUnderTest):
         capabilities: HostCapabilities,
         timeout: float = 10.0,
         config: Mapping[str, Any] | None = None,
+        sys_path: Sequence[str] = (),
     ) -> None:
         self.capabilities = capabilities
         self.timeout = timeout
@@ -217,13 +223,20 @@ class ProcessHostUnderTest(HostUnderTest):
             "config": dict(config or {}),
             "lab": str(env.lab_path),
             "work_dir": str(env.work_dir),
-            "sys_path": [os.path.abspath(p) for p in sys.path if p],
+            "sys_path": [os.path.abspath(p) for p in [*sys_path, *sys.path] if p],
             "socket": str(self._dir / "host.sock"),
             "ready": str(self._dir / "ready"),
         }
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._controllers: dict[str, RemoteController] = {}
+        self._owners: list[str] = []
+
+    @property
+    def owners(self) -> list[str]:
+        """The incarnation ids (a host's ``owner``) the deployment process started since
+        the last restart: those a restart leaves without a live process."""
+        return list(self._owners)
 
     @property
     def pid(self) -> int | None:
@@ -266,8 +279,10 @@ class ProcessHostUnderTest(HostUnderTest):
         if found is not None and self._alive():
             return found
         socket_path = await self._deployment()
-        wired = bool(await _call(socket_path, "start", name))
-        controller = RemoteController(socket_path, name, wired=wired)
+        started = await _call(socket_path, "start", name)
+        if started["owner"] is not None:
+            self._owners.append(str(started["owner"]))
+        controller = RemoteController(socket_path, name, wired=bool(started["wired"]))
         self._controllers[name] = controller
         return controller
 
@@ -283,6 +298,7 @@ class ProcessHostUnderTest(HostUnderTest):
     def _kill(self) -> int | None:
         proc, self._proc = self._proc, None
         self._controllers.clear()
+        self._owners.clear()
         if proc is None:
             return None
         if proc.poll() is None:
@@ -351,7 +367,9 @@ class _Server:
             return None
         host = await self.host(name)
         if op == "start":
-            return host.supports_effect_groups()
+            owner = getattr(host, "owner", None)
+            wired = host.supports_effect_groups()
+            return {"wired": wired, "owner": None if owner is None else str(owner)}
         if op == "awaiting":
             probe = getattr(host, "awaiting", None)
             return bool(probe is not None and await probe(args["group_key"], args["rank"]))

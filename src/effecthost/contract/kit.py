@@ -20,7 +20,9 @@ host: the kit") and ``docs/spec.md``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -531,13 +533,25 @@ class KitController(WiredController):
     what it must guarantee) and the methods the kit cannot know: ``deliver_event``,
     ``open_group_keys``, ``drain``, and running the children it records.
 
-    The base checks, then acts: between :meth:`find_group` and the write that follows
-    nothing is locked. A host with concurrent writers to one group (several processes)
-    makes its writes conditional as the hooks require, or, like the SQL host, calls the
-    kit's functions inside its own transaction instead of using this base.
+    Each open and close checks, then acts, inside :meth:`guard`: a host with several
+    writers to one group (processes sharing a directory or a database) makes the guard a
+    lock or a transaction on the key, and the check and the write become one step (R-7,
+    R-4). Awaits only read and take no guard.
     """
 
     # -- hooks -------------------------------------------------------------------------
+
+    def guard(self, key: str) -> AbstractAsyncContextManager[object]:
+        """The lock or transaction an open or close of ``key`` runs in: the base calls
+        :meth:`find_group`, :meth:`recorded_children`, :meth:`replay_key_holder`,
+        :meth:`record_group`, :meth:`resume_group` and :meth:`record_close` inside it,
+        and :meth:`cancel_unsettled` after leaving it (a cancel may settle a child, which
+        takes the host's own lock). The default guards nothing, enough for a host with
+        one writer (one process) whose hooks do not yield to the loop between the read
+        and the write. A guard that blocks the thread (``flock``) needs hooks that never
+        suspend while it is held; children started inside it must not settle before it
+        is left (an asyncio task first runs after the base returns)."""
+        return contextlib.nullcontext()
 
     async def find_group(self, key: str) -> Known:
         """What the host knows of ``key``: a :class:`GroupRecord`, a :class:`Tombstone`
@@ -617,22 +631,25 @@ class KitController(WiredController):
         sleep_durations(group)  # a malformed sleep is refused before anything (G-10)
         offer = Offer.of(group)
         for _attempt in range(2):  # a lost race to record the key is a reopen (R-7)
-            known = await self.find_group(group.key)
-            recorded = (
-                await self.recorded_children(group.key) if isinstance(known, GroupRecord) else ()
-            )
-            if check_reopen(offer, known, recorded):
-                await self.resume_group(group)
-                return group.handle()
-            for position, child in enumerate(group.children):
-                holder = await self.replay_key_holder(child.replay_key)
-                if holder is not None and holder != group.key:
-                    raise replay_key_taken(group.key, position, child.replay_key, holder)
-            executors = resolve_first_open(
-                group, self.resolve_child, skip=lambda _p, child: is_host_kind(child)
-            )
-            if await self.record_group(FirstOpen(group, tuple(executors))):
-                return group.handle()
+            async with self.guard(group.key):
+                known = await self.find_group(group.key)
+                recorded = (
+                    await self.recorded_children(group.key)
+                    if isinstance(known, GroupRecord)
+                    else ()
+                )
+                if check_reopen(offer, known, recorded):
+                    await self.resume_group(group)
+                    return group.handle()
+                for position, child in enumerate(group.children):
+                    holder = await self.replay_key_holder(child.replay_key)
+                    if holder is not None and holder != group.key:
+                        raise replay_key_taken(group.key, position, child.replay_key, holder)
+                executors = resolve_first_open(
+                    group, self.resolve_child, skip=lambda _p, child: is_host_kind(child)
+                )
+                if await self.record_group(FirstOpen(group, tuple(executors))):
+                    return group.handle()
         raise RuntimeError(f"group {group.key!r}: record_group refused twice with no record")
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
@@ -653,10 +670,11 @@ class KitController(WiredController):
         disposition = coerce_disposition(require_handle(handle).group_key, disposition)
         key = handle.group_key
         self.require_wired(key)
-        target = check_close(key, handle, await self.find_group(key), disposition)
-        if target is None:
-            return
-        await self.record_close(key, target)
+        async with self.guard(key):
+            target = check_close(key, handle, await self.find_group(key), disposition)
+            if target is None:
+                return
+            await self.record_close(key, target)
         if target is LoserPolicy.CANCEL:
             await self.cancel_unsettled(key)
 

@@ -291,9 +291,10 @@ def build_services(
                 await ctx.run("delete late payload", delete_payloads, args=(ctx.key(),))
             return
         rk = req["replay_key"]
-        if await _get(ctx, f"settled:{rk}") is not None:
-            return
-        rank = int(await _get(ctx, "counter") or 0) + 1
+        ranked = await _get(ctx, f"settled:{rk}") is not None  # read first, as journaled
+        rank = kit.next_rank(0 if ranked else int(await _get(ctx, "counter") or 0), ranked)
+        if rank is None:
+            return  # the child holds a rank already: a duplicate takes none
         record = {"position": req["position"], "replay_key": rk}
         if "stored" in req:
             record["stored"] = req["stored"]

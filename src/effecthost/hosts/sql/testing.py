@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import functools
 import glob
-import json
+import importlib
 import os
 import pwd
 import secrets
@@ -25,21 +25,30 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from effecthost.conformance import FactoryEnv, HostCapabilities, HostUnderTest, mark_killed
+from effecthost.conformance import (
+    Deployment,
+    FactoryEnv,
+    HostCapabilities,
+    ProcessHostUnderTest,
+)
 from effecthost.contract import EffectController, UnknownGroup
 from effecthost.hosts import EngineMissing, require
-from effecthost.payloads import FileKeyStore, StoredOutcome, default_scope
+from effecthost.payloads import (
+    AesGcmSealer,
+    FileKeyStore,
+    PayloadPolicy,
+    StoredOutcome,
+    default_scope,
+)
 
+from ._host import SqlEffectHost
 from ._postgres import PostgresStore
-from ._remote import RemoteController
-from ._remote import call as remote_call
 from ._sqlite import SqliteStore
 from ._store import Store
 
@@ -223,14 +232,15 @@ class PostgresServer:
 # -- the host under test -----------------------------------------------------------------
 
 
-class SqlHostUnderTest(HostUnderTest):
-    """The SQL host in a deployment process of its own (:mod:`._remote`): every host the
-    checks use — wired, unwired, sealed readers — with its child tasks, keeper, timers and
-    drain lives there, and the checks drive it through :class:`RemoteController`.
+class SqlHostUnderTest(ProcessHostUnderTest):
+    """The SQL host in a deployment process of its own (the conformance suite's
+    :class:`~effecthost.conformance.ProcessHostUnderTest`, with :func:`build` as its
+    builder): every host the checks use — wired, unwired, sealed readers — with its child
+    tasks, keeper, timers and drain lives there.
 
     ``restart()`` is a real one: it SIGKILLs that process (so no child of the dead
     incarnation can finish, and no event from it reaches the lab afterwards: the lab
-    refuses events from a killed pid), waits until the dead incarnation's leases have
+    refuses events from a killed pid), then waits until the dead incarnations' leases have
     expired on the database clock — what a restarted process finds after its predecessor
     died — and the next controller starts a new process with new incarnations.
 
@@ -241,7 +251,6 @@ class SqlHostUnderTest(HostUnderTest):
     """
 
     capabilities = HostCapabilities(restart=True, durable_timers=True, waiter_probe=True)
-    timeout = 10.0
 
     def __init__(
         self,
@@ -256,100 +265,31 @@ class SqlHostUnderTest(HostUnderTest):
         host_class: str | None = None,
         sys_path: list[str] | None = None,
     ) -> None:
-        self._env = env
-        self._make_store = make_store
-        self._lease_ttl = lease_ttl
-        self._renew_every = renew_every
-        self._on_close = on_close or []
-        self._dir = Path(tempfile.mkdtemp(prefix="deploy-", dir=env.work_dir))
-        self._config: dict[str, Any] = {
+        config = {
             **target,
-            "lab": str(env.lab_path),
             "lease_ttl": lease_ttl,
             "renew_every": renew_every,
             "sealed": sealed,
             "keys": str(env.work_dir / "keys"),
             "wrong-keys": str(env.work_dir / "wrong-keys"),
             "host_class": host_class,
-            "sys_path": list(sys_path or []),
-            "socket": str(self._dir / "host.sock"),
-            "ready": str(self._dir / "ready"),
         }
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: Any = None
-        self._controllers: dict[str, RemoteController] = {}
-        self._owners: list[str] = []
+        super().__init__(
+            env,
+            "effecthost.hosts.sql.testing:build",
+            capabilities=self.capabilities,
+            config=config,
+            sys_path=sys_path or (),
+        )
+        self._make_store = make_store
+        self._lease_ttl = lease_ttl
+        self._renew_every = renew_every
+        self._on_close = on_close or []
         self._readers = 0
 
-    @property
-    def pid(self) -> int | None:
-        """The deployment process running every child now (``None`` before the first)."""
-        return None if self._proc is None else self._proc.pid
-
-    def _launch(self) -> subprocess.Popen[bytes]:
-        Path(self._config["ready"]).unlink(missing_ok=True)
-        config = self._dir / "config.json"
-        config.write_text(json.dumps(self._config))
-        if self._log is None:
-            self._log = open(self._dir / "deployment.log", "ab")
-        return subprocess.Popen(
-            [sys.executable, "-m", "effecthost.hosts.sql._remote", str(config)],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-
-    def _ready(self) -> bool:
-        return Path(self._config["ready"]).exists()
-
-    async def _deployment(self) -> str:
-        if self._proc is not None and self._proc.poll() is None:
-            return str(self._config["socket"])
-        self._proc = proc = self._launch()
-        deadline = time.monotonic() + 60
-        while not self._ready():  # start-up only, never an ordering device
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the deployment process did not start; see {self._dir}")
-            await asyncio.sleep(0.02)
-        return str(self._config["socket"])
-
-    async def _controller(self, name: str) -> RemoteController:
-        found = self._controllers.get(name)
-        if found is not None and self._proc is not None and self._proc.poll() is None:
-            return found
-        socket_path = await self._deployment()
-        info = await remote_call(socket_path, "start", name)
-        controller = RemoteController(
-            socket_path, name, wired=bool(info["wired"]), owner=str(info["owner"])
-        )
-        self._owners.append(controller.owner)
-        self._controllers[name] = controller
-        return controller
-
-    async def controller(self, *, wired: bool = True) -> EffectController:
-        return await self._controller("wired" if wired else "unwired")
-
-    def _kill(self) -> int | None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        return proc.pid
-
-    async def awaiting(self, group_key: str, rank: int) -> bool:
-        """Whether a waiter of ``group_key`` is parked on this process's wake-ups (the
-        read that preceded it found no rank ``rank`` yet)."""
-        if self._proc is None or self._proc.poll() is not None:
-            return False
-        socket_path = str(self._config["socket"])
-        return bool(await remote_call(socket_path, "awaiting", "wired", group_key=group_key))
-
     async def restart(self) -> None:
-        killed = self._kill()
-        owners, self._owners = self._owners, []
-        self._controllers.clear()
+        owners = self.owners
+        await super().restart()
         probe = self._make_store()
         await probe.start()
         try:
@@ -363,20 +303,58 @@ class SqlHostUnderTest(HostUnderTest):
             await asyncio.sleep(max(0.0, expiry - now) + 0.02)
         finally:
             await probe.aclose()
-        if killed is not None:
-            # from now on the lab refuses (and the suite fails on) any event of that pid;
-            # what it sent before dying has been received during the wait above
-            mark_killed(self._env.lab_path, killed)
 
     async def aclose(self) -> None:
-        self._kill()
-        self._controllers.clear()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        await super().aclose()
         for closer in self._on_close:
             if callable(closer):
                 closer()
+
+
+# -- the deployment process's side -------------------------------------------------------
+
+_BUILT: list[Any] = []  # the hosts this deployment process built
+
+
+async def build(deployment: Deployment) -> Any:
+    """The builder :class:`SqlHostUnderTest` names, called in the deployment process: a
+    started SQL host (``host_class`` when configured) over the configured database, for
+    ``wired``, ``unwired`` and ``reader:none|wrong|right:N`` (a wired host whose payload
+    policy differs only in its key store)."""
+    config = deployment.config
+    if config["store"] == "sqlite":
+        store: Store = SqliteStore(config["path"])
+    else:
+        store = PostgresStore(config["dsn"], schema=config["schema"], pool_size=4)
+    cls: Any = SqlEffectHost
+    if config.get("host_class"):
+        module, _, name = str(config["host_class"]).partition(":")
+        cls = getattr(importlib.import_module(module), name)
+    payloads = None
+    if config.get("sealed"):
+        keys = deployment.name.split(":")[1] if deployment.name.startswith("reader:") else "right"
+        directory = {"right": "keys", "wrong": "wrong-keys"}.get(keys)
+        sealer = None if directory is None else AesGcmSealer(FileKeyStore(config[directory]))
+        payloads = PayloadPolicy(sealer=sealer)
+    host = cls(
+        store,
+        deployment.resolver,
+        node_id="conformance",
+        lease_ttl=config["lease_ttl"],
+        renew_every=config["renew_every"],
+        poll_interval=0.1,
+        payloads=payloads,
+    )
+    await host.start()
+    host.awaiting = _awaiting
+    _BUILT.append(host)
+    return host
+
+
+async def _awaiting(group_key: str, rank: int) -> bool:
+    """The waiter probe: a waiter of ``group_key`` is parked on this process's wake-ups
+    (the read that preceded it found no rank ``rank`` yet)."""
+    return any(not w.done() for host in _BUILT for w in host._changed.get(group_key, ()))
 
 
 def sqlite_factory(env: FactoryEnv) -> SqlHostUnderTest:

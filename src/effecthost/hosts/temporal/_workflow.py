@@ -56,7 +56,7 @@ replay unchanged."""
 def assign_rank(settled: list[Json], settlement: Json) -> None:
     """The rank rule: a settlement takes the next rank in the order the workflow
     observes it. The replay test re-derives ranks through this function."""
-    settlement["rank"] = len(settled) + 1
+    settlement["rank"] = kit.next_rank(len(settled), already_ranked=False)
     settled.append(settlement)
 
 
