@@ -1,165 +1,143 @@
-"""Benchmarks: group throughput on a host, side by side with a native asyncio baseline.
+"""Run the benchmarks and gather their results in one JSON document.
 
-    python benchmarks/run.py [--host memory] [--groups 2000] [--width 8] [--out FILE]
+    ./dev bench [--only NAME,...] [--skip NAME,...] [--quick] [--out FILE] [--list]
 
-Prints a table and writes JSON (default ``benchmarks/results/<host>.json``). Each row
-runs the same workload twice in one process — through effecthost and natively with
-``asyncio`` — and reports the ratio, so machine noise cancels out of the comparison.
+Each benchmark is a script of this directory, run in its own process (each also runs
+alone; see its docstring) with ``--out`` pointing into the results directory; this file
+collects what each wrote, with its exit status and wall time, into one document
+(default ``benchmarks/results/bench.json``), which ``benchmarks/plot.py`` draws.
+``--quick`` runs each with fewer rounds and smaller groups: a check that everything runs,
+not figures to quote. A script listed as optional is run when it exists. A benchmark that
+fails is recorded as failed and the others still run.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import os
 import platform
-import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from effecthost.combinators import Scope, all_, race, tool
-from effecthost.contract import EffectController, ToolRegistry
-from effecthost.hosts.memory import MemoryEffectHost
+HERE = Path(__file__).resolve().parent
 
 
-def _registry() -> ToolRegistry:
-    registry = ToolRegistry()
+@dataclass(frozen=True)
+class Bench:
+    name: str
+    script: str
+    quick: list[str] = field(default_factory=list)
+    default: bool = True
+    optional: bool = False  # run only when the script exists
 
-    @registry.tool("echo")
-    async def echo(value: Any) -> Any:
-        await asyncio.sleep(0)
-        return value
-
-    return registry
-
-
-async def _native_echo(value: Any) -> Any:
-    await asyncio.sleep(0)
-    return value
+    @property
+    def path(self) -> Path:
+        return HERE / self.script
 
 
-def _controller(host: str) -> EffectController:
-    if host == "memory":
-        return MemoryEffectHost(_registry())
-    raise SystemExit(f"unknown host {host!r}: this release benchmarks 'memory'")
+SUITE = [
+    Bench("memory", "memory_groups.py", ["--groups", "300"]),
+    Bench("host-cpu", "host_cpu.py", optional=True),
+    Bench(
+        "sql",
+        "sql_groups.py",
+        ["--seconds", "1.5", "--callers", "1,16", "--big", "300", "--fsync", "on"],
+    ),
+    Bench("sql-wake", "sql_wake.py", optional=True),
+    Bench("wide", "wide_groups.py", ["--quick"]),
+    Bench("restate", "restate_groups.py", ["--groups", "9", "--runs", "3"]),
+    Bench("temporal", "temporal_groups.py", ["--rounds", "12", "--runs", "3"]),
+    Bench("ceilings", "sql_ceilings.py", ["--seconds", "1.5", "--big", "300"], default=False),
+    Bench("sealing", "sql_sealing.py", default=False),
+    Bench("temporal-claims", "temporal_replay_claims.py", ["--rounds", "5"], default=False),
+]
 
 
-_SCOPES = iter(range(1_000_000))
+def selected(only: list[str], skip: list[str]) -> list[Bench]:
+    names = {b.name for b in SUITE}
+    unknown = sorted(set(only + skip) - names)
+    if unknown:
+        raise SystemExit(f"unknown benchmark(s): {', '.join(unknown)} (see --list)")
+    chosen = [b for b in SUITE if (b.name in only if only else b.default)]
+    return [b for b in chosen if b.name not in skip]
 
 
-def _scope(name: str) -> Scope:
-    """A fresh scope per workload: keys of closed groups are never reused."""
-    return Scope(scope_id=f"bench-{name}-{next(_SCOPES)}")
+def quick_args(bench: Bench) -> list[str]:
+    """An optional script gets ``--quick`` when it says it takes one."""
+    if bench.quick or not bench.optional:
+        return bench.quick
+    return ["--quick"] if "--quick" in bench.path.read_text() else []
 
 
-async def _timed(rounds: int, body: Callable[[int], Awaitable[None]]) -> list[float]:
-    samples = []
-    for i in range(rounds):
-        started = time.perf_counter()
-        await body(i)
-        samples.append(time.perf_counter() - started)
-    return samples
+def run_one(bench: Bench, quick: bool, results: Path, timeout: float | None) -> dict[str, Any]:
+    if not bench.path.exists():
+        return {"status": "missing", "script": bench.script}
+    out = results / f"{bench.name}.json"
+    out.unlink(missing_ok=True)
+    argv = [sys.executable, str(bench.path), "--out", str(out)]
+    if quick:
+        argv += quick_args(bench)
+    print(f"=== {bench.name}: {' '.join(argv[1:])}", flush=True)
+    started = time.perf_counter()
+    entry: dict[str, Any] = {"script": bench.script, "argv": argv[2:]}
+    try:
+        code = subprocess.run(argv, cwd=HERE.parent, timeout=timeout, check=False).returncode
+    except subprocess.TimeoutExpired:
+        code = None
+    entry["wall_s"] = round(time.perf_counter() - started, 1)
+    entry["status"] = "ok" if code == 0 else ("timeout" if code is None else f"exit {code}")
+    if out.exists():
+        entry["result"] = json.loads(out.read_text())
+    return entry
 
 
-async def bench_all(ctl: EffectController, groups: int, width: int) -> dict[str, Any]:
-    scope = _scope("all")
-
-    async def grouped(i: int) -> None:
-        await all_(ctl, scope, [tool("echo", [i, j]) for j in range(width)])
-
-    async def native(i: int) -> None:
-        await asyncio.gather(*(_native_echo([i, j]) for j in range(width)))
-
-    return _row(
-        f"all() of {width}", await _timed(groups, grouped), await _timed(groups, native), width
-    )
-
-
-async def bench_race(ctl: EffectController, groups: int, width: int) -> dict[str, Any]:
-    scope = _scope("race")
-
-    async def grouped(i: int) -> None:
-        await race(ctl, scope, [tool("echo", [i, j]) for j in range(width)])
-
-    async def native(i: int) -> None:
-        tasks = [asyncio.ensure_future(_native_echo([i, j])) for j in range(width)]
-        done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        await asyncio.gather(*tasks)
-        assert done
-
-    return _row(
-        f"race() of {width}", await _timed(groups, grouped), await _timed(groups, native), width
-    )
-
-
-def _row(name: str, grouped: list[float], native: list[float], width: int) -> dict[str, Any]:
-    g_total, n_total = sum(grouped), sum(native)
-    return {
-        "workload": name,
-        "groups": len(grouped),
-        "children_per_s": len(grouped) * width / g_total,
-        "groups_per_s": len(grouped) / g_total,
-        "p50_ms": statistics.median(grouped) * 1e3,
-        "p99_ms": _p99(grouped) * 1e3,
-        "native_groups_per_s": len(native) / n_total,
-        "native_p50_ms": statistics.median(native) * 1e3,
-        "ratio_vs_native": (len(grouped) / g_total) / (len(native) / n_total),
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma-separated names (see --list)")
+    parser.add_argument("--skip", default="", help="comma-separated names to leave out")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, smaller groups")
+    parser.add_argument("--timeout", type=float, help="seconds per benchmark (default: none)")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "bench.json")
+    parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    options = parser.parse_args()
+    if options.list:
+        for b in SUITE:
+            notes = [
+                n for n, on in (("not by default", not b.default), ("optional", b.optional)) if on
+            ]
+            there = "" if b.path.exists() else "  (absent)"
+            print(f"{b.name:<16}{b.script:<28}{', '.join(notes)}{there}")
+        return
+    split = [s for s in options.only.split(",") if s], [s for s in options.skip.split(",") if s]
+    benches = selected(*split)
+    results = options.out.parent
+    results.mkdir(parents=True, exist_ok=True)
+    document: dict[str, Any] = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count() or 0,
+        "quick": options.quick,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "loadavg_before": os.getloadavg(),
+        "benchmarks": {},
     }
-
-
-def _p99(samples: list[float]) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-
-
-def _table(rows: list[dict[str, Any]]) -> str:
-    header = (
-        f"{'workload':<14}{'groups':>8}{'groups/s':>11}{'children/s':>12}{'p50 ms':>9}"
-        f"{'p99 ms':>9}{'native/s':>11}{'ratio':>8}"
-    )
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        lines.append(
-            f"{r['workload']:<14}{r['groups']:>8}{r['groups_per_s']:>11.0f}"
-            f"{r['children_per_s']:>12.0f}{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}"
-            f"{r['native_groups_per_s']:>11.0f}{r['ratio_vs_native']:>8.3f}"
-        )
-    return "\n".join(lines)
-
-
-async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
-    ctl = _controller(args.host)
-    await bench_all(ctl, min(100, args.groups), args.width)  # warm-up
-    return [
-        await bench_all(ctl, args.groups, args.width),
-        await bench_race(ctl, args.groups, args.width),
-        await bench_race(ctl, args.groups, 2),
-    ]
-
-
-def main(args: argparse.Namespace) -> None:
-    rows = asyncio.run(measure(args))
-    print(f"host={args.host}  python={platform.python_version()}  cpus={_cpus()}")
-    print(_table(rows))
-    out = Path(args.out or Path(__file__).parent / "results" / f"{args.host}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    document = {"host": args.host, "python": platform.python_version(), "rows": rows}
-    out.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"wrote {out}")
-
-
-def _cpus() -> int:
-    import os
-
-    return os.cpu_count() or 0
+    for bench in benches:
+        entry = run_one(bench, options.quick, results, options.timeout)
+        document["benchmarks"][bench.name] = entry
+        options.out.write_text(json.dumps(document, indent=2) + "\n")  # partial results too
+    document["loadavg_after"] = os.getloadavg()
+    options.out.write_text(json.dumps(document, indent=2) + "\n")
+    print()
+    for name, entry in document["benchmarks"].items():
+        print(f"{name:<16}{entry['status']:<10}{entry.get('wall_s', '-')!s:>8} s")
+    print(f"wrote {options.out}; draw it with: .venv/bin/python benchmarks/plot.py {options.out}")
+    if any(e["status"] not in ("ok", "missing") for e in document["benchmarks"].values()):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="memory")
-    parser.add_argument("--groups", type=int, default=2000)
-    parser.add_argument("--width", type=int, default=8)
-    parser.add_argument("--out")
-    main(parser.parse_args())
+    main()

@@ -1,35 +1,34 @@
-"""SQL tier benchmark: settled children/s through effecthost against the raw SQL it issues.
+"""SQL tier benchmark: settled children/s through effecthost against the honest ceiling.
 
     .venv/bin/python benchmarks/sql_groups.py [--seconds 4.5] [--rounds 3] [--callers 1,4,16]
-        [--big 1000] [--big-rounds 3] [--substrates postgres,sqlite] [--out FILE]
+        [--big 1000] [--big-rounds 3] [--substrates postgres,sqlite] [--fsync on,off]
+        [--raw] [--out FILE]
 
-Starts a throwaway PostgreSQL (the tier's ``PostgresServer``) unless
-``EFFECTHOST_POSTGRES_DSN`` is set (then a fresh schema on that server), and uses a SQLite
-file in a temp dir. Side by side in the same run, per substrate:
+Starts a throwaway PostgreSQL (the tier's ``PostgresServer``) per ``--fsync`` setting, fsync
+on first (durable: the headline), unless ``EFFECTHOST_POSTGRES_DSN`` is set (then fresh
+schemas on that server, as it is configured); SQLite files live in a temp dir. Per
+substrate, side by side in the same run:
 
 - ``effecthost``: callers open a group through the host (``open_effect_group``, a trivial
   tool per child), wait for every rank (``await_next_settlement``) and close it (the group
-  retires). Children/s counts settled-and-consumed children. Wake latency is measured from
-  the moment a finalize transaction's commit is acknowledged to the store (the store's
-  ``finalize``/``finalize_many`` returning) to the waiter's ``await_next_settlement``
-  returning that child.
-- ``raw``: the same work as the library's own SQL, with no effecthost layer: PostgreSQL
-  through one asyncpg connection per caller calling the tier's ``eh_finalize`` function,
-  SQLite through a bare ``sqlite3`` loop running the same statements under
-  ``BEGIN IMMEDIATE``. Per 2-child group: insert the group row, insert the children
-  (leased), finalize each child, read each rank (point lookup), close, retire.
-- the 1,000-child group: one group opened and consumed by one caller through effecthost,
-  against the raw single-row ceiling (the group row and children inserted, then every
-  child finalized one transaction each from 16 connections: every commit bumps the one
-  counter row) and, for reference, the raw batched form (``eh_finalize_many``, 8 children
-  per transaction). SQLite's raw loop is one connection (one writer).
+  retires). Children/s counts settled-and-consumed children. Wake latency runs from a
+  finalize transaction's commit being acknowledged to the store (``finalize`` /
+  ``finalize_many`` returning) to the waiter's ``await_next_settlement`` returning that child.
+- ``ceiling``: the honest ceiling of ``sql_ceilings.py``, the fewest round trips doing the
+  same durable work on the host's own tables (open, one batched finalize, one range read,
+  close-and-retire: 4 calls per group, whatever its width).
+- ``raw`` (``--raw`` only): the earlier baseline, the tier's own statements one by one
+  (16 round trips per 2-child group on PostgreSQL; the big group finalized one transaction
+  per child from 16 connections).
 
-Each 2-child row alternates effecthost and raw rounds (``--rounds``, together
-``--seconds`` per side); its rates are the medians of the rounds and its ratio the median
-of the per-round ratios, so the drift of a shared machine cancels. Prints a table and
-writes JSON (``--out``, default benchmarks/results/sql.json). The ratio is effecthost
-children/s divided by raw children/s. The server, connections and
-hosts are stopped in ``finally``, even on error.
+Every row alternates its sides round by round (``--rounds`` for the 2-child rows, together
+``--seconds`` per side; ``--big-rounds`` for the big group), the first to go rotating. The
+ratio is effecthost children/s ÷ ceiling children/s per round; a row gives the median and
+the range of those ratios, and the median and range of each side's rate, so the drift of
+a shared machine cancels. ``host alone`` runs 1 caller's 2-child groups over a store that
+records nothing: the host's own cost per group with no SQL. Prints one table per substrate
+and writes JSON (``--out``, default benchmarks/results/sql.json). The servers, connections
+and hosts are stopped in ``finally``, even on error.
 """
 
 from __future__ import annotations
@@ -49,6 +48,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from sql_ceilings import PostgresCeiling, SqliteCeiling
+
 from effecthost.contract import (
     EffectEnvelope,
     EffectGroup,
@@ -63,7 +64,6 @@ from effecthost.hosts.sql._store import Finalize, GroupRow, Opened
 from effecthost.hosts.sql.testing import PostgresServer
 
 BIG_CONNECTIONS = 16
-BATCH = 8
 OWNER = "bench:raw"
 
 
@@ -546,44 +546,57 @@ class RawSqlite:
 
 # -- the run --------------------------------------------------------------------------------
 
-
-def _row(
-    workload: str, substrate: str, callers: int, lib: Any, raw: Any, ratio: float | None = None
-) -> dict[str, Any]:
-    if ratio is None and lib is not None and raw is not None:
-        ratio = lib["children_per_s"] / raw["children_per_s"]
-    return {
-        "workload": workload,
-        "substrate": substrate,
-        "callers": callers,
-        "effecthost": lib,
-        "raw": raw,
-        "ratio": ratio,
-    }
+Side = Callable[[], Awaitable[dict[str, Any]]]
 
 
-async def _paired(
-    rounds: int, lib: Callable[[], Awaitable[Any]], raw: Callable[[], Awaitable[Any]]
-) -> tuple[dict[str, Any], dict[str, Any], float]:
-    """Alternate effecthost and raw rounds; medians of each and of the per-round ratios
-    (a shared machine drifts: a ratio of two runs taken apart would carry the drift)."""
-    libs, raws = [], []
-    for _ in range(rounds):
-        libs.append(await lib())
-        raws.append(await raw())
-    ratio = statistics.median(
-        a["children_per_s"] / b["children_per_s"] for a, b in zip(libs, raws, strict=True)
-    )
-    return _median(libs), _median(raws), ratio
+async def _alternating(rounds: int, sides: dict[str, Side]) -> dict[str, list[dict[str, Any]]]:
+    """``rounds`` rounds of every side in turn, the first to go rotating: a shared machine
+    drifts, and a ratio of two measurements taken apart would carry the drift."""
+    names = list(sides)
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for i in range(rounds):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            out[name].append(await sides[name]())
+    return out
 
 
-def _median(results: list[dict[str, Any]]) -> dict[str, Any]:
+def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median of each figure over the rounds, the range of the rate, and every round."""
     out = dict(results[0])
     for key, value in results[0].items():
         if isinstance(value, float):
             out[key] = statistics.median(r[key] for r in results)
-    out["children"] = sum(r["children"] for r in results)
+    rates = [r["children_per_s"] for r in results]
+    out.update(children=sum(r["children"] for r in results), min=min(rates), max=max(rates))
+    out["rounds"] = rates
     return out
+
+
+def _row(
+    workload: str,
+    substrate: str,
+    fsync: str | None,
+    callers: int,
+    measured: dict[str, list[dict[str, Any]]],
+) -> dict[str, Any]:
+    """Ratio = effecthost ÷ honest ceiling, per round; the row gives their median and range."""
+    row: dict[str, Any] = {
+        "workload": workload,
+        "substrate": substrate,
+        "fsync": fsync,
+        "callers": callers,
+        "effecthost": _summary(measured["effecthost"]),
+        "ceiling": _summary(measured["ceiling"]),
+        "raw": _summary(measured["raw"]) if "raw" in measured else None,
+    }
+    ratios = [
+        a["children_per_s"] / b["children_per_s"]
+        for a, b in zip(measured["effecthost"], measured["ceiling"], strict=True)
+    ]
+    row.update(ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+    row["ratios"] = ratios
+    return row
 
 
 async def _with_host(
@@ -598,120 +611,154 @@ async def _with_host(
         await host.aclose()
 
 
+Small = Callable[[int, float], Awaitable[dict[str, Any]]]
+Big = Callable[[int], Awaitable[dict[str, Any]]]
+
+
 async def _measure(
     substrate: str,
+    fsync: str | None,
     host: SqlEffectHost,
     commits: _Commits,
     options: argparse.Namespace,
     rows: list[Any],
-    raw_small: Callable[[int, float], Awaitable[dict[str, Any]]],
-    raw_big: Callable[[int, int, int], Awaitable[dict[str, Any]]],
+    baselines: dict[str, tuple[Small, Big]],
 ) -> None:
-    """The rows of one substrate: 2-child groups per caller count, then the big group."""
-    await lib_small(host, commits, 1, min(1.0, options.seconds))  # warm up
-    await raw_small(1, min(1.0, options.seconds))
+    """The rows of one substrate: 2-child groups per caller count, then the big group,
+    each alternating effecthost with its baselines (the ceiling, and the raw loop when
+    asked for) round by round."""
+    warm = min(1.0, options.seconds)
+    await lib_small(host, commits, 1, warm)
+    for small, _big in baselines.values():
+        await small(1, warm)
     each = options.seconds / options.rounds
     for callers in options.callers:
-        lib, base, ratio = await _paired(
-            options.rounds,
-            lambda c=callers: lib_small(host, commits, c, each),
-            lambda c=callers: raw_small(c, each),
+        sides: dict[str, Side] = {
+            "effecthost": lambda c=callers: lib_small(host, commits, c, each)  # type: ignore[misc]
+        }
+        for name, (small, _big) in baselines.items():
+            sides[name] = lambda c=callers, small=small: small(c, each)  # type: ignore[misc]
+        row = _row(
+            "2-child groups", substrate, fsync, callers, await _alternating(options.rounds, sides)
         )
-        rows.append(_row("2-child groups", substrate, callers, lib, base, ratio))
+        rows.append(row)
         print(
-            f"  {substrate} 2-child x{callers}: {lib['children_per_s']:.0f}/s "
-            f"raw {base['children_per_s']:.0f}/s",
+            f"  {substrate}{'' if fsync is None else f' fsync={fsync}'} 2-child x{callers}: "
+            f"{row['effecthost']['children_per_s']:.0f}/s, ceiling "
+            f"{row['ceiling']['children_per_s']:.0f}/s, ratio {row['ratio']:.2f}",
             file=sys.stderr,
         )
     if options.big:
-        n, rounds = options.big, options.big_rounds
-        lib = await lib_big(host, commits, n, rounds)
-        single = await raw_big(n, rounds, 1)
-        batched = await raw_big(n, rounds, BATCH)
-        rows.append(_row(f"{n}-child group", substrate, 1, lib, single))
-        rows.append(_row(f"raw batched ({BATCH}/tx)", substrate, 1, None, batched))
+        n = options.big
+        sides = {"effecthost": lambda: lib_big(host, commits, n, 1)}
+        for name, (_small, big) in baselines.items():
+            sides[name] = lambda big=big: big(n)  # type: ignore[misc]
+        measured = await _alternating(options.big_rounds, sides)
+        rows.append(_row(f"{n}-child group", substrate, fsync, 1, measured))
 
 
-async def bench_postgres(dsn: str, options: argparse.Namespace, rows: list[Any]) -> None:
+async def bench_postgres(
+    dsn: str, fsync: str, options: argparse.Namespace, rows: list[Any]
+) -> None:
     import asyncpg  # type: ignore[import-untyped]
 
     schema = f"ehbench_{secrets.token_hex(4)}"
     pool = max(options.callers) + 4
     raw = RawPostgres(asyncpg, dsn, schema)
+    ceiling = PostgresCeiling(dsn)
     conns: list[Any] = []
     try:
+        await ceiling.start(max(options.callers))
 
         async def body(host: SqlEffectHost, commits: _Commits) -> None:
-            conns.extend(
-                [await raw.connect() for _ in range(max(*options.callers, BIG_CONNECTIONS))]
-            )
-            await _measure(
-                "postgres",
-                host,
-                commits,
-                options,
-                rows,
-                lambda c, seconds: raw.small(conns[:c], seconds),
-                lambda n, rounds, batch: raw.big(conns[:BIG_CONNECTIONS], n, rounds, batch),
-            )
+            baselines: dict[str, tuple[Small, Big]] = {
+                "ceiling": (ceiling.small, lambda n: ceiling.big(n, 1))
+            }
+            if options.raw:
+                conns.extend(
+                    [await raw.connect() for _ in range(max(*options.callers, BIG_CONNECTIONS))]
+                )
+                baselines["raw"] = (
+                    lambda c, seconds: raw.small(conns[:c], seconds),
+                    lambda n: raw.big(conns[:BIG_CONNECTIONS], n, 1, 1),
+                )
+            await _measure("postgres", fsync, host, commits, options, rows, baselines)
 
         await _with_host(PostgresStore(dsn, schema=schema, pool_size=pool), body)
     finally:
         for conn in conns:
             await conn.close()
+        await ceiling.aclose()
 
 
 async def bench_sqlite(work_dir: Path, options: argparse.Namespace, rows: list[Any]) -> None:
     path = work_dir / "bench.sqlite3"
+    ceiling = SqliteCeiling(work_dir / "ceiling.sqlite3")
     raw: RawSqlite | None = None
     try:
 
         async def body(host: SqlEffectHost, commits: _Commits) -> None:
             nonlocal raw
-            raw = bare = RawSqlite(path)
 
-            async def small(_callers: int, seconds: float) -> dict[str, Any]:
-                return bare.small(seconds)  # one writer: the bare loop has no callers
+            async def small(callers: int, seconds: float) -> dict[str, Any]:
+                return ceiling.small(callers, seconds)
 
-            async def big(n: int, rounds: int, batch: int) -> dict[str, Any]:
-                return bare.big(n, rounds, batch)
+            async def big(n: int) -> dict[str, Any]:
+                return ceiling.big(n, 1)
 
-            await _measure("sqlite", host, commits, options, rows, small, big)
+            baselines: dict[str, tuple[Small, Big]] = {"ceiling": (small, big)}
+            if options.raw:
+                raw = bare = RawSqlite(path)
+
+                async def raw_small(_callers: int, seconds: float) -> dict[str, Any]:
+                    return bare.small(seconds)  # one writer: the bare loop has no callers
+
+                async def raw_big(n: int) -> dict[str, Any]:
+                    return bare.big(n, 1, 1)
+
+                baselines["raw"] = (raw_small, raw_big)
+            await _measure("sqlite", None, host, commits, options, rows, baselines)
 
         await _with_host(SqliteStore(path), body)
     finally:
         if raw is not None:
             raw.close()
+        ceiling.close()
 
 
 async def main(options: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
+    import asyncpg
+
     rows: list[dict[str, Any]] = []
     document: dict[str, Any] = {
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,
         "cpus": os.cpu_count(),
         "seconds": options.seconds,
+        "rounds": options.rounds,
+        "big_rounds": options.big_rounds,
+        "loadavg": os.getloadavg(),
         "rows": rows,
     }
     if "postgres" in options.substrates:
-        dsn = os.environ.get("EFFECTHOST_POSTGRES_DSN")
-        server: PostgresServer | None = None
-        try:
-            if not dsn:
-                server = PostgresServer(fsync=not options.no_fsync)
-                dsn = server.start()
-            import asyncpg
-
-            conn = await asyncpg.connect(dsn)
+        external = os.environ.get("EFFECTHOST_POSTGRES_DSN")
+        for fsync in [None] if external else options.fsync:
+            server: PostgresServer | None = None
             try:
-                document["postgres"] = await conn.fetchval("SHOW server_version")
-                document["postgres_fsync"] = await conn.fetchval("SHOW fsync")
+                dsn = external
+                if not dsn:
+                    server = PostgresServer(fsync=fsync == "on")
+                    dsn = server.start()
+                conn = await asyncpg.connect(dsn)
+                try:
+                    document["postgres"] = await conn.fetchval("SHOW server_version")
+                    shown = await conn.fetchval("SHOW fsync")
+                finally:
+                    await conn.close()
+                await bench_postgres(dsn, shown, options, rows)
             finally:
-                await conn.close()
-            await bench_postgres(dsn, options, rows)
-        finally:
-            if server is not None:
-                server.stop()
+                if server is not None:
+                    server.stop()
     if "sqlite" in options.substrates:
         await bench_sqlite(work_dir, options, rows)
     if options.floor:
@@ -720,52 +767,66 @@ async def main(options: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
         async def floor(host: SqlEffectHost, commits: _Commits) -> None:
             await lib_small(host, commits, 1, min(1.0, options.seconds))  # warm up
             lib = await lib_small(host, commits, 1, options.seconds / 2)
-            rows.append(_row("host alone (no SQL)", "none", 1, lib, None))
+            document["host_alone"] = {**lib, "us_per_group": 2e6 / lib["children_per_s"]}
 
         await _with_host(store, floor)
     return document
 
 
+def _span(summary: dict[str, Any]) -> str:
+    return f"{summary['children_per_s']:.0f} ({summary['min']:.0f}–{summary['max']:.0f})"
+
+
 def table(document: dict[str, Any]) -> str:
+    """One table per substrate (PostgreSQL fsync on first: the headline)."""
+    raw = any(row["raw"] is not None for row in document["rows"])
     header = (
-        f"{'workload':<24}{'db':<10}{'callers':>7}{'eh children/s':>15}{'raw children/s':>16}"
-        f"{'ratio':>7}{'wake p50 ms':>13}{'wake p95 ms':>13}"
+        f"{'workload':<18}{'callers':>7}{'effecthost children/s':>24}{'ceiling children/s':>24}"
+        f"{'ratio':>6}{'(range)':>13}{'wake p50/p95 ms':>17}" + (f"{'raw/s':>8}" if raw else "")
     )
     lines = [
-        f"postgres={document.get('postgres', '-')} (fsync={document.get('postgres_fsync', '-')})"
-        f"  sqlite={document['sqlite']}  python={document['python']}  cpus={document['cpus']}"
-        "  (eh = effecthost end to end, raw = the same SQL without effecthost)",
-        header,
-        "-" * len(header),
+        f"sqlite={document['sqlite']}  postgres={document.get('postgres', '-')}"
+        f"  python={document['python']}  cpus={document['cpus']}"
+        f"  load={' '.join(f'{x:.1f}' for x in document['loadavg'])}",
+        "ratio = effecthost ÷ honest ceiling (median of per-round ratios, range in brackets)",
     ]
+    keys: list[tuple[str, Any]] = []
     for row in document["rows"]:
-        lib, raw = row["effecthost"], row["raw"]
-        if raw is None:
-            lines.append(
-                f"{row['workload']:<24}{row['substrate']:<10}{row['callers']:>7}"
-                f"{lib['children_per_s']:>15.0f}"
+        if (row["substrate"], row["fsync"]) not in keys:
+            keys.append((row["substrate"], row["fsync"]))
+    keys.sort(key=lambda k: (k[0] != "postgres", k[1] != "on"))
+    for substrate, fsync in keys:
+        title = substrate if fsync is None else f"{substrate}, fsync={fsync}"
+        lines += ["", title, header, "-" * len(header)]
+        for row in document["rows"]:
+            if (row["substrate"], row["fsync"]) != (substrate, fsync):
+                continue
+            lib = row["effecthost"]
+            span = f"({row['ratio_min']:.2f}–{row['ratio_max']:.2f})"
+            wake = f"{lib['wake_p50_ms']:.2f}/{lib['wake_p95_ms']:.2f}"
+            line = (
+                f"{row['workload']:<18}{row['callers']:>7}{_span(lib):>24}"
+                f"{_span(row['ceiling']):>24}{row['ratio']:>6.2f}{span:>13}{wake:>17}"
             )
-            continue
-        if lib is None:
-            lines.append(
-                f"{row['workload']:<24}{row['substrate']:<10}{'':>7}{'':>15}"
-                f"{raw['children_per_s']:>16.0f}"
-            )
-            continue
-        lines.append(
-            f"{row['workload']:<24}{row['substrate']:<10}{row['callers']:>7}"
-            f"{lib['children_per_s']:>15.0f}{raw['children_per_s']:>16.0f}{row['ratio']:>7.2f}"
-            f"{lib['wake_p50_ms']:>13.2f}{lib['wake_p95_ms']:>13.2f}"
-        )
+            if raw:
+                line += f"{row['raw']['children_per_s']:>8.0f}" if row["raw"] else ""
+            lines.append(line)
+    alone = document.get("host_alone")
+    if alone:
+        lines += [
+            "",
+            f"host alone (no SQL, 1 caller, 2-child groups): {alone['children_per_s']:.0f} "
+            f"children/s, {alone['us_per_group']:.0f} µs per group",
+        ]
     return "\n".join(lines)
 
 
 def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=4.5, help="per side of each 2-child row")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="alternating effecthost/raw rounds per row"
+        "--seconds", type=float, default=4.5, help="per side of each 2-child row, all rounds"
     )
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per row")
     parser.add_argument(
         "--callers", default="1,4,16", help="concurrent callers for the 2-child groups"
     )
@@ -773,9 +834,15 @@ def cli() -> None:
     parser.add_argument("--big-rounds", type=int, default=3)
     parser.add_argument("--substrates", default="postgres,sqlite")
     parser.add_argument(
-        "--no-fsync",
+        "--fsync",
+        default="on,off",
+        help="PostgreSQL servers to run, in order: on (durable, the headline), off, or both",
+    )
+    parser.add_argument("--no-fsync", action="store_true", help="same as --fsync off")
+    parser.add_argument(
+        "--raw",
         action="store_true",
-        help="run the throwaway PostgreSQL with fsync=off (not durable; default: fsync=on)",
+        help="also alternate the earlier raw loop (statement by statement, the tier's own SQL)",
     )
     parser.add_argument(
         "--no-floor",
@@ -787,6 +854,9 @@ def cli() -> None:
     options = parser.parse_args()
     options.callers = [int(c) for c in options.callers.split(",")]
     options.substrates = options.substrates.split(",")
+    options.fsync = ["off"] if options.no_fsync else options.fsync.split(",")
+    if set(options.fsync) - {"on", "off"}:
+        parser.error("--fsync takes on, off or on,off")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="effecthost-bench-") as tmp:
         try:

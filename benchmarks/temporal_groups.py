@@ -1,6 +1,6 @@
 """Temporal tier benchmark: effecthost groups against a native Temporal workflow.
 
-    .venv/bin/python benchmarks/temporal_groups.py [--rounds 60] [--out FILE]
+    .venv/bin/python benchmarks/temporal_groups.py [--rounds 60] [--runs 3] [--out FILE]
 
 Starts a dev server (the tier's ``DevServer``, on free ports) unless
 ``EFFECTHOST_TEMPORAL_ADDRESS`` is set (then that server and
@@ -16,8 +16,9 @@ file with ``--worker``):
   ``asyncio.gather``; the caller runs it with ``execute_workflow``.
 
 For a 2-child race and a 50-child all it measures, one group at a time from one caller
-(effecthost and native rounds interleaved), group latency p50/p95 and groups/s of both,
-and the ratio (effecthost groups/s ÷ native groups/s). Prints a table and writes JSON
+(effecthost and native rounds interleaved, in ``--runs`` runs), group latency p50/p95
+and groups/s of both, and the ratio (effecthost groups/s ÷ native groups/s: the median of
+the per-run ratios, with their range). Prints a table and writes JSON
 (``--out``, default benchmarks/results/temporal.json). Every process it starts is
 stopped, even on error.
 """
@@ -157,38 +158,58 @@ def _p95(ordered: list[float]) -> float:
 
 
 async def measure(
-    bodies: dict[str, Callable[[], Awaitable[Any]]], rounds: int
-) -> dict[str, dict[str, Any]]:
+    bodies: dict[str, Callable[[], Awaitable[Any]]], rounds: int, runs: int
+) -> dict[str, Any]:
     """Each body ``rounds`` times, interleaved (the first to go alternates), so both see
-    the same load on a shared machine; groups/s is rounds ÷ the time spent in that body."""
+    the same load on a shared machine, in ``runs`` runs; per run, groups/s of each body
+    (its groups ÷ the time spent in it). The ratio is the first body's over the second's,
+    the median of the per-run ratios with their range."""
     names = list(bodies)
     for _ in range(WARM_UP):
         for name in names:
             await bodies[name]()
+    per_run = max(1, rounds // runs)
     latencies: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(rounds):
-        for name in names[i % 2 :] + names[: i % 2]:
-            t0 = time.perf_counter()
-            await bodies[name]()
-            latencies[name].append(time.perf_counter() - t0)
-    return {name: _summary(samples) for name, samples in latencies.items()}
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    i = 0
+    for _ in range(runs):
+        spent = dict.fromkeys(names, 0.0)
+        for _ in range(per_run):
+            for name in names[i % 2 :] + names[: i % 2]:
+                t0 = time.perf_counter()
+                await bodies[name]()
+                elapsed = time.perf_counter() - t0
+                latencies[name].append(elapsed)
+                spent[name] += elapsed
+            i += 1
+        for name in names:
+            rates[name].append(per_run / spent[name])
+    ratios = [a / b for a, b in zip(rates[names[0]], rates[names[1]], strict=True)]
+    return {
+        **{name: _summary(latencies[name], rates[name]) for name in names},
+        "ratio": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "ratios": ratios,
+    }
 
 
-def _summary(samples: list[float]) -> dict[str, Any]:
+def _summary(samples: list[float], rates: list[float]) -> dict[str, Any]:
     ordered = sorted(sample * 1000 for sample in samples)
     return {
         "groups": len(samples),
         "p50_ms": statistics.median(ordered),
         "p95_ms": _p95(ordered),
-        "groups_per_s": len(samples) / sum(samples),
+        "groups_per_s": statistics.median(rates),
+        "runs": rates,
     }
 
 
-def rounds_for(n: int, rounds: int) -> int:
-    return rounds if n == 2 else max(5, rounds // 4)
+def rounds_for(n: int, rounds: int, runs: int) -> int:
+    return rounds if n == 2 else max(runs, rounds // 4)
 
 
-async def run_benchmark(rounds: int, work_dir: Path) -> dict[str, Any]:
+async def run_benchmark(rounds: int, runs: int, work_dir: Path) -> dict[str, Any]:
     from effecthost.combinators import Scope, all_, race, tool
     from effecthost.contract import LoserPolicy
     from effecthost.hosts.temporal import TemporalEffectHost
@@ -238,17 +259,9 @@ async def run_benchmark(rounds: int, work_dir: Path) -> dict[str, Any]:
                 )
 
             measured = await measure(
-                {"effecthost": grouped, "native": native}, rounds_for(n, rounds)
+                {"effecthost": grouped, "native": native}, rounds_for(n, rounds, runs), runs
             )
-            ours, theirs = measured["effecthost"], measured["native"]
-            rows.append(
-                {
-                    "workload": f"{n}-child {op}",
-                    "effecthost": ours,
-                    "native": theirs,
-                    "ratio": ours["groups_per_s"] / theirs["groups_per_s"],
-                }
-            )
+            rows.append({"workload": f"{n}-child {op}", **measured})
     except Exception:
         dump_logs(work_dir)
         raise
@@ -264,6 +277,7 @@ async def run_benchmark(rounds: int, work_dir: Path) -> dict[str, Any]:
         "temporal": cli_version() if server is not None else f"external server {address}",
         "python": platform.python_version(),
         "cpus": os.cpu_count() or 0,
+        "loadavg": os.getloadavg(),
         "rows": rows,
     }
 
@@ -286,12 +300,12 @@ def dump_logs(work_dir: Path) -> None:
             print("\n".join(lines), file=sys.stderr)
 
 
-async def main(rounds: int, work_dir: Path) -> dict[str, Any]:
+async def main(rounds: int, runs: int, work_dir: Path) -> dict[str, Any]:
     # A SIGTERM cancels the run like Ctrl-C does, so the cleanup above still runs.
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    return await run_benchmark(rounds, work_dir)
+    return await run_benchmark(rounds, runs, work_dir)
 
 
 # -- report ----------------------------------------------------------------------------
@@ -300,7 +314,7 @@ async def main(rounds: int, work_dir: Path) -> dict[str, Any]:
 def table(document: dict[str, Any]) -> str:
     header = (
         f"{'workload':<15}{'groups':>7}{'eh p50 ms':>11}{'eh p95 ms':>11}{'eh groups/s':>13}"
-        f"{'nat p50 ms':>12}{'nat p95 ms':>12}{'nat groups/s':>14}{'ratio':>7}"
+        f"{'nat p50 ms':>12}{'nat p95 ms':>12}{'nat groups/s':>14}{'ratio':>7}{'(range)':>13}"
     )
     lines = [
         f"temporal={document['temporal']}  python={document['python']}  "
@@ -310,10 +324,12 @@ def table(document: dict[str, Any]) -> str:
     ]
     for row in document["rows"]:
         ours, theirs = row["effecthost"], row["native"]
+        span = f"({row['ratio_min']:.2f}–{row['ratio_max']:.2f})"
         lines.append(
             f"{row['workload']:<15}{ours['groups']:>7}{ours['p50_ms']:>11.1f}"
             f"{ours['p95_ms']:>11.1f}{ours['groups_per_s']:>13.2f}{theirs['p50_ms']:>12.1f}"
             f"{theirs['p95_ms']:>12.1f}{theirs['groups_per_s']:>14.2f}{row['ratio']:>7.2f}"
+            f"{span:>13}"
         )
     return "\n".join(lines)
 
@@ -337,6 +353,7 @@ def _cli() -> None:
     parser.add_argument(
         "--rounds", type=int, default=60, help="groups per workload (the all runs a quarter)"
     )
+    parser.add_argument("--runs", type=int, default=3, help="runs per workload (ratio range)")
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "temporal.json"
     )
@@ -351,7 +368,7 @@ def _cli() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="effecthost-bench-") as tmp:
         try:
-            document = asyncio.run(main(options.rounds, Path(tmp)))
+            document = asyncio.run(main(options.rounds, options.runs, Path(tmp)))
         except (KeyboardInterrupt, asyncio.CancelledError):
             raise SystemExit("interrupted; the server and workers were stopped") from None
     document["wall_s"] = round(time.perf_counter() - started, 1)
