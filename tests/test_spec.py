@@ -98,3 +98,11 @@ def test_first_sentence() -> None:
     assert first_sentence("Ranks 1…n, each ``consumed + 1``.\nMore.") == (
         "Ranks 1…n, each ``consumed + 1``."
     )
+
+
+def test_explain_lists_the_checks_whose_sentence_names_a_ruling() -> None:
+    """R-9: a ruling is tested by checks registered under obligations; ``--explain`` finds
+    them by the sentence they state."""
+    text = explain("R-9")
+    assert "an_outer_cancellation_closes_the_group" in text
+    assert "No conformance check cites R-9" not in text
