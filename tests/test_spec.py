@@ -106,3 +106,14 @@ def test_explain_lists_the_checks_whose_sentence_names_a_ruling() -> None:
     text = explain("R-9")
     assert "an_outer_cancellation_closes_the_group" in text
     assert "No conformance check cites R-9" not in text
+
+
+def test_every_check_states_the_rule_it_tests() -> None:
+    """Each check's docstring states, in at least one full sentence, the rule it tests;
+    every ruling it names is one of the specification's."""
+    rules = spec_rules()
+    for check in all_checks():
+        sentence = first_sentence(check.doc)
+        assert len(sentence.split()) >= 6 and sentence.endswith("."), check.node_name
+        named = set(re.findall(r"\bR-\d+\b", check.doc))
+        assert named <= set(rules), (check.node_name, named - set(rules))
