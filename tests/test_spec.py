@@ -98,3 +98,22 @@ def test_first_sentence() -> None:
     assert first_sentence("Ranks 1…n, each ``consumed + 1``.\nMore.") == (
         "Ranks 1…n, each ``consumed + 1``."
     )
+
+
+def test_explain_lists_the_checks_whose_sentence_names_a_ruling() -> None:
+    """R-9: a ruling is tested by checks registered under obligations; ``--explain`` finds
+    them by the sentence they state."""
+    text = explain("R-9")
+    assert "an_outer_cancellation_closes_the_group" in text
+    assert "No conformance check cites R-9" not in text
+
+
+def test_every_check_states_the_rule_it_tests() -> None:
+    """Each check's docstring states, in at least one full sentence, the rule it tests;
+    every ruling it names is one of the specification's."""
+    rules = spec_rules()
+    for check in all_checks():
+        sentence = first_sentence(check.doc)
+        assert len(sentence.split()) >= 6 and sentence.endswith("."), check.node_name
+        named = set(re.findall(r"\bR-\d+\b", check.doc))
+        assert named <= set(rules), (check.node_name, named - set(rules))

@@ -145,7 +145,7 @@ def explain(ident: str) -> str:
     if rule.see:
         named = ", ".join(f"{i} ({rules[i].title})" if i in rules else i for i in rule.see)
         lines += [*_reflow(f"See: {named}", ""), ""]
-    covering = [c for c in all_checks() if rule.id in c.ids]
+    covering = [c for c in all_checks() if cites(c.ids, c.doc, rule.id)]
     if covering:
         lines.append(f"Checks citing {rule.id} ({len(covering)}):")
         for found in covering:
@@ -160,6 +160,15 @@ def explain(ident: str) -> str:
             "",
         )
     return "\n".join(lines)
+
+
+def cites(ids: tuple[str, ...], doc: str, ident: str) -> bool:
+    """Whether a check with obligation ``ids`` and docstring ``doc`` tests ``ident``: an
+    obligation among its ids, a ruling among its ids or named in its docstring (a check is
+    registered under obligations; the ruling it tests is in the sentence it states)."""
+    if ident in ids:
+        return True
+    return ident.startswith("R-") and re.search(rf"\b{re.escape(ident)}\b", doc) is not None
 
 
 def _reflow(text: str, indent: str, width: int = 88) -> list[str]:

@@ -37,14 +37,20 @@ def step_input(
     result: Any = None,
     error: str | None = None,
     hold_cancel: bool = False,
+    over_limits: bool = False,
 ) -> dict[str, Any]:
     """Input of a ``conformance.step`` child.
 
     ``gate``: wait for the lab gate named ``tag`` before finishing. ``error``: fail with a
     ``ToolError`` of that type. ``hold_cancel``: on cancellation, report ``cancelled`` and
     hold until gate ``{tag}/release`` opens, so a check can prove a close did not wait.
+    ``over_limits``: return an integer past the signed 64-bit range (R-8), a result no
+    input could carry.
     """
-    return {"tag": tag, "gate": gate, "result": result, "error": error, "hold_cancel": hold_cancel}
+    spec = {"tag": tag, "gate": gate, "result": result, "error": error, "hold_cancel": hold_cancel}
+    if over_limits:
+        spec["over_limits"] = True
+    return spec
 
 
 class StepExecutor(EffectExecutor):
@@ -70,6 +76,8 @@ class StepExecutor(EffectExecutor):
         await self._lab.report("finished", tag, pid=os.getpid())
         if spec.get("error"):
             raise ToolError(str(spec["error"]), f"step {tag} failed on purpose", {"tag": tag})
+        if spec.get("over_limits"):
+            return {"n": 2**63}
         return spec.get("result")
 
 

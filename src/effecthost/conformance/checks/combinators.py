@@ -1,4 +1,5 @@
-"""Wake policies and the combinators over a real host: G-23…G-25."""
+"""Wake policies and the combinators over a real host: G-23…G-25, and a combinator
+cancelled from outside (R-9)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from effecthost.combinators import (
 from effecthost.contract import (
     EffectController,
     EffectGroup,
+    GroupClosed,
     GroupHandle,
     LoserPolicy,
     WakePolicy,
@@ -183,3 +185,33 @@ async def check_combinators_declare_wake_and_loser_policy(t: CheckContext) -> No
     ctl = await t.ctl()
     handle = await t.open(ctl, t.group("g", [t.step("z", gate=False)], disposition=cancel))
     t.expect(handle.disposition is cancel, "the handle must carry the declared disposition")
+
+
+@check("G-25", "G-26")
+async def check_an_outer_cancellation_closes_the_group(t: CheckContext) -> None:
+    """Ruling R-9: a combinator cancelled from outside closes its group with the declared
+    disposition, shielded from the cancellation, before re-raising it: after a ``race``
+    declaring ``CANCEL`` is cancelled while both children run, the caller sees its own
+    cancellation, the group is closed (not listed, an await is ``GroupClosed``) and both
+    losers are cancelled."""
+    ctl = await t.ctl()
+    spy = _Spy(ctl)
+    calls = [_call(t, "a"), _call(t, "b")]
+    task = asyncio.ensure_future(
+        race(spy, Scope(scope_id=t.scope), calls, disposition=LoserPolicy.CANCEL)
+    )
+    await t.started("a")
+    await t.started("b")
+    group = spy.opened[0]
+    t._opened.append(group.handle())
+    task.cancel()
+    await asyncio.wait({task}, timeout=t.timeout)
+    t.expect(task.done(), "the cancelled race did not return")
+    if not task.cancelled():
+        raise AssertionError(f"the cancelled race ended with {task.exception()!r}")
+    t.expect(group.key not in await ctl.open_group_keys(), "the cancelled race's group is open")
+    await t.refuses(
+        GroupClosed, ctl.await_next_settlement(group.handle()), "an await after the cancel"
+    )
+    await t.cancelled("a")
+    await t.cancelled("b")

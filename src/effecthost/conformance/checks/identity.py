@@ -1,4 +1,4 @@
-"""Identity, encoding, construction and capability: G-01…G-07."""
+"""Identity, encoding, construction and capability: G-01…G-07, and the limits policy (R-8)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from effecthost.contract import (
     EffectGroup,
     EffectGroupUnsupported,
     EffectHostError,
+    EffectKind,
     EmptyGroup,
     GroupMembership,
     GroupShapeMismatch,
+    InvalidEnvelope,
     LoserPolicy,
     MembershipConflict,
     MembershipUnsupported,
@@ -27,9 +29,9 @@ from effecthost.contract import (
     validate_deployment,
 )
 
-from .._context import CheckContext
+from .._context import INPUT_MARKER, CheckContext
 from .._registry import check
-from .._tools import ConformanceResolver
+from .._tools import STEP, ConformanceResolver, step_input
 
 
 def golden_vectors() -> list[dict[str, Any]]:
@@ -252,3 +254,53 @@ async def check_reopen_is_fenced_on_shape(t: CheckContext) -> None:
     t.expect(t.count("started", "c") == 0, "a refused reopen dispatched a child")
     t.release("b")
     await t.next_is(ctl, handle, "b")
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@check("G-01")
+async def check_one_limits_policy_for_inputs_and_results(t: CheckContext) -> None:
+    """Ruling R-8: one limits policy, the same on every tier: an input nested 64 levels
+    deep or holding either end of the signed 64-bit range is accepted; one level deeper or
+    one past either end is ``InvalidEnvelope`` when the envelope is built, before any host;
+    a tool result over the limits settles as the child's typed failure, not a hang, and its
+    sibling settles as usual."""
+    accepted = {"64 levels": _nested(64), "2**63 - 1": 2**63 - 1, "-2**63": -(2**63)}
+    refused = {"65 levels": _nested(65), "2**63": 2**63, "-2**63 - 1": -(2**63) - 1}
+    for what, value in accepted.items():
+        try:
+            EffectEnvelope(replay_key=t.tag("in"), kind="tool_call", name="t", input=value)
+        except InvalidEnvelope:
+            raise AssertionError(f"an input of {what} was refused") from None
+    for what, value in refused.items():
+        try:
+            EffectEnvelope(replay_key=t.tag("in"), kind="tool_call", name="t", input=value)
+        except InvalidEnvelope:
+            continue
+        raise AssertionError(f"an input of {what} was accepted")
+    ctl = await t.ctl()
+    over = EffectEnvelope(
+        replay_key=t.tag("over"),
+        kind=EffectKind.TOOL_CALL,
+        name=STEP,
+        input={**step_input(t.tag("over"), gate=False, over_limits=True), "note": INPUT_MARKER},
+    )
+    handle = await t.open(ctl, t.group("g", [over, t.step("ok", gate=False)]))
+    outcomes = {}
+    for _ in range(2):
+        settlement = await t.next(ctl, handle)
+        outcomes[settlement.replay_key] = settlement.outcome
+    bad = outcomes[t.tag("over")]
+    t.expect(
+        bad.status == "error"
+        and bad.error is not None
+        and bad.error.type in ("InvalidEnvelope", "PayloadTooLarge"),
+        f"a result over the limits settled as {bad.status} "
+        f"({bad.error.type if bad.error else 'no error type'})",
+    )
+    t.expect(outcomes[t.tag("ok")].ok, "the sibling of an over-limits result did not succeed")

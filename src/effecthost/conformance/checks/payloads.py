@@ -208,3 +208,25 @@ async def _refused(
     raised = await t.refuses(error, controller.await_next_settlement(cursor), what)
     t.expect(cursor.consumed == handle.consumed, f"{what}: the refusal advanced the handle")
     return raised
+
+
+@check("G-48", requires=("sealing",))
+async def check_sealing_binds_the_position(t: CheckContext) -> None:
+    """Ruling R-10: a sealed value's associated data binds the child's position as well as
+    the group key and the replay key: sealed for one position, it opens at that position
+    and fails with SealedPayloadUnreadable at any other, under the same group key and
+    replay key. (Checked on the sealing every host uses: no host hook can move a recorded
+    value to another position of the same replay key.)"""
+    from effecthost.payloads import AesGcmSealer, InMemoryKeyStore
+
+    sealer = AesGcmSealer(InMemoryKeyStore())
+    key, replay = t.key("g"), t.tag("x")
+    secret = t.tag("positioned").encode()
+    sealed = sealer.seal(key, replay, secret, position=1)
+    t.expect(sealer.open(key, replay, sealed, position=1) == secret, "it did not open in place")
+    for position in (0, 2, None):
+        try:
+            sealer.open(key, replay, sealed, position=position)
+        except SealedPayloadUnreadable:
+            continue
+        raise AssertionError(f"a value sealed for position 1 opened at position {position}")
