@@ -22,6 +22,18 @@ caller whose codec keys differ from the worker's sends nothing the worker must d
 AWAIT_UPDATE = "await_rank:"
 """Prefix of the argument-less waiting update ``await_rank:<rank>``."""
 
+RANKS_QUERY = "ranks:"
+"""Prefix of the argument-less batch query ``ranks:<after>``: the settlements ranked after
+``after`` that are recorded, as many as :data:`BATCH_BYTES` allows (at least one)."""
+
+AWAIT_RANKS_UPDATE = "await_ranks:"
+"""Prefix of the argument-less waiting update ``await_ranks:<after>``: waits until a rank
+after ``after`` is recorded and returns the batch then recorded (as :data:`RANKS_QUERY`)."""
+
+BATCH_BYTES = 512 * 1024
+"""Largest batch of settlements one read returns (estimated from the outcomes' JSON);
+a batch holds at least one settlement whatever its size."""
+
 SETTLED_QUERY = "settled"
 """Every recorded settlement as recorded (stored forms; inspection and tests)."""
 
@@ -45,6 +57,8 @@ go by reference above the policy's inline threshold (see docs/temporal.md)."""
 
 RANK_UPDATE_PREFIX = "rank-"
 
+BATCH_UPDATE_PREFIX = "ranks-after-"
+
 
 def rank_update_id(rank: int) -> str:
     """The deterministic update id of the waiting read of ``rank`` (G-44): every caller
@@ -55,3 +69,9 @@ def rank_update_id(rank: int) -> str:
 def error_details(**ids: Any) -> dict[str, Any]:
     """Ids carried by a failure raised in the workflow or the activity (never payloads)."""
     return {k: v for k, v in ids.items() if v is not None}
+
+
+def batch_update_id(after: int) -> str:
+    """The deterministic update id of the waiting batch read after rank ``after``: every
+    caller waiting there shares one update, so a run spends at most one per rank."""
+    return f"{BATCH_UPDATE_PREFIX}{after}"

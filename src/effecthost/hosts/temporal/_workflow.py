@@ -13,6 +13,7 @@ loads inside the workflow sandbox. The fences of the validators are the kit's.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -32,9 +33,12 @@ from temporalio.exceptions import (  # noqa: E402
 )
 
 from ._shared import (  # noqa: E402
+    AWAIT_RANKS_UPDATE,
     AWAIT_UPDATE,
+    BATCH_BYTES,
     CHILD_ACTIVITY,
     MEMO_STATE,
+    RANKS_QUERY,
     READ_QUERY,
     RETIRE_ACTIVITY,
     SETTLED_QUERY,
@@ -335,13 +339,33 @@ class EffectGroupWorkflow:
 
     @workflow.query(dynamic=True)
     def read_by_name(self, name: str, args: Sequence[RawValue]) -> Any:
-        """``read:<rank>`` (as :meth:`read`, argument-less) and ``settled`` (every
-        settlement as recorded). Unknown names fail the query; queries add no history."""
+        """``read:<rank>`` (as :meth:`read`, argument-less), ``ranks:<after>`` (the
+        batch after rank ``after``, :meth:`_batch`) and ``settled`` (every settlement as
+        recorded). Unknown names fail the query; queries add no history."""
         if name.startswith(READ_QUERY):
             return self.read(_rank_of(name, READ_QUERY))
+        if name.startswith(RANKS_QUERY):
+            return self._batch(_rank_of(name, RANKS_QUERY))
         if name == SETTLED_QUERY:
             return list(self._settled)
         raise ApplicationError(f"unknown query {name!r}", type="UnknownQuery")
+
+    def _batch(self, after: int) -> Json:
+        """The group's state and the settlements ranked after ``after`` that are
+        recorded, up to :data:`BATCH_BYTES` of outcomes (at least one)."""
+        batch: list[Json] = []
+        size = 0
+        for settlement in self._settled[max(after, 0) :]:
+            size += len(json.dumps(settlement["outcome"])) + 256
+            if batch and size > BATCH_BYTES:
+                break
+            batch.append(settlement)
+        return {
+            "shape": [len(self._children), self._wake, self._declared],
+            "closed": self._closed,
+            "effective": self._effective,
+            "settlements": batch,
+        }
 
     @workflow.query(name="status")
     def status(self) -> Json:
@@ -382,14 +406,29 @@ class EffectGroupWorkflow:
     @workflow.update(dynamic=True)
     async def await_rank_by_name(self, name: str, args: Sequence[RawValue]) -> Json:
         """``await_rank:<rank>``: :meth:`await_rank` with the rank in the name, so the
-        update carries no argument the worker must decode."""
+        update carries no argument the worker must decode; ``await_ranks:<after>``:
+        :meth:`_await_batch`."""
+        if name.startswith(AWAIT_RANKS_UPDATE):
+            return await self._await_batch(_rank_of(name, AWAIT_RANKS_UPDATE))
         return await self._await_rank(_rank_of(name, AWAIT_UPDATE))
 
     @await_rank_by_name.validator
     def _validate_await_rank_by_name(self, name: str, args: Sequence[RawValue]) -> None:
-        if not name.startswith(AWAIT_UPDATE):
+        if name.startswith(AWAIT_RANKS_UPDATE):
+            self._validate_await_rank(_rank_of(name, AWAIT_RANKS_UPDATE) + 1)
+        elif name.startswith(AWAIT_UPDATE):
+            self._validate_await_rank(_rank_of(name, AWAIT_UPDATE))
+        else:
             raise _refuse("UnknownUpdate", f"unknown update {name!r}", group_key=self._key)
-        self._validate_await_rank(_rank_of(name, AWAIT_UPDATE))
+
+    async def _await_batch(self, after: int) -> Json:
+        """``await_ranks:<after>``: once a rank after ``after`` is recorded, the batch
+        then recorded (G-21: the first settlement wakes it); ``GroupClosed`` when the
+        group closes first."""
+        await workflow.wait_condition(lambda: len(self._settled) > after or self._closed)
+        if len(self._settled) > after:
+            return self._batch(after)
+        raise _refusal(kit.group_closed(self._key))
 
     @workflow.update(name="overwrite_outcome")
     async def overwrite_outcome(self, replay_key: str, outcome: Any) -> None:

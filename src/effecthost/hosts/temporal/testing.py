@@ -61,7 +61,7 @@ from temporalio.service import RPCError, RPCStatusCode  # noqa: E402
 
 from ._codec import CODEC_SCOPE  # noqa: E402
 from ._controller import TemporalEffectHost, _stored_form  # noqa: E402
-from ._shared import rank_update_id  # noqa: E402
+from ._shared import batch_update_id  # noqa: E402
 
 _ADMITTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ADMITTED
 _ACCEPTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ACCEPTED
@@ -342,7 +342,7 @@ class TemporalHostUnderTest(HostUnderTest):
             namespace=self.namespace,
             update_ref=UpdateRef(
                 workflow_execution=WorkflowExecution(workflow_id=group_key),
-                update_id=rank_update_id(rank),
+                update_id=batch_update_id(rank - 1),
             ),
             wait_policy=WaitPolicy(lifecycle_stage=_ADMITTED),
         )
