@@ -35,7 +35,7 @@ from ._shared import (  # noqa: E402
     WORKFLOW_NAME,
 )
 from ._worker import ChildActivities, create_worker, run_worker, workflow_runner  # noqa: E402
-from ._workflow import EffectGroupWorkflow, assign_rank  # noqa: E402
+from ._workflow import EffectGroupWorkflow, EffectShardWorkflow, assign_rank  # noqa: E402
 
 __all__ = [
     "CHILD_ACTIVITY",
@@ -47,6 +47,7 @@ __all__ = [
     "WORKFLOW_NAME",
     "ChildActivities",
     "EffectGroupWorkflow",
+    "EffectShardWorkflow",
     "GroupTooWide",
     "SealingCodec",
     "TemporalEffectHost",

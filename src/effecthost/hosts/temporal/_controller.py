@@ -76,6 +76,7 @@ from ._shared import (  # noqa: E402
     MEMO_STATE,
     RANKS_QUERY,
     SETTLED_QUERY,
+    SHARD_CHILDREN,
     WORKFLOW_NAME,
     batch_update_id,
 )
@@ -120,6 +121,11 @@ class TemporalEffectHost(WiredController):
     keys, so only the tool results of child activities are sealed per slot; the codec
     protects the rest of history. ``test_hooks`` opens groups that accept the
     record-tampering update of the conformance checks; never set it in production.
+
+    A group wider than ``shard_size`` children runs them in shards of that many, each a
+    child workflow of the group's run reporting settlements to it; the group's run
+    assigns the ranks as it records the reports (G-43). No run then holds more pending
+    activities than one shard.
     """
 
     def __init__(
@@ -134,6 +140,7 @@ class TemporalEffectHost(WiredController):
         payloads: PayloadPolicy | None = None,
         keys: KeyStore | None = None,
         test_hooks: bool = False,
+        shard_size: int = SHARD_CHILDREN,
     ) -> None:
         if keys is not None:
             client = sealed_client(client, keys)
@@ -155,6 +162,9 @@ class TemporalEffectHost(WiredController):
             self._options["payloads"] = True
         if test_hooks:
             self._options["test_hooks"] = True
+        if shard_size < 1:
+            raise ValueError("shard_size must be at least 1")
+        self._options["shard_size"] = shard_size
         self._visibility_wait = visibility_wait
         self._expected: dict[str, bool] = {}
         self._owned: dict[str, tuple[int, str, str]] = {}
