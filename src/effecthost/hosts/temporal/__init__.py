@@ -32,6 +32,7 @@ from ._shared import (  # noqa: E402
     INLINE_OUTCOME_BYTES,
     MAX_CHILDREN,
     MAX_SPEC_BYTES,
+    SHARD_CHILDREN,
     WORKFLOW_NAME,
 )
 from ._worker import ChildActivities, create_worker, run_worker, workflow_runner  # noqa: E402
@@ -44,6 +45,7 @@ __all__ = [
     "INLINE_OUTCOME_BYTES",
     "MAX_CHILDREN",
     "MAX_SPEC_BYTES",
+    "SHARD_CHILDREN",
     "WORKFLOW_NAME",
     "ChildActivities",
     "EffectGroupWorkflow",
