@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.service import RPCError, RPCStatusCode
 
 from effecthost.contract import EffectGroup, LoserPolicy, WakePolicy
 from effecthost.hosts.temporal import TemporalEffectHost
@@ -38,12 +39,13 @@ def _counted(ctl: TemporalEffectHost) -> Counter[str]:
 def test_recorded_ranks_are_read_in_one_batch(tmp_path: Path) -> None:
     """G-44, G-15: a reader with only the handle reads 20 recorded ranks with one query
     (not one per rank), in rank order; the group's opener reads a race's first rank and
-    closes without any query (one waiting update, one close)."""
+    closes without any query (one waiting update, one close); when the run's update
+    budget is spent, a read waits by querying instead."""
     asyncio.run(_batched(tmp_path))
 
 
 async def _batched(root: Path) -> None:
-    async with running_host(root) as (host, _lab):
+    async with running_host(root) as (host, lab):
         assert host.client is not None
         tags = [f"br.{i}" for i in range(20)]
         group = EffectGroup(
@@ -80,3 +82,24 @@ async def _batched(root: Path) -> None:
         assert first.replay_key == "br.win"
         await opener.close_effect_group(handle)
         assert calls == Counter(update=2), calls
+
+        # a run whose update budget is spent: the read falls back to queries
+        spent = EffectGroup(
+            key="reads:group:spent:0",
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[step("br.late", result=1)],
+        )
+        handle = await opener.open_effect_group(spent)
+        poller = TemporalEffectHost(host.client, host.task_queue, host.resolver())
+
+        async def exhausted(*args: Any, **kwargs: Any) -> Any:
+            raise RPCError("update budget spent", RPCStatusCode.RESOURCE_EXHAUSTED, b"")
+
+        poller._update = exhausted  # type: ignore[method-assign]
+        waiter = asyncio.ensure_future(poller.await_next_settlement(handle.copy_cursor()))
+        await lab.wait_for("started", "br.late", timeout=30)
+        assert not waiter.done()
+        lab.open("br.late")
+        assert (await asyncio.wait_for(waiter, 30)).replay_key == "br.late"
+        await opener.close_effect_group(handle)

@@ -381,10 +381,26 @@ class TemporalEffectHost(WiredController):
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 raise kit.group_closed(key) from None
-            raise
+            if exc.status != RPCStatusCode.RESOURCE_EXHAUSTED:
+                raise
+            return await self._poll_batch(key, handle)
         # accepted while open: the shape and cursor fences hold for what it returns
         kit.check_await(key, handle, replace(_record(key, state), closed=False))
         return self._keep(key, after, state)
+
+    async def _poll_batch(self, key: str, handle: GroupHandle) -> dict[str, Any]:
+        """The run's update budget is spent (2,000 per run; a wide group read one rank
+        at a time can spend it): query until a rank after the cursor is recorded,
+        backing off, with the fences of every read."""
+        after = handle.consumed
+        delay = 0.02
+        while True:
+            state = await self._query(key, f"{RANKS_QUERY}{after}", rank=after + 1)
+            kit.check_await(key, handle, _record(key, state))
+            if state["settlements"]:
+                return self._keep(key, after, state)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
     def _keep(self, key: str, after: int, state: dict[str, Any]) -> dict[str, Any]:
         batch = _Batch(replace(_record(key, state), closed=False), after, state["settlements"])
