@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from effecthost.conformance import run_suite
-from effecthost.hosts.temporal.testing import factory
+from effecthost.hosts.temporal.testing import factory, sharded_factory
 
 from ._support import require_cli
 
@@ -24,3 +24,16 @@ def test_conformance_suite_passes_on_temporal() -> None:
     known = {"replay_keys_are_unique_across_groups"}
     assert {r.check.name for r in report.by_status("failed")} == known, "\n".join(failed)
     assert report.missing_capabilities() <= {"payload_refs", "sealing"}, report.table()
+
+
+@pytest.mark.timeout(420)
+def test_conformance_suite_passes_on_sharded_groups() -> None:
+    """G-43, G-15, G-21, G-27, G-51: the suite again, every group of two or more children
+    run in shards of one child (the path of groups wider than ``SHARD_CHILDREN``):
+    ranks, wakes, closes, cancels, timers and events hold there too."""
+    require_cli()
+    report = asyncio.run(run_suite(sharded_factory))
+    print(report.table())
+    failed = [f"{r.check.node_name}: {r.reason}" for r in report.by_status("failed")]
+    known = {"replay_keys_are_unique_across_groups"}
+    assert {r.check.name for r in report.by_status("failed")} == known, "\n".join(failed)

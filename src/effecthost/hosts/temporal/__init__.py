@@ -32,10 +32,11 @@ from ._shared import (  # noqa: E402
     INLINE_OUTCOME_BYTES,
     MAX_CHILDREN,
     MAX_SPEC_BYTES,
+    SHARD_CHILDREN,
     WORKFLOW_NAME,
 )
 from ._worker import ChildActivities, create_worker, run_worker, workflow_runner  # noqa: E402
-from ._workflow import EffectGroupWorkflow, assign_rank  # noqa: E402
+from ._workflow import EffectGroupWorkflow, EffectShardWorkflow, assign_rank  # noqa: E402
 
 __all__ = [
     "CHILD_ACTIVITY",
@@ -44,9 +45,11 @@ __all__ = [
     "INLINE_OUTCOME_BYTES",
     "MAX_CHILDREN",
     "MAX_SPEC_BYTES",
+    "SHARD_CHILDREN",
     "WORKFLOW_NAME",
     "ChildActivities",
     "EffectGroupWorkflow",
+    "EffectShardWorkflow",
     "GroupTooWide",
     "SealingCodec",
     "TemporalEffectHost",

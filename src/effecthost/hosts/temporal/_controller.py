@@ -8,7 +8,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from effecthost.contract import (
@@ -70,14 +70,15 @@ from temporalio.service import RPCError, RPCStatusCode  # noqa: E402
 
 from ._codec import is_sealed_payload_error, sealed_client  # noqa: E402
 from ._shared import (  # noqa: E402
-    AWAIT_UPDATE,
+    AWAIT_RANKS_UPDATE,
     MAX_CHILDREN,
     MAX_SPEC_BYTES,
     MEMO_STATE,
-    READ_QUERY,
+    RANKS_QUERY,
     SETTLED_QUERY,
+    SHARD_CHILDREN,
     WORKFLOW_NAME,
-    rank_update_id,
+    batch_update_id,
 )
 from ._workflow import EffectGroupWorkflow  # noqa: E402
 
@@ -120,6 +121,11 @@ class TemporalEffectHost(WiredController):
     keys, so only the tool results of child activities are sealed per slot; the codec
     protects the rest of history. ``test_hooks`` opens groups that accept the
     record-tampering update of the conformance checks; never set it in production.
+
+    A group wider than ``shard_size`` children runs them in shards of that many, each a
+    child workflow of the group's run reporting settlements to it; the group's run
+    assigns the ranks as it records the reports (G-43). No run then holds more pending
+    activities than one shard.
     """
 
     def __init__(
@@ -134,6 +140,7 @@ class TemporalEffectHost(WiredController):
         payloads: PayloadPolicy | None = None,
         keys: KeyStore | None = None,
         test_hooks: bool = False,
+        shard_size: int = SHARD_CHILDREN,
     ) -> None:
         if keys is not None:
             client = sealed_client(client, keys)
@@ -155,8 +162,13 @@ class TemporalEffectHost(WiredController):
             self._options["payloads"] = True
         if test_hooks:
             self._options["test_hooks"] = True
+        if shard_size < 1:
+            raise ValueError("shard_size must be at least 1")
+        self._options["shard_size"] = shard_size
         self._visibility_wait = visibility_wait
         self._expected: dict[str, bool] = {}
+        self._owned: dict[str, tuple[int, str, str]] = {}
+        self._batches: dict[str, _Batch] = {}
         self.incarnation = f"{uuid.uuid4().hex}"
         _LIVE_OPENERS.add(self.incarnation)
 
@@ -255,6 +267,11 @@ class TemporalEffectHost(WiredController):
                 raise kit.group_closed(group.key) from None
             raise
         self._expected[group.key] = True
+        self._owned[group.key] = (
+            group.child_count,
+            group.wake.value,
+            group.disposition.value,
+        )
         return group.handle()
 
     def _group_spec(self, group: EffectGroup) -> dict[str, Any]:
@@ -312,26 +329,24 @@ class TemporalEffectHost(WiredController):
         return result
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
-        """Query first; otherwise one waiting update per rank, with a deterministic id,
-        so every caller of that rank (a fresh process included) shares it (G-44)."""
+        """Serve rank ``consumed + 1`` from the batch this controller read last, else
+        read a batch: a query of the ranks recorded after the cursor, and when none is,
+        a waiting update with a deterministic id, so every caller waiting there (a fresh
+        process included) shares it (G-44). A group this controller opened and has not
+        closed skips the query: the update's validator applies the same fences.
+
+        A batch holds recorded ranks only (G-15: they never change). A close through
+        this controller drops its batch, so the next await reads the group again (R-4);
+        a close through another client is seen at this controller's next read."""
         key = require_handle(handle).group_key
         self._require_wired(key)
         rank = handle.consumed + 1
-        # The rank is in the query's name: nothing for the worker to decode, so a caller
-        # with other codec keys fails here, caller-side, and records nothing (G-49).
-        state = await self._query(key, f"{READ_QUERY}{rank}", rank=rank)
-        kit.check_await(key, handle, _record(key, state))  # R-2's order
-        doc = state["settlement"]
-        if doc is None:
-            try:
-                with _opened(key, rank):
-                    doc = await self._update(key, f"{AWAIT_UPDATE}{rank}", id=rank_update_id(rank))
-            except WorkflowUpdateFailedError as exc:
-                _raise_from(exc.cause, key)
-            except RPCError as exc:
-                if exc.status == RPCStatusCode.NOT_FOUND:
-                    raise kit.group_closed(key) from None
-                raise
+        cached = self._batches.get(key)
+        doc = cached.get(rank) if cached is not None else None
+        if doc is not None and cached is not None:
+            kit.check_await(key, handle, cached.record)
+        else:
+            doc = await self._read_batch(key, handle)
         replay_key, position = doc["replay_key"], doc["position"]
         # Decoded before the handle advances: a refusal leaves the cursor (G-49).
         outcome = await decode_outcome(
@@ -342,6 +357,56 @@ class TemporalEffectHost(WiredController):
         )
         handle.consumed = rank
         return settlement
+
+    async def _read_batch(self, key: str, handle: GroupHandle) -> dict[str, Any]:
+        after = handle.consumed
+        rank = after + 1
+        shape = self._owned.get(key)
+        mine = shape == (handle.child_count, handle.wake.value, handle.disposition.value)
+        if not mine or rank > handle.child_count:
+            # The rank and cursor are in the query's name: nothing for the worker to
+            # decode, so a caller with other codec keys fails here, caller-side, and
+            # records nothing (G-49).
+            state = await self._query(key, f"{RANKS_QUERY}{after}", rank=rank)
+            kit.check_await(key, handle, _record(key, state))  # R-2's order
+            if state["settlements"]:
+                return self._keep(key, after, state)
+        try:
+            with _opened(key, rank):
+                state = await self._update(
+                    key, f"{AWAIT_RANKS_UPDATE}{after}", id=batch_update_id(after)
+                )
+        except WorkflowUpdateFailedError as exc:
+            _raise_from(exc.cause, key)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise kit.group_closed(key) from None
+            if exc.status != RPCStatusCode.RESOURCE_EXHAUSTED:
+                raise
+            return await self._poll_batch(key, handle)
+        # accepted while open: the shape and cursor fences hold for what it returns
+        kit.check_await(key, handle, replace(_record(key, state), closed=False))
+        return self._keep(key, after, state)
+
+    async def _poll_batch(self, key: str, handle: GroupHandle) -> dict[str, Any]:
+        """The run's update budget is spent (2,000 per run; a wide group read one rank
+        at a time can spend it): query until a rank after the cursor is recorded,
+        backing off, with the fences of every read."""
+        after = handle.consumed
+        delay = 0.02
+        while True:
+            state = await self._query(key, f"{RANKS_QUERY}{after}", rank=after + 1)
+            kit.check_await(key, handle, _record(key, state))
+            if state["settlements"]:
+                return self._keep(key, after, state)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def _keep(self, key: str, after: int, state: dict[str, Any]) -> dict[str, Any]:
+        batch = _Batch(replace(_record(key, state), closed=False), after, state["settlements"])
+        self._batches[key] = batch
+        first: dict[str, Any] = state["settlements"][0]
+        return first
 
     async def recorded_settlements(self, group_key: str) -> list[dict[str, Any]]:
         """Every settlement of ``group_key`` as history records it (outcomes in their
@@ -375,6 +440,8 @@ class TemporalEffectHost(WiredController):
         disposition = coerce_disposition(require_handle(handle).group_key, disposition)
         key = handle.group_key
         self._require_wired(key)
+        self._owned.pop(key, None)
+        self._batches.pop(key, None)
         target = disposition.value if disposition is not None else None
         shape = [handle.child_count, handle.wake.value, handle.disposition.value]
         wf = self._handle(key)
@@ -500,6 +567,20 @@ class _TemporalDrain(GroupDrain):
             no_executor=tuple(missing),
             extra={"engine_owned": engine_owned},
         )
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """Settlements ranked ``after + 1`` onward, as one read returned them, with the
+    group's record at that read."""
+
+    record: kit.GroupRecord
+    after: int
+    settlements: list[dict[str, Any]]
+
+    def get(self, rank: int) -> dict[str, Any] | None:
+        index = rank - self.after - 1
+        return self.settlements[index] if 0 <= index < len(self.settlements) else None
 
 
 @contextlib.contextmanager

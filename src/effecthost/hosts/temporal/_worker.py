@@ -39,7 +39,7 @@ from ._shared import (  # noqa: E402
     RETIRE_ACTIVITY,
     error_details,
 )
-from ._workflow import EffectGroupWorkflow  # noqa: E402
+from ._workflow import EffectGroupWorkflow, EffectShardWorkflow  # noqa: E402
 
 HEARTBEAT_EVERY = 0.5
 """Seconds between heartbeats of a running child; a cancel reaches a child only
@@ -201,7 +201,7 @@ def create_worker(
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[EffectGroupWorkflow],
+        workflows=[EffectGroupWorkflow, EffectShardWorkflow],
         activities=[activities.run_child, activities.retire_payloads],
         workflow_runner=workflow_runner(),
         sticky_queue_schedule_to_start_timeout=sticky_queue_schedule_to_start_timeout,

@@ -13,6 +13,7 @@ loads inside the workflow sandbox. The fences of the validators are the kit's.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -32,14 +33,22 @@ from temporalio.exceptions import (  # noqa: E402
 )
 
 from ._shared import (  # noqa: E402
+    AWAIT_RANKS_UPDATE,
     AWAIT_UPDATE,
+    BATCH_BYTES,
     CHILD_ACTIVITY,
     MEMO_STATE,
+    RANKS_QUERY,
     READ_QUERY,
     RETIRE_ACTIVITY,
     SETTLED_QUERY,
+    SHARD_CANCEL,
+    SHARD_EVENT,
+    SHARD_SETTLED,
+    SHARD_WORKFLOW_NAME,
     WORKFLOW_NAME,
     error_details,
+    shard_id,
 )
 
 Json = dict[str, Any]
@@ -116,6 +125,22 @@ def _status(outcome: Json) -> str:
     return f"stored ({outcome.get('form')})"
 
 
+def activity_options(options: Json) -> Json:
+    """How a ``tool_call`` child's activity runs: the group's timeouts, retried without
+    limit (the engine owns retries)."""
+    return {
+        "start_to_close_timeout": timedelta(seconds=float(options.get("start_to_close", 86400.0))),
+        "heartbeat_timeout": timedelta(seconds=float(options.get("heartbeat_timeout", 5.0))),
+        "retry_policy": RetryPolicy(
+            initial_interval=timedelta(seconds=1),
+            backoff_coefficient=2.0,
+            maximum_interval=timedelta(seconds=10),
+            maximum_attempts=0,
+        ),
+        "result_type": dict,
+    }
+
+
 def _rank_of(name: str, prefix: str) -> int:
     try:
         return int(name[len(prefix) :])
@@ -145,6 +170,10 @@ class EffectGroupWorkflow:
         self._activities: dict[int, workflow.ActivityHandle[Json]] = {}
         self._closed = False
         self._named = False
+        size = int(self._options.get("shard_size") or 0)
+        self._shard_size = size if 0 < size < len(self._children) else 0
+        self._shards: list[asyncio.Task[Any]] = []
+        self._sends: list[asyncio.Task[None]] = []
 
     # -- run ----------------------------------------------------------------------------
 
@@ -152,14 +181,20 @@ class EffectGroupWorkflow:
     async def run(self, spec: Json) -> Json:
         self._named = workflow.patched(NAMED_CHILDREN)
         self._show_progress()
-        for position in range(len(self._children)):
-            self._tasks[position] = asyncio.create_task(self._watch(position))
+        if self._shard_size:
+            for start in range(0, len(self._children), self._shard_size):
+                self._shards.append(asyncio.create_task(self._run_shard(start)))
+        else:
+            for position in range(len(self._children)):
+                self._tasks[position] = asyncio.create_task(self._watch(position))
         await workflow.wait_condition(
             lambda: (
                 self._closed
                 and len(self._settled) == len(self._children)
                 and workflow.all_handlers_finished()
                 and (not self._named or all(t.done() for t in self._tasks.values()))
+                and all(t.done() for t in self._shards)
+                and all(t.done() for t in self._sends)
             )
         )
         if self._options.get("payloads"):
@@ -214,22 +249,41 @@ class EffectGroupWorkflow:
             outcome = _failure(exc)
         self._settle(position, outcome)
 
+    # -- shards (a group wider than its shard size) ---------------------------------------
+
+    async def _run_shard(self, start: int) -> None:
+        """Run children ``start`` onward (one shard's worth) as a child workflow; their
+        settlements come back by :meth:`shard_settled`."""
+        chunk = self._children[start : start + self._shard_size]
+        await workflow.execute_child_workflow(
+            SHARD_WORKFLOW_NAME,
+            {
+                "offset": start,
+                "children": [child["envelope"] for child in chunk],
+                "options": self._options,
+            },
+            id=shard_id(self._key, start // self._shard_size),
+        )
+
+    @workflow.signal(name=SHARD_SETTLED)
+    def shard_settled(self, batch: list[list[Any]]) -> None:
+        """A shard's settlements in the order it observed them: each takes the next rank
+        as this run records the signal (history orders signals, so replay agrees)."""
+        for position, outcome in batch:
+            self._settle(int(position), outcome)
+
+    def _send_to_shards(self, signal: str, positions: list[int], *extra: Any) -> None:
+        """``signal`` to each shard holding one of ``positions``; the commands go out in
+        this workflow task."""
+        by_shard: dict[int, list[int]] = {}
+        for position in positions:
+            by_shard.setdefault(position // self._shard_size, []).append(position)
+        for index, held in by_shard.items():
+            shard = workflow.get_external_workflow_handle(shard_id(self._key, index))
+            self._sends.append(asyncio.create_task(shard.signal(signal, [held, *extra])))
+
     def _activity_options(self) -> Json:
-        return {
-            "start_to_close_timeout": timedelta(
-                seconds=float(self._options.get("start_to_close", 86400.0))
-            ),
-            "heartbeat_timeout": timedelta(
-                seconds=float(self._options.get("heartbeat_timeout", 5.0))
-            ),
-            "retry_policy": RetryPolicy(
-                initial_interval=timedelta(seconds=1),
-                backoff_coefficient=2.0,
-                maximum_interval=timedelta(seconds=10),
-                maximum_attempts=0,
-            ),
-            "result_type": dict,
-        }
+        return activity_options(self._options)
 
     async def _run_named(self, position: int, envelope: Json) -> Json:
         """The child's activity, named ``child-{position}:{tool}`` with a summary. A cancel
@@ -275,6 +329,13 @@ class EffectGroupWorkflow:
 
     def _cancel_unsettled(self) -> list[str]:
         cancelled: list[str] = []
+        if self._shard_size:
+            unsettled = [p for p in range(len(self._children)) if self._ledger.rank_of(p) is None]
+            for position in unsettled:
+                self._settle(position, dict(_CANCELLED))
+                cancelled.append(self._children[position]["envelope"]["replay_key"])
+            self._send_to_shards(SHARD_CANCEL, unsettled)
+            return cancelled
         for position, task in self._tasks.items():
             if self._ledger.rank_of(position) is None and not task.done():
                 activity = self._activities.get(position)
@@ -335,13 +396,33 @@ class EffectGroupWorkflow:
 
     @workflow.query(dynamic=True)
     def read_by_name(self, name: str, args: Sequence[RawValue]) -> Any:
-        """``read:<rank>`` (as :meth:`read`, argument-less) and ``settled`` (every
-        settlement as recorded). Unknown names fail the query; queries add no history."""
+        """``read:<rank>`` (as :meth:`read`, argument-less), ``ranks:<after>`` (the
+        batch after rank ``after``, :meth:`_batch`) and ``settled`` (every settlement as
+        recorded). Unknown names fail the query; queries add no history."""
         if name.startswith(READ_QUERY):
             return self.read(_rank_of(name, READ_QUERY))
+        if name.startswith(RANKS_QUERY):
+            return self._batch(_rank_of(name, RANKS_QUERY))
         if name == SETTLED_QUERY:
             return list(self._settled)
         raise ApplicationError(f"unknown query {name!r}", type="UnknownQuery")
+
+    def _batch(self, after: int) -> Json:
+        """The group's state and the settlements ranked after ``after`` that are
+        recorded, up to :data:`BATCH_BYTES` of outcomes (at least one)."""
+        batch: list[Json] = []
+        size = 0
+        for settlement in self._settled[max(after, 0) :]:
+            size += len(json.dumps(settlement["outcome"])) + 256
+            if batch and size > BATCH_BYTES:
+                break
+            batch.append(settlement)
+        return {
+            "shape": [len(self._children), self._wake, self._declared],
+            "closed": self._closed,
+            "effective": self._effective,
+            "settlements": batch,
+        }
 
     @workflow.query(name="status")
     def status(self) -> Json:
@@ -382,14 +463,29 @@ class EffectGroupWorkflow:
     @workflow.update(dynamic=True)
     async def await_rank_by_name(self, name: str, args: Sequence[RawValue]) -> Json:
         """``await_rank:<rank>``: :meth:`await_rank` with the rank in the name, so the
-        update carries no argument the worker must decode."""
+        update carries no argument the worker must decode; ``await_ranks:<after>``:
+        :meth:`_await_batch`."""
+        if name.startswith(AWAIT_RANKS_UPDATE):
+            return await self._await_batch(_rank_of(name, AWAIT_RANKS_UPDATE))
         return await self._await_rank(_rank_of(name, AWAIT_UPDATE))
 
     @await_rank_by_name.validator
     def _validate_await_rank_by_name(self, name: str, args: Sequence[RawValue]) -> None:
-        if not name.startswith(AWAIT_UPDATE):
+        if name.startswith(AWAIT_RANKS_UPDATE):
+            self._validate_await_rank(_rank_of(name, AWAIT_RANKS_UPDATE) + 1)
+        elif name.startswith(AWAIT_UPDATE):
+            self._validate_await_rank(_rank_of(name, AWAIT_UPDATE))
+        else:
             raise _refuse("UnknownUpdate", f"unknown update {name!r}", group_key=self._key)
-        self._validate_await_rank(_rank_of(name, AWAIT_UPDATE))
+
+    async def _await_batch(self, after: int) -> Json:
+        """``await_ranks:<after>``: once a rank after ``after`` is recorded, the batch
+        then recorded (G-21: the first settlement wakes it); ``GroupClosed`` when the
+        group closes first."""
+        await workflow.wait_condition(lambda: len(self._settled) > after or self._closed)
+        if len(self._settled) > after:
+            return self._batch(after)
+        raise _refusal(kit.group_closed(self._key))
 
     @workflow.update(name="overwrite_outcome")
     async def overwrite_outcome(self, replay_key: str, outcome: Any) -> None:
@@ -467,8 +563,10 @@ class EffectGroupWorkflow:
 
     @workflow.update(name="deliver")
     async def deliver(self, name: str, payload: Any) -> int:
-        """Settle every unsettled ``await_event`` child named ``name`` (G-51)."""
+        """Settle every unsettled ``await_event`` child named ``name`` (G-51); in a
+        sharded group, through the shards that hold them."""
         reached = 0
+        targets: list[int] = []
         for position, child in enumerate(self._children):
             envelope = child["envelope"]
             if (
@@ -479,6 +577,9 @@ class EffectGroupWorkflow:
             ):
                 self._events[position] = payload
                 reached += 1
+                targets.append(position)
+        if self._shard_size and targets:
+            self._send_to_shards(SHARD_EVENT, targets, payload)
         return reached
 
     @workflow.update(name="drain_cancel")
@@ -488,3 +589,103 @@ class EffectGroupWorkflow:
         if self._closed or self._effective != "cancel" or self._opener != opener:
             return []
         return self._cancel_unsettled()
+
+
+@workflow.defn(name=SHARD_WORKFLOW_NAME)
+class EffectShardWorkflow:
+    """A slice of a wide group's children, run as a child workflow of the group's run.
+
+    Each child has its own watcher task (as in the group workflow); settlements go to the
+    group in the order this run observes them, batched per workflow task (one signal
+    carries every settlement observed while the previous one was being sent). The group
+    assigns the ranks; a duplicate report (a child it already settled as cancelled) takes
+    none there. Start argument: ``{"offset", "children": [envelope], "options"}``."""
+
+    @workflow.init
+    def __init__(self, spec: Json) -> None:
+        self._offset: int = spec["offset"]
+        self._children: list[Json] = list(spec["children"])
+        self._options: Json = dict(spec.get("options") or {})
+        self._events: dict[int, Any] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._activities: dict[int, workflow.ActivityHandle[Json]] = {}
+        self._outbox: list[list[Any]] = []
+        self._cancelled: set[int] = set()
+        self._finished = False
+
+    @workflow.run
+    async def run(self, spec: Json) -> int:
+        parent = workflow.info().parent
+        assert parent is not None, "a shard runs as a group's child workflow"
+        group = workflow.get_external_workflow_handle(parent.workflow_id, run_id=parent.run_id)
+        self._tasks = [
+            asyncio.create_task(self._watch(index)) for index in range(len(self._children))
+        ]
+        reporter = asyncio.create_task(self._report(group))
+        await workflow.wait_condition(lambda: all(task.done() for task in self._tasks))
+        self._finished = True
+        await reporter
+        return len(self._children)
+
+    async def _report(self, group: workflow.ExternalWorkflowHandle[Any]) -> None:
+        while True:
+            await workflow.wait_condition(lambda: bool(self._outbox) or self._finished)
+            if not self._outbox:
+                return
+            batch, self._outbox = self._outbox, []
+            await group.signal(SHARD_SETTLED, batch)
+
+    async def _watch(self, index: int) -> None:
+        envelope = self._children[index]
+        position = self._offset + index
+        kind = envelope["kind"]
+        outcome: Json
+        try:
+            if index in self._cancelled:  # cancelled before this run started it
+                outcome = dict(_CANCELLED)
+            elif kind == "sleep":
+                await workflow.sleep(timedelta(seconds=float(envelope["input"]["seconds"])))
+                outcome = {"status": "success", "value": None, "error": None}
+            elif kind == "await_event":
+                await workflow.wait_condition(lambda: index in self._events)
+                outcome = {"status": "success", "value": self._events[index], "error": None}
+            else:
+                handle = workflow.start_activity(
+                    CHILD_ACTIVITY,
+                    envelope,
+                    activity_id=f"child-{position}:{envelope['name']}",
+                    summary=f"{envelope['name']} · position {position} · {envelope['replay_key']}",
+                    cancellation_type=(
+                        workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
+                    ),
+                    **activity_options(self._options),
+                )
+                self._activities[index] = handle
+                outcome = await handle
+        except asyncio.CancelledError:
+            outcome = dict(_CANCELLED)
+        except ActivityError as exc:
+            outcome = _failure(exc)
+        self._outbox.append([position, outcome])
+
+    @workflow.signal(name=SHARD_CANCEL)
+    def cancel(self, args: list[Any]) -> None:
+        """Cancel the children at these positions that have not ended (the group has
+        settled them as cancelled already)."""
+        for position in args[0]:
+            index = int(position) - self._offset
+            self._cancelled.add(index)
+            if not 0 <= index < len(self._tasks) or self._tasks[index].done():
+                continue
+            activity = self._activities.get(index)
+            if activity is None:
+                self._tasks[index].cancel()
+            else:
+                activity.cancel()
+
+    @workflow.signal(name=SHARD_EVENT)
+    def event(self, args: list[Any]) -> None:
+        """An event for the ``await_event`` children at these positions."""
+        positions, payload = args
+        for position in positions:
+            self._events.setdefault(int(position) - self._offset, payload)

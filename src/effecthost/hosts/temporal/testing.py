@@ -61,7 +61,7 @@ from temporalio.service import RPCError, RPCStatusCode  # noqa: E402
 
 from ._codec import CODEC_SCOPE  # noqa: E402
 from ._controller import TemporalEffectHost, _stored_form  # noqa: E402
-from ._shared import rank_update_id  # noqa: E402
+from ._shared import batch_update_id  # noqa: E402
 
 _ADMITTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ADMITTED
 _ACCEPTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ACCEPTED
@@ -268,8 +268,11 @@ class TemporalHostUnderTest(HostUnderTest):
     )
     timeout = 20.0
 
-    def __init__(self, env: FactoryEnv, *, restart_server: bool = True) -> None:
+    def __init__(
+        self, env: FactoryEnv, *, restart_server: bool = True, shard_size: int | None = None
+    ) -> None:
         self.env = env
+        self.shard_size = shard_size
         self.task_queue = f"effecthost-conformance-{uuid.uuid4().hex[:8]}"
         self.namespace = os.environ.get(NAMESPACE_ENV, "default")
         self.server: DevServer | None = None
@@ -308,6 +311,10 @@ class TemporalHostUnderTest(HostUnderTest):
 
     def _make_controller(self, resolver: GroupExecutors | None) -> TemporalEffectHost:
         assert self.client is not None
+        if self.shard_size is not None:
+            return TemporalEffectHost(
+                self.client, self.task_queue, resolver, shard_size=self.shard_size
+            )
         return TemporalEffectHost(self.client, self.task_queue, resolver)
 
     async def controller(self, *, wired: bool = True) -> EffectController:
@@ -342,7 +349,7 @@ class TemporalHostUnderTest(HostUnderTest):
             namespace=self.namespace,
             update_ref=UpdateRef(
                 workflow_execution=WorkflowExecution(workflow_id=group_key),
-                update_id=rank_update_id(rank),
+                update_id=batch_update_id(rank - 1),
             ),
             wait_policy=WaitPolicy(lifecycle_stage=_ADMITTED),
         )
@@ -497,6 +504,12 @@ async def factory(env: FactoryEnv, **options: Any) -> TemporalHostUnderTest:
     """The conformance factory: a dev server (unless ``EFFECTHOST_TEMPORAL_ADDRESS``
     is set) and a worker process registering ``conformance_resolver(env.lab_path)``."""
     return await _started(TemporalHostUnderTest(env, **options))
+
+
+async def sharded_factory(env: FactoryEnv, **options: Any) -> TemporalHostUnderTest:
+    """As :func:`factory`, with one child per shard: every group of two or more children
+    runs in shards (the path of groups wider than ``SHARD_CHILDREN``)."""
+    return await _started(TemporalHostUnderTest(env, shard_size=1, **options))
 
 
 async def sealed_factory(env: FactoryEnv, **options: Any) -> SealedTemporalHostUnderTest:

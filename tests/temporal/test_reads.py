@@ -1,0 +1,105 @@
+"""Ranks are read in batches (G-44): one request serves every rank recorded after the
+cursor, so reading a group costs requests per batch, not per rank."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.service import RPCError, RPCStatusCode
+
+from effecthost.contract import EffectGroup, LoserPolicy, WakePolicy
+from effecthost.hosts.temporal import TemporalEffectHost
+
+from ._support import running_host, step
+
+
+def _counted(ctl: TemporalEffectHost) -> Counter[str]:
+    """Count the queries and updates ``ctl`` sends to its group workflows."""
+    calls: Counter[str] = Counter()
+    query, update = ctl._query, ctl._update
+
+    async def counted_query(*args: Any, **kwargs: Any) -> Any:
+        calls["query"] += 1
+        return await query(*args, **kwargs)
+
+    async def counted_update(*args: Any, **kwargs: Any) -> Any:
+        calls["update"] += 1
+        return await update(*args, **kwargs)
+
+    ctl._query = counted_query  # type: ignore[method-assign]
+    ctl._update = counted_update  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.mark.timeout(120)
+def test_recorded_ranks_are_read_in_one_batch(tmp_path: Path) -> None:
+    """G-44, G-15: a reader with only the handle reads 20 recorded ranks with one query
+    (not one per rank), in rank order; the group's opener reads a race's first rank and
+    closes without any query (one waiting update, one close); when the run's update
+    budget is spent, a read waits by querying instead."""
+    asyncio.run(_batched(tmp_path))
+
+
+async def _batched(root: Path) -> None:
+    async with running_host(root) as (host, lab):
+        assert host.client is not None
+        tags = [f"br.{i}" for i in range(20)]
+        group = EffectGroup(
+            key="reads:group:batch:0",
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[step(tag, gate=False, result=i) for i, tag in enumerate(tags)],
+        )
+        opener = await host.controller()
+        await opener.open_effect_group(group)
+        wf = host.client.get_workflow_handle(group.key)
+        last = await asyncio.wait_for(wf.execute_update("await_rank:20", id="test-last"), 30)
+        assert last["rank"] == 20
+
+        reader = TemporalEffectHost(host.client, host.task_queue, host.resolver())
+        calls = _counted(reader)
+        handle = group.handle()
+        read = [(await reader.await_next_settlement(handle)).replay_key for _ in tags]
+        assert read == [s["replay_key"] for s in await reader.recorded_settlements(group.key)]
+        assert sorted(read) == sorted(tags)
+        assert calls == Counter(query=2), calls  # one batch, plus the settled listing
+        await reader.close_effect_group(handle)
+
+        race = EffectGroup(
+            key="reads:group:race:0",
+            wake=WakePolicy.FIRST,
+            disposition=LoserPolicy.CANCEL,
+            children=[step("br.win", gate=False), step("br.lose")],
+        )
+        assert isinstance(opener, TemporalEffectHost)
+        calls = _counted(opener)
+        handle = await opener.open_effect_group(race)
+        first = await asyncio.wait_for(opener.await_next_settlement(handle), 30)
+        assert first.replay_key == "br.win"
+        await opener.close_effect_group(handle)
+        assert calls == Counter(update=2), calls
+
+        # a run whose update budget is spent: the read falls back to queries
+        spent = EffectGroup(
+            key="reads:group:spent:0",
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[step("br.late", result=1)],
+        )
+        handle = await opener.open_effect_group(spent)
+        poller = TemporalEffectHost(host.client, host.task_queue, host.resolver())
+
+        async def exhausted(*args: Any, **kwargs: Any) -> Any:
+            raise RPCError("update budget spent", RPCStatusCode.RESOURCE_EXHAUSTED, b"")
+
+        poller._update = exhausted  # type: ignore[method-assign]
+        waiter = asyncio.ensure_future(poller.await_next_settlement(handle.copy_cursor()))
+        await lab.wait_for("started", "br.late", timeout=30)
+        assert not waiter.done()
+        lab.open("br.late")
+        assert (await asyncio.wait_for(waiter, 30)).replay_key == "br.late"
+        await opener.close_effect_group(handle)
