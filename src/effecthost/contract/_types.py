@@ -376,7 +376,7 @@ class EffectEnvelope(_Model):
                 "membership": membership,
             },
         )
-        envelope.__dict__[_CACHE] = _compose(text, kind, name, replay_key, membership)
+        envelope.__dict__[_CACHE] = _digest(_compose(text, kind, name, replay_key, membership))
         return envelope
 
     def canonical_dict(self) -> dict[str, JsonValue]:
@@ -398,23 +398,31 @@ class EffectEnvelope(_Model):
         return doc
 
     def canonical_bytes(self) -> bytes:
-        """Canonical encoding; membership omitted when absent (G-01). Computed once: the
-        envelope is frozen and its input was normalised at construction."""
+        """Canonical encoding; membership omitted when absent (G-01)."""
+        try:
+            return _compose(
+                _plain_text(self.input), self.kind, self.name, self.replay_key, self.membership
+            )
+        except Exception:  # e.g. built with ``model_construct``: the general encoder decides
+            return _encode_canonical(self.canonical_dict())
+
+    def _digest(self) -> tuple[int, str]:
+        """The size and hash of the canonical bytes, computed once (the envelope is
+        frozen and its input was normalised at construction); the bytes themselves are
+        not kept (a wide group would hold them all)."""
         fields = self.__dict__
-        cached: bytes | None = fields.get(_CACHE)
+        cached: tuple[int, str] | None = fields.get(_CACHE)
         if cached is None:
-            try:
-                cached = _compose(
-                    _plain_text(self.input), self.kind, self.name, self.replay_key, self.membership
-                )
-            except Exception:  # e.g. built with ``model_construct``: the general encoder decides
-                cached = _encode_canonical(self.canonical_dict())
-            fields[_CACHE] = cached
+            cached = fields[_CACHE] = _digest(self.canonical_bytes())
         return cached
+
+    def canonical_size(self) -> int:
+        """``len(self.canonical_bytes())``."""
+        return self._digest()[0]
 
     def envelope_hash(self) -> str:
         """``sha256`` hex of :meth:`canonical_bytes`: the replay fence (G-01, G-02)."""
-        return hashlib.sha256(self.canonical_bytes()).hexdigest()
+        return self._digest()[1]
 
     def with_membership(self, membership: GroupMembership | None) -> EffectEnvelope:
         """A copy with ``membership`` replaced."""
@@ -433,15 +441,19 @@ class EffectEnvelope(_Model):
         )
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
-        """As pydantic's, without the cached canonical bytes of the original."""
+        """As pydantic's, without the cached digest of the original."""
         copied = super().model_copy(update=update, deep=deep)
         copied.__dict__.pop(_CACHE, None)
         return copied
 
 
 _CACHE = "_canonical"
-"""Where an envelope keeps its canonical bytes: a ``__dict__`` entry that is no field
-(pydantic's equality, hash, dump and repr read the fields only)."""
+"""Where an envelope keeps its canonical size and hash: a ``__dict__`` entry that is no
+field (pydantic's equality, hash, dump and repr read the fields only)."""
+
+
+def _digest(data: bytes) -> tuple[int, str]:
+    return len(data), hashlib.sha256(data).hexdigest()
 
 
 def _compose(text: str, kind: str, name: str, replay_key: str, membership: Any) -> bytes:
@@ -551,7 +563,7 @@ class EffectGroup(_Model):
                     position=index,
                 )
             seen.add(envelope.replay_key)
-            size += len(envelope.canonical_bytes())
+            size += envelope.canonical_size()
             if size > limits.MAX_GROUP_BYTES:
                 raise PayloadTooLarge(
                     f"children of group {key!r} up to position {index} encode to {size} "

@@ -186,7 +186,7 @@ class MemoryEffectHost(WiredController):
 
     def _check_sizes(self, group: EffectGroup) -> None:
         for position, child in enumerate(group.children):
-            if len(child.canonical_bytes()) <= self._max_payload_bytes:
+            if child.canonical_size() <= self._max_payload_bytes:
                 continue  # the input is a part of the envelope's encoding
             size = len(canonical_json(child.input))
             if size > self._max_payload_bytes:
@@ -319,7 +319,11 @@ class MemoryEffectHost(WiredController):
                 self._payloads, record.key, child.replay_key, outcome, position=child.position
             )
         child.state = "settled"
-        bisect.insort(record.settled, child, key=lambda c: c.seq or 0)
+        settled = record.settled
+        if settled and (settled[-1].seq or 0) > child.seq:
+            bisect.insort(settled, child, key=lambda c: c.seq or 0)
+        else:
+            settled.append(child)  # sequences grow: the usual place is the end
         self._notify(record)
         self._maybe_retire(record)
         return True
