@@ -108,28 +108,41 @@ async def _wide(width: int) -> None:
     assert len(values) == width
 
 
+async def _native_wide(width: int) -> None:
+    values = await asyncio.gather(*(_native_echo([j, "x"]) for j in range(width)))
+    assert len(values) == width
+
+
+def _peak_per_child(body: Any, width: int) -> float:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        asyncio.run(body)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return (peak - base) / width
+
+
 def memory_rows(width: int, rounds: int) -> dict[str, Any]:
-    """The tracemalloc peak of one wide ``all_``, per child."""
+    """The tracemalloc peak of one wide ``all_``, per child, and of the same children
+    as bare tasks under ``asyncio.gather`` (the native floor)."""
     ran = min(width, limits.MAX_CHILDREN)
     asyncio.run(_wide(ran))  # warm imports and caches
     per_child: list[float] = []
+    native: list[float] = []
     for _ in range(rounds):
-        gc.collect()
-        tracemalloc.start()
-        try:
-            base = tracemalloc.get_traced_memory()[0]
-            tracemalloc.reset_peak()
-            asyncio.run(_wide(ran))
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-        per_child.append((peak - base) / ran)
+        per_child.append(_peak_per_child(_wide(ran), ran))
+        native.append(_peak_per_child(_native_wide(ran), ran))
     return {
         "workload": f"all() of {ran}",
         "asked_width": width,
         "width": ran,
         "rounds": rounds,
         "bytes_per_child": _spread(per_child),
+        "native_bytes_per_child": _spread(native),
     }
 
 
@@ -178,6 +191,7 @@ def table(document: dict[str, Any]) -> str:
         f"{'  native gather µs/child':<34}{_fmt(cpu['native_us_per_child']):>26}",
         f"{'  library µs/child':<34}{_fmt(cpu['library_us_per_child']):>26}",
         f"{'bytes/child, ' + mem['workload']:<34}{_fmt(mem['bytes_per_child'], 0):>26}",
+        f"{'  native gather bytes/child':<34}{_fmt(mem['native_bytes_per_child'], 0):>26}",
     ]
     if mem["width"] != mem["asked_width"]:
         lines.append(f"(asked {mem['asked_width']} children; MAX_CHILDREN is {mem['width']})")
