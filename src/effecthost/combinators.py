@@ -10,6 +10,7 @@ ranks, so they are the same on every tier; the loser policy is declared at open 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -35,8 +36,17 @@ from effecthost.contract import (
     WakePolicy,
     batch_id,
     group_key,
+    limits,
     normalize_json,
     sleep_input,
+)
+from effecthost.contract._types import (
+    _build,
+    _membership,
+    _normalized,
+    _plain_text,
+    _text_of_string,
+    _Unusual,
 )
 
 log = logging.getLogger(__name__)
@@ -115,7 +125,10 @@ class Call(BaseModel):
 
 def tool(name: str, input: JsonValue = None) -> Call:
     """A ``tool_call`` child run by the registered resolver."""
-    return Call(kind=EffectKind.TOOL_CALL, name=name, input=normalize_json(input))
+    value = normalize_json(input)
+    if type(name) is str:  # what the model would check
+        return _build(Call, {"kind": EffectKind.TOOL_CALL, "name": name, "input": value})
+    return Call(kind=EffectKind.TOOL_CALL, name=name, input=value)
 
 
 def sleep(seconds: float) -> Call:
@@ -158,6 +171,10 @@ def build_group(
     """
     if not calls:
         raise EmptyGroup("a group needs at least one call")
+    parts = _plain_calls(calls)
+    group = None if parts is None else _plain_group(scope, parts, wake, disposition)
+    if group is not None:
+        return group
     batch = batch_id([call.document() for call in calls])
     key = group_key(scope.scope_id, batch, scope.counter.next(batch))
     children = [
@@ -167,6 +184,68 @@ def build_group(
         for index, call in enumerate(calls)
     ]
     return EffectGroup(key=key, wake=wake, disposition=disposition, children=children)
+
+
+def _plain_calls(calls: Sequence[Call]) -> list[tuple[str, str, JsonValue, str]] | None:
+    """Each call's kind, name, input (a fresh normalised copy) and the input's canonical
+    JSON, when every call is plain JSON within the limits, its kind and name text; else
+    ``None`` and :func:`build_group` takes the general path (and its refusals)."""
+    parts = []
+    for call in calls:
+        if type(call) is not Call:
+            return None
+        fields = call.__dict__
+        kind, name = fields.get("kind"), fields.get("name")
+        if type(kind) is not str or type(name) is not str:
+            return None
+        value = _normalized(fields.get("input"))
+        if isinstance(value, _Unusual):
+            return None
+        parts.append((kind, name, value, _plain_text(value)))
+    return parts
+
+
+def _plain_group(
+    scope: Scope,
+    parts: list[tuple[str, str, JsonValue, str]],
+    wake: WakePolicy,
+    disposition: LoserPolicy,
+) -> EffectGroup | None:
+    """:func:`build_group` from :func:`_plain_calls`' parts: each input is encoded once,
+    for the batch id and the child's canonical envelope both (the same bytes and hashes
+    as the general path). ``None``, with nothing counted, for a kind or name that is not
+    valid Unicode (the general path refuses it)."""
+    documents = ",".join(
+        f'{{"input":{text},"kind":{_text_of_string(kind)},"name":{_text_of_string(name)}}}'
+        for kind, name, _value, text in parts
+    )
+    try:
+        batch = hashlib.sha256(f"[{documents}]".encode()).hexdigest()[:24]
+    except UnicodeEncodeError:
+        return None
+    key = group_key(scope.scope_id, batch, scope.counter.next(batch))
+    if limits._text_problem(key, limits.MAX_KEY_BYTES) is not None:
+        children: list[EffectEnvelope] = [
+            EffectEnvelope(replay_key=f"{key}:{index}", kind=kind, name=name, input=value)
+            for index, (kind, name, value, _text) in enumerate(parts)
+        ]
+        return EffectGroup(key=key, wake=wake, disposition=disposition, children=children)
+    children = []
+    for index, (kind, name, value, text) in enumerate(parts):
+        replay_key = f"{key}:{index}"
+        if not (
+            _fits(replay_key, limits.MAX_KEY_BYTES)
+            and _fits(kind, limits.MAX_NAME_BYTES)
+            and _fits(name, limits.MAX_NAME_BYTES)
+        ):  # the constructor refuses it with its message
+            EffectEnvelope(replay_key=replay_key, kind=kind, name=name, input=value)
+        membership = _membership(key, index, wake, disposition)
+        children.append(EffectEnvelope._grouped(replay_key, kind, name, value, text, membership))
+    return EffectGroup(key=key, wake=wake, disposition=disposition, children=children)
+
+
+def _fits(text: str, limit: int) -> bool:
+    return bool(text) and limits._text_problem(text, limit) is None
 
 
 def next_group_key(scope: Scope, calls: Sequence[Call]) -> str:

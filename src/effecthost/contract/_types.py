@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -29,6 +30,7 @@ from ._errors import (
 )
 
 JsonValue = Any
+_M = TypeVar("_M", bound=BaseModel)
 """A value that round-trips through strict JSON (no NaN, no infinities, string keys)."""
 
 
@@ -103,6 +105,111 @@ def _encode_canonical(value: JsonValue) -> bytes:
         raise InvalidEnvelope(f"value is not strict JSON: {type(exc).__name__}") from None
 
 
+def _plain_encoder() -> Any:
+    """The C encoder :data:`_CANONICAL` uses, built once, without the cycle check: for
+    values :func:`_plain` built (bounded depth, plain types), where it is the same text."""
+    c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+    if c_make_encoder is None:  # pragma: no cover - a Python without the C accelerator
+        return lambda value, _level: [_CANONICAL.encode(value)]
+    return c_make_encoder(
+        None,
+        _CANONICAL.default,
+        json.encoder.encode_basestring,
+        None,
+        ":",
+        ",",
+        True,
+        False,
+        False,
+    )
+
+
+_PLAIN_ENCODER = _plain_encoder()
+_text_of_string = json.encoder.encode_basestring
+
+
+def _plain_text(value: JsonValue) -> str:
+    """Canonical JSON text of a value :func:`_plain` returned (or built only of plain
+    JSON types with string keys, within the depth limit)."""
+    return "".join(_PLAIN_ENCODER(value, 0))
+
+
+class _Unusual(Exception):
+    """A value :func:`_plain` leaves to the general path (which refuses it or
+    normalises a subclass, a large value, ... with its own messages)."""
+
+
+_MAX_STRING = limits.MAX_STRING_BYTES
+_MIN_INT, _MAX_INT = limits.MIN_INT, limits.MAX_INT
+_isfinite = math.isfinite
+
+
+def _plain(value: Any, depth: int, size: list[int]) -> Any:
+    """``json.loads(canonical_json(value))`` for a value of exact JSON types within
+    the limits, without encoding: a copy with tuples as lists and object keys sorted.
+    ``size[0]`` grows by an upper bound of the value's encoded size (a character is at
+    most 6 bytes escaped, a number at most 24). Anything else raises :class:`_Unusual`."""
+    kind = type(value)
+    if kind is str:
+        if len(value) > _MAX_STRING or "\x00" in value:
+            raise _Unusual
+        if not value.isascii() and limits._text_problem(value, _MAX_STRING) is not None:
+            raise _Unusual
+        size[0] += 6 * len(value) + 2
+        return value
+    if kind is int:
+        if not _MIN_INT <= value <= _MAX_INT:
+            raise _Unusual
+        size[0] += 20
+        return value
+    if value is None or kind is bool:
+        size[0] += 5
+        return value
+    if kind is float:
+        if not _isfinite(value):
+            raise _Unusual
+        size[0] += 24
+        return value
+    if kind is list or kind is tuple:
+        if depth >= limits.MAX_DEPTH:
+            raise _Unusual
+        size[0] += 2 + len(value)
+        depth += 1
+        return [_plain(item, depth, size) for item in value]
+    if kind is dict:
+        if depth >= limits.MAX_DEPTH:
+            raise _Unusual
+        size[0] += 2 + len(value)
+        depth += 1
+        out = {}
+        try:
+            keys = sorted(value)
+        except TypeError:
+            raise _Unusual from None
+        for key in keys:
+            if type(key) is not str or len(key) > _MAX_STRING or "\x00" in key:
+                raise _Unusual
+            if not key.isascii() and limits._text_problem(key, _MAX_STRING) is not None:
+                raise _Unusual
+            out[key] = _plain(value[key], depth, size)
+            size[0] += 6 * len(key) + 3
+        return out
+    raise _Unusual
+
+
+def _normalized(value: JsonValue) -> JsonValue | _Unusual:
+    """:func:`normalize_json`'s result for the common value, or an :class:`_Unusual`
+    when the general path must decide."""
+    size = [0]
+    try:
+        copy = _plain(value, 0, size)
+    except (_Unusual, RecursionError):
+        return _Unusual()
+    if size[0] > limits.MAX_JSON_BYTES:
+        return _Unusual()  # maybe within the limit: the general path counts exactly
+    return copy
+
+
 def normalize_json(value: JsonValue, *, what: str = "value", **ids: Any) -> JsonValue:
     """Check ``value`` against the limits (:mod:`~effecthost.contract.limits`) and
     round-trip it through canonical JSON (tuples become lists, keys sorted).
@@ -119,6 +226,9 @@ def normalize_json(value: JsonValue, *, what: str = "value", **ids: Any) -> Json
         return value
     if kind is str and len(value) <= 4096 and limits._text_problem(value, 4096) is None:
         return value
+    fast = _normalized(value)
+    if not isinstance(fast, _Unusual):
+        return fast
     problem = limits.json_problem(value)
     if problem is None:
         data = _encode_canonical(value)
@@ -159,6 +269,25 @@ class _Model(BaseModel):
     @classmethod
     def _refused(cls, exc: ValidationError) -> EffectHostError:
         return cls._refusal(f"invalid {cls.__name__}: {_summary(exc, cls)}")
+
+
+_FIELDS_SETS: dict[type[BaseModel], set[str]] = {}
+
+
+def _build(cls: type[_M], fields: dict[str, Any]) -> _M:
+    """An instance of ``cls`` holding ``fields`` (every field, values the contract
+    checked itself) as they are: what ``model_construct`` does without its per-field
+    walk. Frozen models only (the fields-set is shared between instances)."""
+    fields_set = _FIELDS_SETS.get(cls)
+    if fields_set is None:
+        fields_set = _FIELDS_SETS[cls] = set(cls.model_fields)
+    obj = cls.__new__(cls)
+    _set = object.__setattr__
+    _set(obj, "__dict__", fields)
+    _set(obj, "__pydantic_fields_set__", fields_set)
+    _set(obj, "__pydantic_extra__", None)
+    _set(obj, "__pydantic_private__", None)
+    return obj
 
 
 def _key(value: Any, what: str, limit: int = limits.MAX_KEY_BYTES) -> str:
@@ -230,6 +359,26 @@ class EffectEnvelope(_Model):
         value = normalize_json(data.get("input"), what=f"input of envelope {raw!r}", replay_key=raw)
         return {**data, "input": value}
 
+    @classmethod
+    def _grouped(
+        cls, replay_key: str, kind: str, name: str, value: JsonValue, text: str, membership: Any
+    ) -> EffectEnvelope:
+        """A grouped envelope from parts the caller checked: keys and names within the
+        key limits, ``value`` what :func:`_plain` returned and ``text`` its canonical
+        JSON. Its canonical bytes are composed from ``text``, not encoded again."""
+        envelope = _build(
+            cls,
+            {
+                "replay_key": replay_key,
+                "kind": kind,
+                "name": name,
+                "input": value,
+                "membership": membership,
+            },
+        )
+        envelope.__dict__[_CACHE] = _digest(_compose(text, kind, name, replay_key, membership))
+        return envelope
+
     def canonical_dict(self) -> dict[str, JsonValue]:
         """The dict whose canonical JSON is :meth:`canonical_bytes`."""
         doc: dict[str, JsonValue] = {
@@ -250,16 +399,82 @@ class EffectEnvelope(_Model):
 
     def canonical_bytes(self) -> bytes:
         """Canonical encoding; membership omitted when absent (G-01)."""
-        # the input was normalised at construction (string keys), the rest is ours
-        return _encode_canonical(self.canonical_dict())
+        try:
+            return _compose(
+                _plain_text(self.input), self.kind, self.name, self.replay_key, self.membership
+            )
+        except Exception:  # e.g. built with ``model_construct``: the general encoder decides
+            return _encode_canonical(self.canonical_dict())
+
+    def _digest(self) -> tuple[int, str]:
+        """The size and hash of the canonical bytes, computed once (the envelope is
+        frozen and its input was normalised at construction); the bytes themselves are
+        not kept (a wide group would hold them all)."""
+        fields = self.__dict__
+        cached: tuple[int, str] | None = fields.get(_CACHE)
+        if cached is None:
+            cached = fields[_CACHE] = _digest(self.canonical_bytes())
+        return cached
+
+    def canonical_size(self) -> int:
+        """``len(self.canonical_bytes())``."""
+        return self._digest()[0]
 
     def envelope_hash(self) -> str:
         """``sha256`` hex of :meth:`canonical_bytes`: the replay fence (G-01, G-02)."""
-        return hashlib.sha256(self.canonical_bytes()).hexdigest()
+        return self._digest()[1]
 
     def with_membership(self, membership: GroupMembership | None) -> EffectEnvelope:
         """A copy with ``membership`` replaced."""
         return self.model_copy(update={"membership": membership})
+
+    def _stamped(self, membership: GroupMembership) -> EffectEnvelope:
+        """:meth:`with_membership` for a group's constructor: the input's text is
+        encoded once for the stamped copy's canonical bytes."""
+        fields = self.__dict__
+        try:
+            text = _plain_text(self.input)
+        except Exception:  # built with ``model_construct``: the general path
+            return self.with_membership(membership)
+        return EffectEnvelope._grouped(
+            fields["replay_key"], fields["kind"], fields["name"], fields["input"], text, membership
+        )
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """As pydantic's, without the cached digest of the original."""
+        copied = super().model_copy(update=update, deep=deep)
+        copied.__dict__.pop(_CACHE, None)
+        return copied
+
+
+_CACHE = "_canonical"
+"""Where an envelope keeps its canonical size and hash: a ``__dict__`` entry that is no
+field (pydantic's equality, hash, dump and repr read the fields only)."""
+
+
+def _digest(data: bytes) -> tuple[int, str]:
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def _compose(text: str, kind: str, name: str, replay_key: str, membership: Any) -> bytes:
+    """The envelope's canonical JSON from its input's canonical ``text``: the keys in
+    sorted order (``input``, ``kind``, ``membership``, ``name``, ``replay_key``), exactly
+    what encoding :meth:`EffectEnvelope.canonical_dict` gives."""
+    if membership is None:
+        grouped = ""
+    else:
+        position = membership.position
+        if type(position) is not int:
+            raise TypeError("position")
+        grouped = (
+            f',"membership":{{"disposition":{_text_of_string(membership.disposition.value)},'
+            f'"group_key":{_text_of_string(membership.group_key)},"position":{position},'
+            f'"wake":{_text_of_string(membership.wake.value)}}}'
+        )
+    return (
+        f'{{"input":{text},"kind":{_text_of_string(kind)}{grouped},'
+        f'"name":{_text_of_string(name)},"replay_key":{_text_of_string(replay_key)}}}'
+    ).encode()
 
 
 class EffectGroup(_Model):
@@ -318,13 +533,16 @@ class EffectGroup(_Model):
         size = 0
         for index, child in enumerate(raw):
             envelope = _child(key, index, child)
-            expected = GroupMembership(
-                group_key=key, position=index, wake=wake, disposition=disposition
-            )
-            if envelope.membership is None:
-                envelope = envelope.with_membership(expected)
-            elif envelope.membership != expected:
-                got = envelope.membership
+            got = envelope.membership
+            if got is None:
+                envelope = envelope._stamped(_membership(key, index, wake, disposition))
+            elif not (
+                type(got) is GroupMembership
+                and got.position == index
+                and got.group_key == key
+                and got.wake is wake
+                and got.disposition is disposition
+            ) and got != (expected := _membership(key, index, wake, disposition)):
                 fields = [
                     name
                     for name in ("group_key", "position", "wake", "disposition")
@@ -345,7 +563,7 @@ class EffectGroup(_Model):
                     position=index,
                 )
             seen.add(envelope.replay_key)
-            size += len(envelope.canonical_bytes())
+            size += envelope.canonical_size()
             if size > limits.MAX_GROUP_BYTES:
                 raise PayloadTooLarge(
                     f"children of group {key!r} up to position {index} encode to {size} "
@@ -370,6 +588,16 @@ class EffectGroup(_Model):
             wake=self.wake,
             disposition=self.disposition,
         )
+
+
+def _membership(
+    key: str, position: int, wake: WakePolicy, disposition: LoserPolicy
+) -> GroupMembership:
+    """Child ``position``'s membership of a group whose key and policies are checked."""
+    return _build(
+        GroupMembership,
+        {"group_key": key, "position": position, "wake": wake, "disposition": disposition},
+    )
 
 
 def _child(key: str, index: int, child: Any) -> EffectEnvelope:
@@ -432,7 +660,14 @@ class GroupHandle(_Model):
         return self
 
     def __setattr__(self, name: str, value: Any) -> None:
-        before = dict(self.__dict__)
+        fields = self.__dict__
+        if name == "consumed" and type(value) is int:
+            count = fields.get("child_count")
+            if type(count) is int and 0 <= value <= count <= limits.MAX_CHILDREN:
+                # what validate_assignment accepts, without its copy of every field
+                fields["consumed"] = value
+                return
+        before = dict(fields)
         try:
             super().__setattr__(name, value)
         except ValidationError as exc:
@@ -597,7 +832,11 @@ class Outcome(_Model):
     @classmethod
     def success(cls, value: JsonValue = None) -> Outcome:
         """Raises: InvalidEnvelope when ``value`` is not strict JSON within the limits."""
-        return cls(status="success", value=normalize_json(value, what="outcome value"))
+        value = normalize_json(value, what="outcome value")
+        if cls is not Outcome:
+            return cls(status="success", value=value)
+        # normalize_json applied exactly the limits the validator would check again
+        return _build(cls, {"status": "success", "value": value, "error": None})
 
     @classmethod
     def failure(
@@ -606,17 +845,43 @@ class Outcome(_Model):
         """Raises: InvalidEnvelope when a field is over the limits (R-8)."""
         data = normalize_json(data, what="failure data")
         _check_failure(type, message, data)
-        return cls(
-            status="error", error=ErrorInfo(type=type, message=message, data=data, code=code)
-        )
+        error = ErrorInfo(type=type, message=message, data=data, code=code)
+        if cls is not Outcome:
+            return cls(status="error", error=error)
+        return _build(cls, {"status": "error", "value": None, "error": error})
 
     @classmethod
     def cancelled(cls) -> Outcome:
-        return cls(status="cancelled")
+        if cls is not Outcome:
+            return cls(status="cancelled")
+        return _build(cls, {"status": "cancelled", "value": None, "error": None})
 
     @property
     def ok(self) -> bool:
         return self.status == "success"
+
+    def canonical_size(self) -> int:
+        """``len(canonical_json(self.model_dump(mode="json")))``: what a host bounds an
+        outcome by; without the dump when the outcome holds plain JSON."""
+        error = self.error
+        try:
+            if type(self) is not Outcome or type(self.status) is not str:
+                raise TypeError
+            if error is not None:
+                if type(error) is not ErrorInfo or error.code.__class__ not in (int, type(None)):
+                    raise TypeError
+                dumped: Any = {
+                    "code": error.code,
+                    "data": error.data,
+                    "message": error.message,
+                    "type": error.type,
+                }
+            else:
+                dumped = None
+            text = _plain_text({"error": dumped, "status": self.status, "value": self.value})
+            return len(text.encode())
+        except (TypeError, ValueError, RecursionError):
+            return len(canonical_json(self.model_dump(mode="json")))
 
 
 class Settlement(_Model):
@@ -628,3 +893,24 @@ class Settlement(_Model):
     position: int = Field(ge=0)
     replay_key: str
     outcome: Outcome
+
+    @classmethod
+    def recorded(cls, rank: int, position: int, replay_key: str, outcome: Outcome) -> Settlement:
+        """A settlement of values a host recorded and checked itself (an ``int`` rank of
+        at least 1, position, the child's replay key, an :class:`Outcome`): built
+        without validating them again. Anything else is refused as the constructor
+        refuses it."""
+        if (
+            cls is Settlement
+            and type(rank) is int
+            and rank >= 1
+            and type(position) is int
+            and position >= 0
+            and type(replay_key) is str
+            and type(outcome) is Outcome
+        ):
+            return _build(
+                cls,
+                {"rank": rank, "position": position, "replay_key": replay_key, "outcome": outcome},
+            )
+        return cls(rank=rank, position=position, replay_key=replay_key, outcome=outcome)

@@ -246,7 +246,16 @@ def check_handle(key: str, handle: HandleLike, record: GroupRecord) -> None:
     Raises:
         HandleMismatch: any of the three disagrees; names the group only.
     """
-    claimed = (handle.child_count, WakePolicy(handle.wake), LoserPolicy(handle.disposition))
+    wake, disposition = handle.wake, handle.disposition
+    if (
+        type(wake) is WakePolicy
+        and type(disposition) is LoserPolicy
+        and handle.child_count == record.child_count
+        and wake is record.wake
+        and disposition is record.declared
+    ):
+        return  # the common case, without converting what already is the enum
+    claimed = (handle.child_count, WakePolicy(wake), LoserPolicy(disposition))
     if claimed != (record.child_count, record.wake, record.declared):
         raise HandleMismatch(
             f"handle for {key!r} claims {claimed[0]} children, wake {claimed[1].value}, "

@@ -67,11 +67,19 @@ class _Child:
     cancel_requested: bool = False
     due_at: float | None = None
     event: tuple[Any] | None = None
-    event_arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    arrived: asyncio.Event | None = None  # made for an await_event child when it waits
 
     @property
     def replay_key(self) -> str:
         return self.envelope.replay_key
+
+    @property
+    def event_arrived(self) -> asyncio.Event:
+        """Set once an event reached this child; made on first use (most children never
+        wait for one, and an event costs its own allocations per child)."""
+        if self.arrived is None:
+            self.arrived = asyncio.Event()
+        return self.arrived
 
 
 @dataclass(eq=False)
@@ -93,8 +101,21 @@ class _Group:
 
     def shape(self) -> kit.GroupRecord:
         """The record as the kit's fences read it; ``closed`` is checked by the host's own
-        order of refusals (R-2)."""
-        return kit.GroupRecord(self.key, self.child_count, self.wake, self.declared, self.effective)
+        order of refusals (R-2). Kept until a field it copies changes."""
+        shape = self.__dict__.get("_shape")
+        if (
+            shape is None
+            or shape.effective is not self.effective
+            or shape.child_count != len(self.children)
+            or shape.wake is not self.wake
+            or shape.declared is not self.declared
+            or shape.key != self.key
+        ):
+            shape = kit.GroupRecord(
+                self.key, self.child_count, self.wake, self.declared, self.effective
+            )
+            self.__dict__["_shape"] = shape
+        return shape
 
 
 class MemoryEffectHost(WiredController):
@@ -165,6 +186,8 @@ class MemoryEffectHost(WiredController):
 
     def _check_sizes(self, group: EffectGroup) -> None:
         for position, child in enumerate(group.children):
+            if child.canonical_size() <= self._max_payload_bytes:
+                continue  # the input is a part of the envelope's encoding
             size = len(canonical_json(child.input))
             if size > self._max_payload_bytes:
                 raise PayloadTooLarge(
@@ -269,7 +292,7 @@ class MemoryEffectHost(WiredController):
 
     def _bounded(self, record: _Group, child: _Child, outcome: Outcome) -> Outcome:
         """An outcome over the size limit is recorded as a ``PayloadTooLarge`` failure."""
-        size = len(canonical_json(outcome.model_dump(mode="json")))
+        size = outcome.canonical_size()
         if size <= self._max_payload_bytes:
             return outcome
         return Outcome.failure(
@@ -296,7 +319,11 @@ class MemoryEffectHost(WiredController):
                 self._payloads, record.key, child.replay_key, outcome, position=child.position
             )
         child.state = "settled"
-        bisect.insort(record.settled, child, key=lambda c: c.seq or 0)
+        settled = record.settled
+        if settled and (settled[-1].seq or 0) > child.seq:
+            bisect.insort(settled, child, key=lambda c: c.seq or 0)
+        else:
+            settled.append(child)  # sequences grow: the usual place is the end
         self._notify(record)
         self._maybe_retire(record)
         return True
@@ -384,9 +411,7 @@ class MemoryEffectHost(WiredController):
         else:
             assert child.outcome is not None
             outcome = child.outcome
-        settlement = Settlement(
-            rank=rank, position=child.position, replay_key=child.replay_key, outcome=outcome
-        )
+        settlement = Settlement.recorded(rank, child.position, child.replay_key, outcome)
         handle.consumed = rank
         return settlement
 

@@ -1,0 +1,221 @@
+"""Host CPU and caller memory per child on the memory host.
+
+    .venv/bin/python benchmarks/host_cpu.py [--groups 2000] [--width 8] [--rounds 3]
+        [--wide 10000] [--profile N] [--out FILE]
+
+Two figures, each the median and range of ``--rounds`` rounds:
+
+- CPU per child: process CPU time (``time.process_time``) of ``--groups`` consecutive
+  ``all_`` groups of ``--width`` trivial tool calls on :class:`MemoryEffectHost`, divided
+  by the children run. Measured side by side, alternating rounds, with the native floor:
+  the same children as bare ``asyncio`` tasks under ``asyncio.gather``. The difference is
+  what the library spends per child (building the group, hashing, recording, ranking,
+  reading, closing).
+- Caller memory per child: the ``tracemalloc`` peak of one ``all_`` of ``--wide``
+  children (building the calls, the group, the record, the tasks, the results), divided
+  by the children. Capped at the contract's ``MAX_CHILDREN`` (the row says which width
+  ran).
+
+``--profile N`` also prints the N most expensive functions (cProfile, by own time) of the
+CPU workload. Prints a table and writes JSON (``--out``, default
+benchmarks/results/host_cpu.json). Importable: :func:`measure` returns the document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import io
+import json
+import platform
+import pstats
+import statistics
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+from effecthost.combinators import Scope, all_, tool
+from effecthost.contract import ToolRegistry, limits
+from effecthost.hosts.memory import MemoryEffectHost
+
+_SCOPES = iter(range(1_000_000))
+
+
+def _registry() -> ToolRegistry:
+    registry = ToolRegistry()
+
+    @registry.tool("echo")
+    async def echo(value: Any) -> Any:
+        return value
+
+    return registry
+
+
+async def _native_echo(value: Any) -> Any:
+    return value
+
+
+def _scope() -> Scope:
+    """A fresh scope per round: keys of closed groups are never reused."""
+    return Scope(scope_id=f"bench-cpu-{next(_SCOPES)}")
+
+
+async def _grouped(host: MemoryEffectHost, groups: int, width: int) -> None:
+    scope = _scope()
+    for i in range(groups):
+        await all_(host, scope, [tool("echo", [i, j]) for j in range(width)])
+
+
+async def _native(groups: int, width: int) -> None:
+    for i in range(groups):
+        await asyncio.gather(*(_native_echo([i, j]) for j in range(width)))
+
+
+def _cpu_us_per_child(body: Any, children: int) -> float:
+    gc.collect()
+    started = time.process_time()
+    asyncio.run(body)
+    return (time.process_time() - started) / children * 1e6
+
+
+def cpu_rows(groups: int, width: int, rounds: int) -> dict[str, Any]:
+    """Alternating rounds of effecthost and native; µs of CPU per child."""
+    children = groups * width
+    _cpu_us_per_child(_grouped(MemoryEffectHost(_registry()), min(200, groups), width), 1)
+    host_us: list[float] = []
+    native_us: list[float] = []
+    for _ in range(rounds):
+        host_us.append(
+            _cpu_us_per_child(_grouped(MemoryEffectHost(_registry()), groups, width), children)
+        )
+        native_us.append(_cpu_us_per_child(_native(groups, width), children))
+    return {
+        "workload": f"all() of {width}",
+        "groups": groups,
+        "rounds": rounds,
+        "us_per_child": _spread(host_us),
+        "native_us_per_child": _spread(native_us),
+        "library_us_per_child": _spread([h - n for h, n in zip(host_us, native_us, strict=True)]),
+    }
+
+
+async def _wide(width: int) -> None:
+    host = MemoryEffectHost(_registry())
+    values = await all_(host, _scope(), [tool("echo", [j, "x"]) for j in range(width)])
+    assert len(values) == width
+
+
+async def _native_wide(width: int) -> None:
+    values = await asyncio.gather(*(_native_echo([j, "x"]) for j in range(width)))
+    assert len(values) == width
+
+
+def _peak_per_child(body: Any, width: int) -> float:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        asyncio.run(body)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return (peak - base) / width
+
+
+def memory_rows(width: int, rounds: int) -> dict[str, Any]:
+    """The tracemalloc peak of one wide ``all_``, per child, and of the same children
+    as bare tasks under ``asyncio.gather`` (the native floor)."""
+    ran = min(width, limits.MAX_CHILDREN)
+    asyncio.run(_wide(ran))  # warm imports and caches
+    per_child: list[float] = []
+    native: list[float] = []
+    for _ in range(rounds):
+        per_child.append(_peak_per_child(_wide(ran), ran))
+        native.append(_peak_per_child(_native_wide(ran), ran))
+    return {
+        "workload": f"all() of {ran}",
+        "asked_width": width,
+        "width": ran,
+        "rounds": rounds,
+        "bytes_per_child": _spread(per_child),
+        "native_bytes_per_child": _spread(native),
+    }
+
+
+def profile(groups: int, width: int, top: int) -> str:
+    """The ``top`` functions by own time over ``groups`` groups (after a warm-up)."""
+    asyncio.run(_grouped(MemoryEffectHost(_registry()), min(200, groups), width))
+    profiler = cProfile.Profile()
+    host = MemoryEffectHost(_registry())
+    profiler.enable()
+    asyncio.run(_grouped(host, groups, width))
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def _spread(samples: list[float]) -> dict[str, Any]:
+    return {
+        "median": statistics.median(samples),
+        "min": min(samples),
+        "max": max(samples),
+        "samples": samples,
+    }
+
+
+def measure(
+    groups: int = 2000, width: int = 8, rounds: int = 3, wide: int = 10_000
+) -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "cpu": cpu_rows(groups, width, rounds),
+        "memory": memory_rows(wide, rounds),
+    }
+
+
+def _fmt(spread: dict[str, Any], digits: int = 1) -> str:
+    return f"{spread['median']:.{digits}f} ({spread['min']:.{digits}f}–{spread['max']:.{digits}f})"
+
+
+def table(document: dict[str, Any]) -> str:
+    cpu, mem = document["cpu"], document["memory"]
+    lines = [
+        f"{'measure':<34}{'median (range)':>26}",
+        "-" * 60,
+        f"{'CPU µs/child, ' + cpu['workload']:<34}{_fmt(cpu['us_per_child']):>26}",
+        f"{'  native gather µs/child':<34}{_fmt(cpu['native_us_per_child']):>26}",
+        f"{'  library µs/child':<34}{_fmt(cpu['library_us_per_child']):>26}",
+        f"{'bytes/child, ' + mem['workload']:<34}{_fmt(mem['bytes_per_child'], 0):>26}",
+        f"{'  native gather bytes/child':<34}{_fmt(mem['native_bytes_per_child'], 0):>26}",
+    ]
+    if mem["width"] != mem["asked_width"]:
+        lines.append(f"(asked {mem['asked_width']} children; MAX_CHILDREN is {mem['width']})")
+    return "\n".join(lines)
+
+
+def main(options: argparse.Namespace) -> None:
+    document = measure(options.groups, options.width, options.rounds, options.wide)
+    print(f"host=memory  python={document['python']}  rounds={options.rounds}")
+    print(table(document))
+    if options.profile:
+        print(profile(options.groups, options.width, options.profile))
+    out = Path(options.out or Path(__file__).parent / "results" / "host_cpu.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=2000)
+    parser.add_argument("--width", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--wide", type=int, default=10_000)
+    parser.add_argument("--profile", type=int, default=0, metavar="N")
+    parser.add_argument("--out")
+    main(parser.parse_args())
