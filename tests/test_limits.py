@@ -115,8 +115,8 @@ BAD_INPUTS: dict[str, dict[str, Any]] = {
     },
     "group-too-large": {
         "children": [
-            _envelope(replay_key=f"lim:r:{i}", input="x" * (limits.MAX_JSON_BYTES // 2))
-            for i in range(3)
+            _envelope(replay_key=f"lim:r:{i}", input="x" * (limits.MAX_JSON_BYTES - 64))
+            for i in range(limits.MAX_GROUP_BYTES // limits.MAX_JSON_BYTES + 1)
         ]
     },
 }
