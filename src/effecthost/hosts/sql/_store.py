@@ -228,12 +228,16 @@ class Store(ABC):
     """One substrate. Every method is one transaction (or a read)."""
 
     wakes_across_processes: bool = False
+    """True when another process's commit wakes this process without polling."""
+
+    change_poll: float | None = None
+    """For a store whose other processes cannot notify: how often (seconds) a host with a
+    parked waiter compares :meth:`commit_marker` to learn of their commits."""
 
     input_errors: tuple[type[BaseException], ...] = (UnicodeEncodeError, OverflowError)
     """Errors of the driver that mean the database refused a value it was given (a NUL
     byte, an unencodable string, an out-of-range number, a key too long to index), as
     opposed to an unreachable database. The host turns them into a typed refusal."""
-    """True when another process's commit wakes this process without polling."""
 
     open_at_finalize: set[str] = frozenset()  # type: ignore[assignment]
     """Replay keys whose finalize (by :meth:`finalize` or :meth:`finalize_many`) committed
@@ -507,6 +511,11 @@ class Store(ABC):
         """This database's payload table as a :class:`~effecthost.payloads.PayloadStore`
         (usable once the store is started)."""
         return TablePayloadStore(self)
+
+    def commit_marker(self) -> int | None:
+        """A value that changes whenever another connection commits to the database (read
+        without waiting), or ``None`` when the store cannot tell (see :attr:`change_poll`)."""
+        return None
 
     async def listen(self, callback: object) -> None:  # noqa: B027 - optional
         """Deliver cross-process wake-ups to ``callback(kind, group_key)``."""
