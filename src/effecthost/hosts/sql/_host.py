@@ -84,6 +84,7 @@ from effecthost.payloads import (
 from ._store import (
     ChildRow,
     ChildSpec,
+    Expected,
     Finalize,
     GroupRow,
     OpenGroup,
@@ -1027,8 +1028,19 @@ class SqlEffectHost(WiredController):
             already = target is None and record is not None
             return None if target is None else target.value
 
-        # closed, and retired in the same transaction when every child has settled
-        _record, recorded, done = await self.store.close_group(key, decide)
+        # closed, and retired in the same transaction when every child has settled; an
+        # open group's disposition in force is its declared one, so a handle that matches
+        # it predicts the close
+        try:
+            expect: Expected | None = Expected(
+                handle.child_count,
+                WakePolicy(handle.wake).value,
+                LoserPolicy(handle.disposition).value,
+                kit.narrow(key, handle.disposition, disposition).value,
+            )
+        except (EffectHostError, ValueError):
+            expect = None  # a widening: the record decides which refusal comes first
+        _record, recorded, done = await self.store.close_group(key, decide, expect)
         # closed (or found closed or retired): nothing left to own. A refused close raised
         # above and the group stays this caller's
         self._owned.discard(key)

@@ -45,6 +45,7 @@ from ._store import (
     ChildRow,
     ChildSpec,
     Claim,
+    Expected,
     Finalize,
     GroupRow,
     Opened,
@@ -1105,10 +1106,13 @@ class SqliteStore(Store):
         return await self._write(body)
 
     async def close_group(
-        self, group_key: str, decide: Callable[[GroupRow | None, str | None], str | None]
+        self,
+        group_key: str,
+        decide: Callable[[GroupRow | None, str | None], str | None],
+        expect: Expected | None = None,
     ) -> tuple[GroupRow | None, bool, bool]:
         """One transaction: the lookup, ``decide``, and the close (with the retirement
-        when every child has settled)."""
+        when every child has settled); ``expect`` is not needed."""
 
         def body(c: sqlite3.Connection) -> tuple[GroupRow | None, bool, bool]:
             record, tombstone = self._lookup(c, group_key)

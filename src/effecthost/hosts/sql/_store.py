@@ -122,6 +122,18 @@ class ChildRow:
 
 
 @dataclass(frozen=True)
+class Expected:
+    """A close's expectation of an open group (its handle's shape) and the disposition
+    the close records on such a group. An open group's disposition in force is the
+    declared one: only a close narrows it, and a close also closes the group."""
+
+    child_count: int
+    wake: str
+    declared: str
+    target: str
+
+
+@dataclass(frozen=True)
 class Finalize:
     """One child of a batched finalize: its fence (with the batch's lease owner) and its
     outcome."""
@@ -448,13 +460,21 @@ class Store(ABC):
         """
 
     async def close_group(
-        self, group_key: str, decide: Callable[[GroupRow | None, str | None], str | None]
+        self,
+        group_key: str,
+        decide: Callable[[GroupRow | None, str | None], str | None],
+        expect: Expected | None = None,
     ) -> tuple[GroupRow | None, bool, bool]:
         """Look the group up and call ``decide`` with its row (or ``None``) and its
         tombstone; ``decide`` raises to refuse (nothing written) or returns the
         disposition to close with, or ``None`` for nothing to write. Then
         :meth:`close_retire`. Returns ``(row, recorded, retired)``; a store may do it in
-        one transaction."""
+        one transaction.
+
+        ``expect`` is what the caller expects ``decide`` to answer for the group recorded
+        open: a store may write first, in the same transaction as its read, when the row
+        it reads is open with the expected shape (then ``decide`` answers ``expect.target``
+        on it), and otherwise write nothing and answer from ``decide``."""
         record, tombstone = await self.lookup(group_key)
         target = decide(record, tombstone)
         if record is None or target is None:
