@@ -264,7 +264,9 @@ class NullStore:
         row, _positions, ranks = self.groups[group_key]
         return row, [(s, *v) for s, v in ranks.items() if seq <= s < seq + limit]
 
-    async def close_group(self, group_key: str, decide: Any) -> tuple[GroupRow, bool, bool]:
+    async def close_group(
+        self, group_key: str, decide: Any, expect: Any = None
+    ) -> tuple[GroupRow, bool, bool]:
         row = self.groups.pop(group_key)[0]
         decide(row, None)
         return row, True, True

@@ -84,6 +84,7 @@ from effecthost.payloads import (
 from ._store import (
     ChildRow,
     ChildSpec,
+    Expected,
     Finalize,
     GroupRow,
     OpenGroup,
@@ -199,6 +200,7 @@ class SqlEffectHost(WiredController):
         self._flushers: dict[str, asyncio.Task[None]] = {}
         self._ahead: dict[str, dict[int, RankRead]] = {}  # ranks read ahead, per group
         self._changed: dict[str, list[asyncio.Future[None]]] = {}  # waiters per group
+        self._watcher: asyncio.Task[None] | None = None  # other processes' commits (SQLite)
         # groups this host created whose every child it runs under its own fresh lease,
         # and of which nothing has committed since: rank 1 cannot be recorded yet
         self._fresh: dict[str, GroupRow] = {}
@@ -268,6 +270,8 @@ class SqlEffectHost(WiredController):
         self._closed = True
         tasks = [d.task for d in self._drivers.values() if d.task is not None]
         tasks += self._background + list(self._flushers.values())
+        if self._watcher is not None:
+            tasks.append(self._watcher)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -284,6 +288,8 @@ class SqlEffectHost(WiredController):
         cancellation handlers. Returns those tasks; whoever abandons them may cancel them
         much later (test tooling does, at its own shutdown)."""
         self._closed = self._dead = True
+        if self._watcher is not None:
+            self._background.append(self._watcher)
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -304,9 +310,34 @@ class SqlEffectHost(WiredController):
     # -- wake-ups -------------------------------------------------------------------------
 
     def _waiter(self, group_key: str) -> asyncio.Future[None]:
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
         self._changed.setdefault(group_key, []).append(waiter)
+        interval = self.store.change_poll
+        if interval is not None and self._watcher is None and not self._closed:
+            # the first marker is read now, before the waiter's read: a commit after that
+            # read changes a later marker
+            marker = self.store.commit_marker()
+            self._watcher = loop.create_task(
+                self._watch(marker, interval), name="effecthost-sql-watch"
+            )
         return waiter
+
+    async def _watch(self, marker: int | None, interval: float) -> None:
+        """While a waiter is parked, wake every waiter when the store's commit marker
+        changes: another process committed something (SQLite cannot notify). A waiter
+        woken for another group's commit re-reads and parks again."""
+        try:
+            while self._changed:
+                await asyncio.sleep(interval)
+                now = self.store.commit_marker()
+                if now is None or now != marker:
+                    marker = now
+                    for key in [k for k in self._changed if k not in self._fresh]:
+                        for waiter in self._changed.pop(key):
+                            _wake(waiter)
+        finally:
+            self._watcher = None
 
     def _notify(self, group_key: str) -> None:
         self._fresh.pop(group_key, None)
@@ -997,8 +1028,19 @@ class SqlEffectHost(WiredController):
             already = target is None and record is not None
             return None if target is None else target.value
 
-        # closed, and retired in the same transaction when every child has settled
-        _record, recorded, done = await self.store.close_group(key, decide)
+        # closed, and retired in the same transaction when every child has settled; an
+        # open group's disposition in force is its declared one, so a handle that matches
+        # it predicts the close
+        try:
+            expect: Expected | None = Expected(
+                handle.child_count,
+                WakePolicy(handle.wake).value,
+                LoserPolicy(handle.disposition).value,
+                kit.narrow(key, handle.disposition, disposition).value,
+            )
+        except (EffectHostError, ValueError):
+            expect = None  # a widening: the record decides which refusal comes first
+        _record, recorded, done = await self.store.close_group(key, decide, expect)
         # closed (or found closed or retired): nothing left to own. A refused close raised
         # above and the group stays this caller's (R-1)
         self._owned.discard(key)

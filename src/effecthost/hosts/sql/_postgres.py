@@ -36,6 +36,7 @@ from ._store import (
     ChildRow,
     ChildSpec,
     Claim,
+    Expected,
     Finalize,
     GroupRow,
     Opened,
@@ -422,6 +423,58 @@ DDL = [
             INSERT INTO eh_retired (group_key, effective, retired_at)
             VALUES (p_key, p_effective, {NOW}) ON CONFLICT DO NOTHING;
             RETURN 2;
+        END $$""",
+    # the close of a group as one call (R-2, R-4, G-26, G-36): every child row locked (by
+    # key), then the group row, and only when the row reads open with the shape the caller
+    # expects, the close (cancel marks under ``cancel``) or, every child settled, the close
+    # and the retirement; otherwise nothing is written and the caller decides on the row
+    # returned. o_done: 0 nothing written, 1 closed, 2 closed and retired
+    f"""CREATE OR REPLACE FUNCTION eh_close_group(
+            p_key text, p_count integer, p_wake text, p_declared text, p_effective text,
+            p_channel text, OUT o_done integer, OUT o_wake text, OUT o_disposition text,
+            OUT o_effective text, OUT o_count integer, OUT o_counter bigint,
+            OUT o_state text, OUT o_created float8, OUT o_closed float8,
+            OUT o_tombstone text)
+        LANGUAGE plpgsql AS $$
+        DECLARE
+            n bigint;
+        BEGIN
+            o_done := 0;
+            SELECT count(*) FILTER (WHERE s.state <> 'settled') INTO n
+              FROM (SELECT c.state FROM eh_children c WHERE c.group_key = p_key
+                     ORDER BY c.replay_key FOR UPDATE) s;
+            SELECT g.wake, g.disposition, g.effective, g.child_count, g.counter, g.state,
+                   g.created_at, g.closed_at
+              INTO o_wake, o_disposition, o_effective, o_count, o_counter, o_state,
+                   o_created, o_closed
+              FROM eh_groups g WHERE g.group_key = p_key FOR UPDATE;
+            IF NOT FOUND THEN
+                SELECT r.effective INTO o_tombstone FROM eh_retired r
+                 WHERE r.group_key = p_key;
+                RETURN;
+            END IF;
+            IF p_effective IS NULL OR o_state <> 'open' OR o_count <> p_count
+               OR o_wake <> p_wake OR o_disposition <> p_declared THEN
+                RETURN;
+            END IF;
+            PERFORM pg_notify(p_channel, 'c:' || p_key);
+            IF n > 0 THEN
+                IF p_effective = 'cancel' THEN
+                    UPDATE eh_children SET cancel_requested = true
+                     WHERE group_key = p_key AND state <> 'settled';
+                END IF;
+                UPDATE eh_groups SET effective = p_effective, state = 'closed',
+                       closed_at = coalesce(closed_at, {NOW})
+                 WHERE group_key = p_key;
+                o_done := 1;
+                RETURN;
+            END IF;
+            DELETE FROM eh_groups WHERE group_key = p_key;
+            DELETE FROM eh_children WHERE group_key = p_key;
+            DELETE FROM eh_payloads WHERE group_key = p_key;
+            INSERT INTO eh_retired (group_key, effective, retired_at)
+            VALUES (p_key, p_effective, {NOW}) ON CONFLICT DO NOTHING;
+            o_done := 2;
         END $$""",
     # the keeper's renewal (G-33, R-1): the leases of children with a live driver, then
     # the ownership of open groups; child rows locked by key, then group rows by key
@@ -1121,6 +1174,107 @@ class PostgresStore(Store):
         reopen: Callable[[GroupRow, tuple[ChildRow, ...]], None] | None = None,
         sent: Sent | None = None,
     ) -> Opened:
+        """A first open is one round trip: ``before_create`` (the resolution, which writes
+        nothing) runs first, then :sql:`eh_open` records the group row, owned by
+        ``owner``, and its children in one transaction, or refuses a retired key or a
+        replay key another group holds and writes nothing. When the resolution refuses, or
+        the group turns out to be recorded, or retired, the record is read first (so
+        refusals keep R-2's order and a reopen refuses nothing for a resolver miss) and
+        answered from as :meth:`_open_read_first` does."""
+        try:
+            before_create()
+        except Exception:
+            return await self._open_read_first(
+                group_key,
+                wake,
+                disposition,
+                child_count,
+                specs,
+                owner,
+                ttl,
+                before_create,
+                reopen,
+                sent,
+            )
+        opened = await self._eh_open(
+            group_key, wake, disposition, child_count, specs, owner, ttl, sent
+        )
+        if opened is not None:
+            return opened
+        return await self._open_read_first(
+            group_key,
+            wake,
+            disposition,
+            child_count,
+            specs,
+            owner,
+            ttl,
+            before_create,
+            reopen,
+            sent,
+        )
+
+    async def _eh_open(
+        self,
+        group_key: str,
+        wake: str,
+        disposition: str,
+        child_count: int,
+        specs: list[ChildSpec],
+        owner: str,
+        ttl: float,
+        sent: Sent | None,
+    ) -> Opened | None:
+        """:sql:`eh_open`: the created group, or ``None`` when the key is recorded or
+        retired (nothing written).
+
+        Raises:
+            ReplayKeyTaken: a replay key is recorded for another group (nothing written).
+        """
+        try:
+            async with self._pool.acquire() as conn:
+                _mark(sent)
+                done = await conn.fetchval(
+                    "SELECT eh_open($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                    group_key,
+                    wake,
+                    disposition,
+                    child_count,
+                    owner,
+                    ttl,
+                    [s.replay_key for s in specs],
+                    [s.position for s in specs],
+                    [s.kind for s in specs],
+                    [s.name for s in specs],
+                    [s.envelope for s in specs],
+                    [s.envelope_hash for s in specs],
+                    [s.claim for s in specs],
+                    [s.sleep_seconds for s in specs],
+                )
+        except self._asyncpg.PostgresError as exc:
+            if exc.sqlstate == "EH002":
+                raise _taken(specs, exc.detail, exc.hint or None) from None
+            if exc.sqlstate != "EH001":
+                raise
+            return None  # retired: the lookup answers with the tombstone
+        if done is None:
+            return None  # recorded by another open: read it as a reopen does
+        row = GroupRow(group_key, wake, disposition, disposition, child_count, 0, "open", done)
+        return Opened(True, row)
+
+    async def _open_read_first(
+        self,
+        group_key: str,
+        wake: str,
+        disposition: str,
+        child_count: int,
+        specs: list[ChildSpec],
+        owner: str,
+        ttl: float,
+        before_create: Callable[[], None],
+        reopen: Callable[[GroupRow, tuple[ChildRow, ...]], None] | None,
+        sent: Sent | None,
+    ) -> Opened:
         """A read (the group row, its tombstone, and the first child by position whose
         replay key another group holds), then either, for a group recorded open,
         ``reopen`` and the change of owner (R-1; an update of the group row alone, only
@@ -1158,40 +1312,59 @@ class PostgresStore(Store):
             if row["taken"] is not None:
                 raise _taken(specs, row["taken"], row["holder"])
             before_create()
-            try:
-                async with self._pool.acquire() as conn:
-                    _mark(sent)
-                    done = await conn.fetchval(
-                        "SELECT eh_open($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, "
-                        "$13, $14)",
-                        group_key,
-                        wake,
-                        disposition,
-                        child_count,
-                        owner,
-                        ttl,
-                        [s.replay_key for s in specs],
-                        [s.position for s in specs],
-                        [s.kind for s in specs],
-                        [s.name for s in specs],
-                        [s.envelope for s in specs],
-                        [s.envelope_hash for s in specs],
-                        [s.claim for s in specs],
-                        [s.sleep_seconds for s in specs],
-                    )
-            except self._asyncpg.PostgresError as exc:
-                if exc.sqlstate == "EH002":
-                    raise _taken(specs, exc.detail, exc.hint or None) from None
-                if exc.sqlstate != "EH001":
-                    raise
-                continue  # retired meanwhile: the lookup answers with the tombstone
-            if done is not None:
-                row = GroupRow(
-                    group_key, wake, disposition, disposition, child_count, 0, "open", done
-                )
-                return Opened(True, row)
-            # recorded by another open since the read: read it as a reopen does
+            opened = await self._eh_open(
+                group_key, wake, disposition, child_count, specs, owner, ttl, sent
+            )
+            if opened is not None:
+                return opened
+            # recorded or retired by another open since the read: read it again
         raise RuntimeError(f"group {group_key!r} changed under three opens in a row")
+
+    @_retried
+    async def close_group(
+        self,
+        group_key: str,
+        decide: Callable[[GroupRow | None, str | None], str | None],
+        expect: Expected | None = None,
+    ) -> tuple[GroupRow | None, bool, bool]:
+        """One round trip when the group is open as ``expect`` says: :sql:`eh_close_group`
+        locks the children, then the group row, and closes (and retires) it in that
+        transaction; ``decide`` then answers on the row as it was, which is
+        ``expect.target``. Otherwise that call wrote nothing and ``decide`` answers on
+        the row it returned (a refusal, a no-op, or, without ``expect``, the close by
+        :meth:`close_retire`)."""
+        row = await self._pool.fetchrow(
+            "SELECT * FROM eh_close_group($1, $2, $3, $4, $5, $6)",
+            group_key,
+            None if expect is None else expect.child_count,
+            None if expect is None else expect.wake,
+            None if expect is None else expect.declared,
+            None if expect is None else expect.target,
+            self.channel,
+        )
+        record = None
+        if row["o_state"] is not None:
+            record = GroupRow(
+                group_key,
+                row["o_wake"],
+                row["o_disposition"],
+                row["o_effective"],
+                row["o_count"],
+                row["o_counter"],
+                row["o_state"],
+                row["o_created"],
+                row["o_closed"],
+            )
+        tombstone = row["o_tombstone"]
+        target = decide(record, None if tombstone is None else str(tombstone))
+        done = row["o_done"]
+        if done:
+            assert expect is not None and target == expect.target, "close: decided otherwise"
+            return record, True, done == 2
+        if record is None or target is None:
+            return record, False, False
+        recorded, retired = await self.close_retire(group_key, target)
+        return record, recorded, retired
 
     async def lookup(self, group_key: str) -> tuple[GroupRow | None, str | None]:
         cols = ", ".join("g." + col for col in _GROUP_COLUMNS.split(", "))

@@ -45,6 +45,7 @@ from ._store import (
     ChildRow,
     ChildSpec,
     Claim,
+    Expected,
     Finalize,
     GroupRow,
     Opened,
@@ -207,7 +208,9 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
 
 
 class SqliteStore(Store):
-    """SQLite file store. ``busy_timeout`` is in seconds."""
+    """SQLite file store. ``busy_timeout`` is in seconds. ``change_poll`` is how often (in
+    seconds) a host with a parked waiter checks whether another process committed (SQLite
+    cannot notify); ``None`` leaves such a waiter to its poll bound alone."""
 
     input_errors = (
         UnicodeEncodeError,
@@ -224,9 +227,11 @@ class SqliteStore(Store):
         fault: Callable[[str], None] | None = None,
         create: bool = True,
         read_only: bool = False,
+        change_poll: float | None = 0.01,
     ) -> None:
         self.path = Path(path)
         self.busy_timeout = busy_timeout
+        self.change_poll = change_poll
         self.create = create and not read_only
         self.read_only = read_only
         self.fault = fault
@@ -481,6 +486,18 @@ class SqliteStore(Store):
             inline.close()
 
     # -- reads --------------------------------------------------------------------------
+
+    def commit_marker(self) -> int | None:
+        """``PRAGMA data_version`` of this thread's connection: it changes when any other
+        connection (another process, or this store's waiting connection) commits, and
+        reads only the shared-memory index of the WAL."""
+        conn = self._inline_conn
+        if conn is None:
+            return None
+        try:
+            return int(conn.execute("PRAGMA data_version").fetchone()[0])
+        except sqlite3.OperationalError:
+            return None  # cannot tell now: the caller treats it as a change
 
     async def now(self) -> float:
         return await self._run(lambda c: float(c.execute(f"SELECT {NOW}").fetchone()[0]))
@@ -1089,10 +1106,13 @@ class SqliteStore(Store):
         return await self._write(body)
 
     async def close_group(
-        self, group_key: str, decide: Callable[[GroupRow | None, str | None], str | None]
+        self,
+        group_key: str,
+        decide: Callable[[GroupRow | None, str | None], str | None],
+        expect: Expected | None = None,
     ) -> tuple[GroupRow | None, bool, bool]:
         """One transaction: the lookup, ``decide``, and the close (with the retirement
-        when every child has settled)."""
+        when every child has settled); ``expect`` is not needed."""
 
         def body(c: sqlite3.Connection) -> tuple[GroupRow | None, bool, bool]:
             record, tombstone = self._lookup(c, group_key)

@@ -122,6 +122,18 @@ class ChildRow:
 
 
 @dataclass(frozen=True)
+class Expected:
+    """A close's expectation of an open group (its handle's shape) and the disposition
+    the close records on such a group. An open group's disposition in force is the
+    declared one: only a close narrows it, and a close also closes the group."""
+
+    child_count: int
+    wake: str
+    declared: str
+    target: str
+
+
+@dataclass(frozen=True)
 class Finalize:
     """One child of a batched finalize: its fence (with the batch's lease owner) and its
     outcome."""
@@ -228,12 +240,16 @@ class Store(ABC):
     """One substrate. Every method is one transaction (or a read)."""
 
     wakes_across_processes: bool = False
+    """True when another process's commit wakes this process without polling."""
+
+    change_poll: float | None = None
+    """For a store whose other processes cannot notify: how often (seconds) a host with a
+    parked waiter compares :meth:`commit_marker` to learn of their commits."""
 
     input_errors: tuple[type[BaseException], ...] = (UnicodeEncodeError, OverflowError)
     """Errors of the driver that mean the database refused a value it was given (a NUL
     byte, an unencodable string, an out-of-range number, a key too long to index), as
     opposed to an unreachable database. The host turns them into a typed refusal."""
-    """True when another process's commit wakes this process without polling."""
 
     open_at_finalize: set[str] = frozenset()  # type: ignore[assignment]
     """Replay keys whose finalize (by :meth:`finalize` or :meth:`finalize_many`) committed
@@ -444,13 +460,21 @@ class Store(ABC):
         """
 
     async def close_group(
-        self, group_key: str, decide: Callable[[GroupRow | None, str | None], str | None]
+        self,
+        group_key: str,
+        decide: Callable[[GroupRow | None, str | None], str | None],
+        expect: Expected | None = None,
     ) -> tuple[GroupRow | None, bool, bool]:
         """Look the group up and call ``decide`` with its row (or ``None``) and its
         tombstone; ``decide`` raises to refuse (nothing written) or returns the
         disposition to close with, or ``None`` for nothing to write. Then
         :meth:`close_retire`. Returns ``(row, recorded, retired)``; a store may do it in
-        one transaction."""
+        one transaction.
+
+        ``expect`` is what the caller expects ``decide`` to answer for the group recorded
+        open: a store may write first, in the same transaction as its read, when the row
+        it reads is open with the expected shape (then ``decide`` answers ``expect.target``
+        on it), and otherwise write nothing and answer from ``decide``."""
         record, tombstone = await self.lookup(group_key)
         target = decide(record, tombstone)
         if record is None or target is None:
@@ -507,6 +531,11 @@ class Store(ABC):
         """This database's payload table as a :class:`~effecthost.payloads.PayloadStore`
         (usable once the store is started)."""
         return TablePayloadStore(self)
+
+    def commit_marker(self) -> int | None:
+        """A value that changes whenever another connection commits to the database (read
+        without waiting), or ``None`` when the store cannot tell (see :attr:`change_poll`)."""
+        return None
 
     async def listen(self, callback: object) -> None:  # noqa: B027 - optional
         """Deliver cross-process wake-ups to ``callback(kind, group_key)``."""
