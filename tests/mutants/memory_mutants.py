@@ -933,6 +933,19 @@ class EventNeedsALiveWaiterHost(MemoryEffectHost):
                 child.event = None
 
 
+@mutant("G-52", harness="durable")
+class EventWaitsResumeOnlyWithTheirEventHost(MemoryEffectHost):
+    """G-52 (G-51): a restarted process settles the ``await_event`` children whose event
+    arrived while it was down, but does not arm a waiter for the others, so an event
+    delivered after the reopen decides nothing: a select reopened after a restart is
+    never decided by its signal."""
+
+    def _dispatch(self, record: _Group, child: _Child, executor: EffectExecutor) -> None:
+        if child.envelope.kind == EffectKind.AWAIT_EVENT and child.fence and child.event is None:
+            return
+        super()._dispatch(record, child, executor)
+
+
 # -- R-6, R-7 --------------------------------------------------------------------------------------
 
 
