@@ -273,12 +273,9 @@ def killers(report: SuiteReport, ident: str) -> list[str]:
     return [r.check.node_name for r in report.by_status("failed") if cites(r.check, ident)]
 
 
-# Ids without a mutant yet, with why and the tier tests that hold them (the SQL store's
-# G-31, G-33 and G-36 have their mutants in ``tier_mutants.py``).
+# Ids without a mutant yet, with why and the tier tests that hold them (the SQL tier's
+# G-31…G-36 have their mutants in ``tier_mutants.py``).
 NOT_COVERED: dict[str, str] = {
-    "G-32": "lock order is only observable on PostgreSQL: tests/sql/test_deadlocks.py",
-    "G-34": "drain workers in separate processes: tests/sql/test_crash_harness.py",
-    "G-35": "crash permutations with real SIGKILLs: tests/sql/test_crash_and_concurrency.py",
     "G-37": "Restate child invocations (needs the engine): tests/restate/test_restate_tier.py",
     "G-38": "Restate group object (needs the engine): tests/restate/test_restate_tier.py",
     "G-39": "Restate waits (needs the engine): tests/restate/test_restate_tier.py",

@@ -62,10 +62,21 @@ def check_settled_once(path: Path, key: str) -> None:
 def test_G35_sigkill_keeps_recorded_ranks_and_settles_each_child_once(
     tmp_path: Path, point: str, k: int
 ) -> None:
+    """G-35, G-15: SIGKILLed at a point of the finalize, the wake or the close, the record
+    holds each settled child with its rank (a settlement and its sequence commit
+    together); a fresh process serves the ranks recorded before unchanged and settles
+    every other child exactly once."""
     path = tmp_path / "crash.sqlite3"
     key = f"crash:group:{point.replace(':', '_')}:0"
     done = run_worker("crash", str(path), key, str(CHILDREN), point, str(k))
     assert done.returncode == -signal.SIGKILL, (done.returncode, done.stdout, done.stderr)
+    with sqlite3.connect(path) as conn:
+        unranked = conn.execute(
+            "SELECT replay_key FROM eh_children WHERE group_key = ? AND state = 'settled' "
+            "AND seq IS NULL",
+            (key,),
+        ).fetchall()
+    assert not unranked, f"settled without a rank after the SIGKILL: {unranked}"
     before = recorded(path, key)
     out = run_worker("recover", str(path), key, str(CHILDREN))
     assert out.returncode == 0, out.stderr
