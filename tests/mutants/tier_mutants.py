@@ -170,7 +170,7 @@ _LOCKS_SIBLINGS = (
 
 def _group_row_then_siblings() -> None:
     """G-32: after the counter bump (the group row locked), the finalize locks the
-    group's other unsettled children to see whether the group is complete: a child row
+    group's other unsettled children to see whether the group is complete: child rows
     taken after the group row, against the order every other transaction takes them."""
     from effecthost.hosts.sql import PostgresStore
 
@@ -191,7 +191,9 @@ CRASHES = (
     "tests/sql/test_crash_and_concurrency.py::"
     "test_G35_sigkill_keeps_recorded_ranks_and_settles_each_child_once",
 )
-DEADLOCKS = ("tests/sql/test_deadlocks.py",)
+DEADLOCKS = (
+    "tests/sql/test_deadlocks.py::test_G32_a_finalize_takes_no_child_row_after_the_group_row",
+)
 
 TIER_MUTANTS: list[TierMutant] = [
     TierMutant(
