@@ -37,7 +37,8 @@ def example_importable(monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_the_file_host_passes_every_check_it_declares(example_importable: None) -> None:
     """The example host passes every check its capabilities allow; the only skips are
     checks needing a capability it does not declare (restart, the durable timers and the
-    waiter probe are declared, so none of their checks is skipped)."""
+    waiter probe are declared, so none of their checks is skipped). The guide shows the
+    summary line this run prints."""
     from examples.file_host.testing import factory
 
     report = await run_suite(factory)
@@ -48,6 +49,13 @@ async def test_the_file_host_passes_every_check_it_declares(example_importable: 
     for result in report.by_status("skipped"):
         assert not set(result.check.requires) <= declared, result.check.node_name
     assert len(report.results) == len(all_checks())
+    counts = {s: len(report.by_status(s)) for s in ("passed", "failed", "skipped")}
+    summary = (
+        f"{len(report.results)} checks: {counts['passed']} passed, {counts['failed']} failed, "
+        f"{counts['skipped']} skipped"
+    )
+    guide = (ROOT / "docs" / "writing-a-host.md").read_text()
+    assert f"\n{summary}\n" in guide, f"the guide's example output is not {summary!r}"
 
 
 async def test_a_restart_that_leaves_the_old_process_running_fails(

@@ -15,6 +15,8 @@ Harnesses:
   ``durable_timers``, so the restart, drain and timer checks run in milliseconds; the
   correct host passes the whole suite on it (a control in ``test_catalog.py``).
 - ``sealed``: the reference host with payload references and sealing.
+- ``routed``: the reference host over a modelled engine that routes children to targets
+  (``routing.py``); it declares ``unroutable_children``, so the G-14 check runs.
 - ``sqlite``: the SQLite host in its own deployment process, ``host_class`` replaced by a
   mutant of ``sql_mutants.py``; real SIGKILL restarts, so slow: kept few.
 
@@ -45,6 +47,7 @@ from effecthost.conformance import (
     conformance_resolver,
 )
 from effecthost.conformance._spec import cites as rule_cites
+from effecthost.contract import EffectController, EffectGroup
 from effecthost.hosts.memory import MemoryEffectHost
 from effecthost.hosts.memory.testing import MemoryHostUnderTest, SealedMemoryHostUnderTest
 
@@ -93,7 +96,7 @@ def mutant(
     """Register a memory-host mutant class breaking ``breaks``."""
 
     def register(cls: type[MemoryEffectHost]) -> type[MemoryEffectHost]:
-        builders = {"memory": _memory, "durable": _durable, "sealed": _sealed}
+        builders = {"memory": _memory, "durable": _durable, "sealed": _sealed, "routed": _routed}
         build = builders[harness]
 
         def factory(env: FactoryEnv) -> HostUnderTest:
@@ -169,6 +172,24 @@ def _sealed(cls: type[MemoryEffectHost], env: FactoryEnv) -> HostUnderTest:
     under_test._unwired = cls(payloads=policy)
     under_test.timeout = MUTANT_TIMEOUT
     return under_test
+
+
+class RoutedMemoryHostUnderTest(MemoryHostUnderTest):
+    """A :class:`~routing.RoutingMemoryHost`; its unroutable child is addressed to a
+    target no deployment binds."""
+
+    capabilities = HostCapabilities(unroutable_children=True, waiter_probe=True)
+    timeout = MUTANT_TIMEOUT
+
+    async def open_unroutable(self, controller: EffectController, group: EffectGroup) -> None:
+        from routing import UNBOUND_TARGET, RoutingMemoryHost
+
+        assert isinstance(controller, RoutingMemoryHost)
+        await controller.open_routed(group, {0: UNBOUND_TARGET})
+
+
+def _routed(cls: type[MemoryEffectHost], env: FactoryEnv) -> HostUnderTest:
+    return RoutedMemoryHostUnderTest(cls(conformance_resolver(env.lab_path)), cls())
 
 
 _RECORD = ("_groups", "_retired", "_replay_keys", "_encoded")
@@ -252,16 +273,9 @@ def killers(report: SuiteReport, ident: str) -> list[str]:
     return [r.check.node_name for r in report.by_status("failed") if cites(r.check, ident)]
 
 
-# Ids without a mutant yet, with why and the tier tests that hold them (the SQL store's
-# G-31, G-33 and G-36 have their mutants in ``tier_mutants.py``).
+# Ids without a mutant yet, with why and the tier tests that hold them (the SQL tier's
+# G-31…G-36 have their mutants in ``tier_mutants.py``).
 NOT_COVERED: dict[str, str] = {
-    "G-14": (
-        "engine tiers only (unroutable_children); no harness in this catalog declares it: "
-        "tests/restate, tests/temporal"
-    ),
-    "G-32": "lock order is only observable on PostgreSQL: tests/sql/test_deadlocks.py",
-    "G-34": "drain workers in separate processes: tests/sql/test_crash_harness.py",
-    "G-35": "crash permutations with real SIGKILLs: tests/sql/test_crash_and_concurrency.py",
     "G-37": "Restate child invocations (needs the engine): tests/restate/test_restate_tier.py",
     "G-38": "Restate group object (needs the engine): tests/restate/test_restate_tier.py",
     "G-39": "Restate waits (needs the engine): tests/restate/test_restate_tier.py",

@@ -12,6 +12,7 @@ import itertools
 from typing import Any
 
 from catalog import mutant
+from routing import RoutingMemoryHost
 
 from effecthost.contract import (
     CursorExhausted,
@@ -31,6 +32,7 @@ from effecthost.contract import (
     ReplayMismatch,
     SealedPayloadUnreadable,
     Settlement,
+    ToolError,
     WakePolicy,
     is_host_kind,
 )
@@ -931,6 +933,46 @@ class EventNeedsALiveWaiterHost(MemoryEffectHost):
         finally:
             for child in hidden:
                 child.event = None
+
+
+@mutant("G-52", harness="durable")
+class EventWaitsResumeOnlyWithTheirEventHost(MemoryEffectHost):
+    """G-52 (G-51): a restarted process settles the ``await_event`` children whose event
+    arrived while it was down, but does not arm a waiter for the others, so an event
+    delivered after the reopen decides nothing: a select reopened after a restart is
+    never decided by its signal."""
+
+    def _dispatch(self, record: _Group, child: _Child, executor: EffectExecutor) -> None:
+        if child.envelope.kind == EffectKind.AWAIT_EVENT and child.fence and child.event is None:
+            return
+        super()._dispatch(record, child, executor)
+
+
+# -- engine routing (G-14), on the routed harness -------------------------------------------------
+
+
+@mutant("G-14", harness="routed")
+class EngineFailureLosesItsCodeHost(RoutingMemoryHost):
+    """G-14: a routed child's engine failure is recorded as a plain error (the exception's
+    name and message), so the engine's 404 for an unbound target loses its code."""
+
+    async def _call(self, target: str, envelope: EffectEnvelope) -> Any:
+        return await self.engine.call(target, envelope)
+
+
+@mutant("G-14", harness="routed")
+class RetriesUnboundTargetsHost(RoutingMemoryHost):
+    """G-14: every engine failure is taken for a transient one and the call retried with
+    a backoff, so a child addressed to a target no deployment binds never settles."""
+
+    async def _call(self, target: str, envelope: EffectEnvelope) -> Any:
+        delay = 0.01
+        while True:
+            try:
+                return await super()._call(target, envelope)
+            except ToolError:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.2)
 
 
 # -- R-6, R-7 --------------------------------------------------------------------------------------

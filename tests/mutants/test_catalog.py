@@ -11,10 +11,23 @@ import library_mutants  # noqa: F401  (registers the library mutants)
 import memory_mutants  # noqa: F401  (registers the memory mutants)
 import pytest
 import sql_mutants  # noqa: F401  (registers the SQLite mutants)
-from catalog import CATALOG, NOT_COVERED, DurableMemoryHostUnderTest, killers
+from catalog import (
+    CATALOG,
+    NOT_COVERED,
+    DurableMemoryHostUnderTest,
+    RoutedMemoryHostUnderTest,
+    killers,
+)
+from routing import RoutingMemoryHost
 from tier_mutants import TIER_MUTANTS
 
-from effecthost.conformance import OBLIGATIONS, FactoryEnv, SuiteReport, run_suite
+from effecthost.conformance import (
+    OBLIGATIONS,
+    FactoryEnv,
+    SuiteReport,
+    conformance_resolver,
+    run_suite,
+)
 from effecthost.hosts.memory import MemoryEffectHost
 
 pytestmark = pytest.mark.anyio
@@ -61,6 +74,21 @@ async def test_the_correct_host_passes_the_whole_suite_on_the_durable_harness() 
         "payload_refs",
         "sealing",
     }
+
+
+async def test_the_routing_host_passes_the_whole_suite_with_unroutable_children() -> None:
+    """The control of every ``routed`` mutant: the reference host over the modelled
+    engine passes every check, the G-14 check run, not skipped."""
+    report = await run_suite(_routed_reference)
+    assert report.ok, _explain(report)
+    assert "unroutable_children" not in report.missing_capabilities()
+    assert any("G-14" in r.check.ids for r in report.by_status("passed"))
+
+
+def _routed_reference(env: FactoryEnv) -> RoutedMemoryHostUnderTest:
+    return RoutedMemoryHostUnderTest(
+        RoutingMemoryHost(conformance_resolver(env.lab_path)), RoutingMemoryHost()
+    )
 
 
 def test_every_host_breakable_id_has_a_mutant() -> None:

@@ -1,5 +1,7 @@
 """The tier tests against the tier mutants: every mutant of ``tier_mutants.py`` makes a
-test fail whose docstring (or its module's) cites the id the mutant breaks."""
+test fail whose docstring (or its module's) cites the id the mutant breaks. The mutant is
+applied in the pytest process and, through a ``sitecustomize`` on ``PYTHONPATH``, in every
+Python process the tier tests start."""
 
 from __future__ import annotations
 
@@ -11,9 +13,21 @@ import sys
 from pathlib import Path
 
 import pytest
-from tier_mutants import MUTANT_ENV, REPORT_ENV, TIER_MUTANTS, TierMutant
+from tier_mutants import CHILD_ENV, MUTANT_ENV, REPORT_ENV, TIER_MUTANTS, TierMutant
 
 ROOT = Path(__file__).parents[2]
+
+SITECUSTOMIZE = f"""\
+import os
+
+if os.environ.get({CHILD_ENV!r}):
+    import tier_mutants
+
+    tier_mutants.by_name(os.environ[{CHILD_ENV!r}]).apply()
+"""
+"""Applies the mutant in every Python process the tier tests start (drain workers, crash
+workers, the CLI): they inherit the ``PYTHONPATH`` that holds it, and the variable the
+plugin sets once pytest has started (pytest itself imports effecthost only afterwards)."""
 
 
 def _params() -> list[object]:
@@ -24,12 +38,15 @@ def _params() -> list[object]:
 @pytest.mark.parametrize("mutant", _params())
 def test_tier_mutant_is_killed_on_its_own_id(mutant: TierMutant, tmp_path: Path) -> None:
     report = tmp_path / "failed.json"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = {
         **os.environ,
         MUTANT_ENV: mutant.name,
         REPORT_ENV: str(report),
         "PYTHONPATH": os.pathsep.join(
-            [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+            [str(site), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
         ),
     }
     run = subprocess.run(

@@ -7,6 +7,9 @@ Modes:
                                                  process at the K-th hit of fault POINT
   recover PATH GROUP CHILDREN                   reopen the group, drain until every child
                                                  settled, print the ranks as JSON
+  hold PATH GROUP CHILDREN                      open a group on SQLite whose tools never
+                                                 return, print ``running`` once every child
+                                                 runs, and wait to be killed
 """
 
 from __future__ import annotations
@@ -135,6 +138,27 @@ async def recover(path: str, key: str, children: int, point: str | None = None, 
         await host.aclose()
 
 
+async def hold(path: str, key: str, children: int) -> None:
+    running = 0
+    all_run = asyncio.Event()
+
+    async def never(_value: object) -> object:
+        nonlocal running
+        running += 1
+        if running == children:
+            all_run.set()
+        await asyncio.Event().wait()
+
+    host = SqlEffectHost(
+        SqliteStore(path), ToolRegistry({"echo": never}), lease_ttl=0.6, renew_every=0.1
+    )
+    await host.start()
+    await host.open_effect_group(group(key, children))
+    await all_run.wait()
+    print("running", flush=True)
+    await asyncio.Event().wait()
+
+
 def main(argv: list[str]) -> None:
     mode, *args = argv
     if mode == "concurrent":
@@ -145,6 +169,8 @@ def main(argv: list[str]) -> None:
         point = args[3] if len(args) > 3 else None
         k = int(args[4]) if len(args) > 4 else 1
         asyncio.run(recover(args[0], args[1], int(args[2]), point, k))
+    elif mode == "hold":
+        asyncio.run(hold(args[0], args[1], int(args[2])))
     else:
         raise SystemExit(f"unknown mode {mode}")
 

@@ -62,10 +62,21 @@ def check_settled_once(path: Path, key: str) -> None:
 def test_G35_sigkill_keeps_recorded_ranks_and_settles_each_child_once(
     tmp_path: Path, point: str, k: int
 ) -> None:
+    """G-35, G-15: SIGKILLed at a point of the finalize, the wake or the close, the record
+    holds each settled child with its rank (a settlement and its sequence commit
+    together); a fresh process serves the ranks recorded before unchanged and settles
+    every other child exactly once."""
     path = tmp_path / "crash.sqlite3"
     key = f"crash:group:{point.replace(':', '_')}:0"
     done = run_worker("crash", str(path), key, str(CHILDREN), point, str(k))
     assert done.returncode == -signal.SIGKILL, (done.returncode, done.stdout, done.stderr)
+    with sqlite3.connect(path) as conn:
+        unranked = conn.execute(
+            "SELECT replay_key FROM eh_children WHERE group_key = ? AND state = 'settled' "
+            "AND seq IS NULL",
+            (key,),
+        ).fetchall()
+    assert not unranked, f"settled without a rank after the SIGKILL: {unranked}"
     before = recorded(path, key)
     out = run_worker("recover", str(path), key, str(CHILDREN))
     assert out.returncode == 0, out.stderr
@@ -100,10 +111,13 @@ def test_G35_sigkill_during_a_drain_claim_then_drain_finishes(tmp_path: Path) ->
 
 @pytest.mark.timeout(180)
 def test_G32_many_groups_opened_and_finalized_from_several_processes(
-    pg_dsn: str, pg_schema: str
+    pg_dsn: str, pg_schema: str, pg_log: Path | None
 ) -> None:
     """Three processes open the same 25 groups (and so race on every group row and child
-    row) and finalize them all: no deadlock abort, one group per key, dense ranks."""
+    row) and finalize them all: no deadlock abort (the server's log is read: a deadlock
+    victim retried inside the host never reaches a worker's stderr), one group per key,
+    dense ranks."""
+    offset = pg_log.stat().st_size if pg_log is not None else 0
     procs = [
         subprocess.Popen(
             [sys.executable, WORKER, "concurrent", pg_dsn, pg_schema, "shared", "25", "4"],
@@ -117,6 +131,11 @@ def test_G32_many_groups_opened_and_finalized_from_several_processes(
         _out, err = proc.communicate(timeout=150)
         assert proc.returncode == 0, err
         assert "deadlock" not in err.lower()
+    if pg_log is not None:
+        with pg_log.open("rb") as log:
+            log.seek(offset)
+            deadlocks = log.read().decode(errors="replace").count("deadlock detected")
+        assert deadlocks == 0, f"{deadlocks} deadlocks in the server's log"
 
     async def check() -> None:
         store = PostgresStore(pg_dsn, schema=pg_schema)

@@ -102,3 +102,75 @@ async def test_G32_no_deadlock_under_short_leases(
     assert deadlocks == 0, f"{deadlocks} deadlocks in {SECONDS}s ({done[0]} groups)"
     assert not errors, errors[:3]
     assert done[0] > CALLERS
+
+
+async def test_G32_a_finalize_takes_no_child_row_after_the_group_row(
+    pg_dsn: str, pg_schema: str, pg_log: Path | None
+) -> None:
+    """G-32: every transaction touching both takes the child row, then the group row. A
+    probe transaction in that order (one child row of a group held, then the group row
+    asked for) while the host settles the group's other child: the host's finalize
+    never holds the group row while waiting for the probe's child row, so no deadlock
+    is detected (the probe is not its victim and the server logs none)."""
+    import asyncpg
+
+    release = asyncio.Event()
+
+    async def tool(value: object) -> str:
+        await (release.wait() if value == 0 else asyncio.Event().wait())
+        return "ok"
+
+    host = SqlEffectHost(PostgresStore(pg_dsn, schema=pg_schema), ToolRegistry({"t": tool}))
+    await host.start()
+    offset = pg_log.stat().st_size if pg_log is not None else 0  # noqa: ASYNC240
+    key = "probe:group:g:0"
+    group = EffectGroup(
+        key=key,
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[
+            EffectEnvelope(replay_key=f"{key}.{i}", kind=EffectKind.TOOL_CALL, name="t", input=i)
+            for i in range(2)
+        ],
+    )
+    settings = {"search_path": pg_schema}
+    probe = await asyncpg.connect(pg_dsn, server_settings=settings)
+    watch = await asyncpg.connect(pg_dsn, server_settings=settings)
+    deadlocked = False
+    try:
+        handle = await host.open_effect_group(group)
+        transaction = probe.transaction()
+        await transaction.start()
+        await probe.execute(
+            "SELECT 1 FROM eh_children WHERE replay_key = $1 FOR UPDATE", f"{key}.1"
+        )
+        release.set()
+        settled = asyncio.ensure_future(host.await_next_settlement(handle))
+        deadline = asyncio.get_running_loop().time() + 30
+        # until the finalize committed, or a host transaction waits on the probe's row
+        while not settled.done():
+            blocked = await watch.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                probe.get_server_pid(),
+            )
+            if blocked:
+                break
+            assert asyncio.get_running_loop().time() < deadline, "the finalize never ran"
+            await asyncio.sleep(0.02)  # polling the server's view, a bounded wait
+        try:
+            await probe.execute("SELECT 1 FROM eh_groups WHERE group_key = $1 FOR UPDATE", key)
+        except asyncpg.DeadlockDetectedError:
+            deadlocked = True
+        await transaction.rollback()
+        first = await asyncio.wait_for(settled, 30)
+        assert first.replay_key == f"{key}.0"
+    finally:
+        await probe.close()
+        await watch.close()
+        await host.aclose()
+    assert not deadlocked, "the probe was a deadlock's victim"
+    if pg_log is not None:
+        with pg_log.open("rb") as log:
+            log.seek(offset)
+            text = log.read().decode(errors="replace")
+        assert "deadlock detected" not in text
