@@ -4,8 +4,10 @@ outside a Restate endpoint process.
 
 Group object state (keyed by group key), beside nothing else:
 
-- ``shape``: child count, wake, declared and effective disposition, epoch, owner — the
-  shape fence lives beside the counter (G-38);
+- ``shape``: child count, wake, declared and effective disposition, epoch, owner,
+  ``layout`` (:data:`LAYOUT`; absent on groups of the release before) and ``spilled``
+  (an outcome went to the payload object) — the shape fence lives beside the counter
+  (G-38);
 - ``children``: the recorded envelopes (position order) with their hashes;
 - ``counter``; ``rank:{n}`` → ``{position, replay_key, outcome | ref | stored}`` (G-40):
   with a :class:`~effecthost.payloads.PayloadPolicy`, ``stored`` is the
@@ -20,7 +22,9 @@ Replay-key object state (keyed by replay key): ``holder`` → ``{group_key, toke
 group that holds the key (R-6). A first open claims every child's key before it records
 anything, releases what it claimed when a claim is refused, and close releases them.
 
-No exclusive handler awaits anything another handler of the same key resolves.
+No exclusive handler awaits anything another handler of the same key resolves. The
+handlers that run once per child or per read (``settle``, ``register_waiter``,
+``await_rank``) read state lazily, so their cost does not grow with the group.
 """
 
 import json
