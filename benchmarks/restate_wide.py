@@ -5,7 +5,8 @@
 
 Starts a local restate-server and an endpoint process (this file with ``--serve``). Width
 mode runs one ``all`` group of N trivial tool children per round inside a handler
-(``HandlerController``) and reports milliseconds per group and microseconds per child.
+(``HandlerController``) and reports milliseconds per group, microseconds per child, and
+the CPU the server and the endpoint spent per child (steadier on a shared machine).
 Count mode runs one 2-child race and one 50-child ``all`` through effecthost and natively
 (``restate.select`` / ``restate.gather``) and counts, from the admin SQL views, the
 invocations each started and the journal entries they wrote.
@@ -123,7 +124,21 @@ async def count(ingress: str, admin: str) -> list[dict[str, Any]]:
     return rows
 
 
-async def widths(ingress: str, sizes: list[int], rounds: int) -> list[dict[str, Any]]:
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of these processes so far (Linux ``/proc``): on a shared machine
+    the CPU a group costs is steadier than its wall time."""
+    import os
+
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+async def widths(
+    ingress: str, sizes: list[int], rounds: int, pids: list[int]
+) -> list[dict[str, Any]]:
     import httpx
 
     rows = []
@@ -133,14 +148,22 @@ async def widths(ingress: str, sizes: list[int], rounds: int) -> list[dict[str, 
         ).raise_for_status()
         for _ in range(rounds):  # rounds alternate over the widths
             for n in sizes:
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), cpu_seconds(pids)
                 answer = await client.post(f"{ingress}/Wide/effecthost", json={"op": "all", "n": n})
                 answer.raise_for_status()
                 assert answer.json() == n, answer.text
-                elapsed = time.perf_counter() - t0
-                rows.append({"children": n, "ms": elapsed * 1e3, "us_per_child": elapsed * 1e6 / n})
+                elapsed, cpu = time.perf_counter() - t0, cpu_seconds(pids) - cpu0
+                rows.append(
+                    {
+                        "children": n,
+                        "ms": elapsed * 1e3,
+                        "us_per_child": elapsed * 1e6 / n,
+                        "cpu_us_per_child": cpu * 1e6 / n,
+                    }
+                )
                 print(
-                    f"{n:>7} children {elapsed * 1e3:>10.0f} ms {elapsed * 1e6 / n:>9.0f} µs/child",
+                    f"{n:>7} children {elapsed * 1e3:>10.0f} ms {elapsed * 1e6 / n:>9.0f} µs/child"
+                    f" {cpu * 1e6 / n:>9.0f} µs CPU/child (server + endpoint)",
                     flush=True,
                 )
     return rows
@@ -174,7 +197,9 @@ async def main(options: argparse.Namespace) -> dict[str, Any]:
                     )
                 return {"counts": rows}
             sizes = [int(w) for w in options.widths.split(",")]
-            return {"widths": await widths(local.ingress_url, sizes, options.rounds)}
+            assert local.server is not None
+            pids = [local.server.pid, endpoint.pid]
+            return {"widths": await widths(local.ingress_url, sizes, options.rounds, pids)}
         finally:
             _stop(endpoint, 9)
             log.close()
