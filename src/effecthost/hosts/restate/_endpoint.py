@@ -434,7 +434,7 @@ def build_services(
             signal = await woken
             if signal.get("closed"):
                 return _refusal(kit.group_closed(key))
-            record = signal["record"]
+            record, more = signal["record"], signal.get("more") or []
         answer = await materialize(ctx, rank, record)
         if more and "error" not in answer:
             answer["more"] = more
