@@ -4,6 +4,7 @@ endpoint mid-group, an unbound target, and a CANCEL close that does not wait."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from effecthost.combinators import Scope, next_group_key, race, tool
@@ -34,7 +36,7 @@ from effecthost.contract import (
     WakePolicy,
     group_key,
 )
-from effecthost.hosts.restate import CHILD, REPLAY_KEY, RestateController
+from effecthost.hosts.restate import CHILD, GROUP, PAYLOAD, REPLAY_KEY, RestateController
 from effecthost.hosts.restate.testing import (
     UNBOUND_TARGET,
     LocalRestate,
@@ -213,6 +215,81 @@ async def test_cancel_close_returns_while_the_loser_runs(stack: Stack) -> None:
         "409" in str(rows[0]["completion_failure"])
         or "cancel" in str(rows[0]["completion_failure"]).lower()
     ), rows
+
+
+async def _rewrite_shape(stack: Stack, key: str, drop: tuple[str, ...]) -> None:
+    """Make ``key`` look as the release before recorded it: its ``shape`` without
+    ``drop``, through the admin API's state modification (applied asynchronously)."""
+    ctl = stack.controller
+    state = await group_state(ctl, key)
+    shape = json.loads(state["shape"])
+    for name in drop:
+        shape.pop(name, None)
+    state["shape"] = json.dumps(shape).encode("utf-8")
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        answer = await client.post(
+            f"{stack.local.admin_url}/services/{GROUP}/state",
+            json={"object_key": key, "new_state": {k: list(v) for k, v in state.items()}},
+        )
+        answer.raise_for_status()
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        if json.loads((await group_state(ctl, key))["shape"]) == shape:
+            return
+        await asyncio.sleep(0.05)  # polling an engine fact, not ordering anything
+    raise AssertionError("the state modification was not applied")
+
+
+async def test_G41_close_clears_spilled_outcomes_also_of_a_group_of_the_layout_before(
+    stack: Stack,
+) -> None:
+    """G-40, G-41: close clears the payload object when an outcome of the group spilled
+    into it — also for a group recorded by the release before (its ``shape`` has neither
+    ``layout`` nor ``spilled``: the in-flight upgrade) — and a group with nothing spilled
+    sends no clear."""
+    ctl = stack.controller
+    big = {"blob": "x" * 6000}  # over the inline threshold
+
+    async def rows(sql: str) -> list[dict[str, Any]]:
+        return await ctl.query(sql)
+
+    def payload_sql(key: str) -> str:
+        return f"SELECT key FROM state WHERE service_name = '{PAYLOAD}' AND service_key = '{key}'"
+
+    small = EffectGroup(
+        key=group_key("spill", "none", 0),
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[_step("spill.none", gate=False, result={"small": 1})],
+    )
+    handle = await ctl.open_effect_group(small)
+    await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    await ctl.close_effect_group(handle)
+    for name, legacy in (("new", False), ("legacy", True)):
+        group = EffectGroup(
+            key=group_key("spill", name, 0),
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[_step(f"spill.{name}", gate=False, result=big)],
+        )
+        handle = await ctl.open_effect_group(group)
+        settled = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+        assert settled.outcome.value == big
+        assert await rows(payload_sql(group.key)), "the outcome did not spill"
+        if legacy:
+            await _rewrite_shape(stack, group.key, ("layout", "spilled"))
+        await ctl.close_effect_group(handle)
+        deadline = time.monotonic() + TIMEOUT
+        left = await rows(payload_sql(group.key))
+        while left and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # the clear is one-way: polling an engine fact
+            left = await rows(payload_sql(group.key))
+        assert left == [], name
+    clears = await rows(
+        f"SELECT id FROM sys_invocation WHERE target_service_name = '{PAYLOAD}' "
+        f"AND target_handler_name = 'clear' AND target_service_key = '{small.key}'"
+    )
+    assert clears == []  # closed before the others, whose clears have run
 
 
 async def test_R6_a_replay_key_is_held_by_one_group_until_it_closes(stack: Stack) -> None:

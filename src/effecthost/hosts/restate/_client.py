@@ -102,6 +102,7 @@ class GroupObjectClient(WiredController):
 
     owner: str
     payloads: PayloadPolicy | None
+    _read_ahead: dict[tuple[Any, int], dict[str, Any]]
 
     @abstractmethod
     async def _call(self, group_key: str, handler: str, body: Any = None) -> Any:
@@ -139,22 +140,51 @@ class GroupObjectClient(WiredController):
     async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
         return await self._open(require_group(group), {})
 
-    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
-        self._require_wired(require_handle(handle).group_key)
-        rank = handle.consumed + 1
-        answer = await self._call(
+    async def _read_rank(self, handle: GroupHandle, rank: int) -> Any:
+        """The group object's answer for rank ``rank`` of ``handle``: a record (with the
+        recorded ranks after it as ``more``) or a refusal."""
+        return await self._call(
             handle.group_key, "await_rank", {**_handle_doc(handle), "rank": rank}
         )
-        _raise_refusal(answer)
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        """Rank ``consumed + 1``. One read answers with every recorded rank from there
+        (up to a batch); the ranks after the one asked for are kept here, per handle
+        shape, and served to the next awaits without a call: a rank is a durable fact
+        (G-15), and this is a read cache, not a cursor (G-18: awaiting a rank again after
+        it was served reads it from the object again). A close through this controller
+        drops the group's entries, so a later await is ``GroupClosed`` (R-4)."""
+        self._require_wired(require_handle(handle).group_key)
+        rank = handle.consumed + 1
+        shape = (handle.group_key, handle.child_count, handle.wake, handle.disposition)
+        cache = self._ahead()
+        answer = cache.pop((shape, rank), None) if rank <= handle.child_count else None
+        if answer is None:
+            answer = await self._read_rank(handle, rank)
+            _raise_refusal(answer)
+            for extra in answer.get("more") or []:
+                if int(extra["rank"]) <= handle.child_count:
+                    cache[(shape, int(extra["rank"]))] = extra
         settlement = await _settlement(answer, handle.group_key, rank, self.payloads)
         handle.consumed = rank
         return settlement
+
+    def _ahead(self) -> dict[tuple[Any, int], dict[str, Any]]:
+        if not hasattr(self, "_read_ahead"):
+            self._read_ahead = {}
+        return self._read_ahead
+
+    def _forget(self, group_key: str) -> None:
+        ahead = self._ahead()
+        for entry in [entry for entry in ahead if entry[0][0] == group_key]:
+            del ahead[entry]
 
     async def close_effect_group(
         self, handle: GroupHandle, disposition: LoserPolicy | None = None
     ) -> None:
         disposition = coerce_disposition(require_handle(handle).group_key, disposition)
         self._require_wired(handle.group_key)
+        self._forget(handle.group_key)
         body = {**_handle_doc(handle), "close_with": disposition.value if disposition else None}
         _raise_refusal(await self._call(handle.group_key, "close", body))
 

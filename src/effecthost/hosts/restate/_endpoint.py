@@ -4,8 +4,10 @@ outside a Restate endpoint process.
 
 Group object state (keyed by group key), beside nothing else:
 
-- ``shape``: child count, wake, declared and effective disposition, epoch, owner — the
-  shape fence lives beside the counter (G-38);
+- ``shape``: child count, wake, declared and effective disposition, epoch, owner,
+  ``layout`` (:data:`LAYOUT`; absent on groups of the release before) and ``spilled``
+  (an outcome went to the payload object) — the shape fence lives beside the counter
+  (G-38);
 - ``children``: the recorded envelopes (position order) with their hashes;
 - ``counter``; ``rank:{n}`` → ``{position, replay_key, outcome | ref | stored}`` (G-40):
   with a :class:`~effecthost.payloads.PayloadPolicy`, ``stored`` is the
@@ -20,7 +22,9 @@ Replay-key object state (keyed by replay key): ``holder`` → ``{group_key, toke
 group that holds the key (R-6). A first open claims every child's key before it records
 anything, releases what it claimed when a claim is refused, and close releases them.
 
-No exclusive handler awaits anything another handler of the same key resolves.
+No exclusive handler awaits anything another handler of the same key resolves. The
+handlers that run once per child or per read (``settle``, ``register_waiter``,
+``await_rank``) read state lazily, so their cost does not grow with the group.
 """
 
 import json
@@ -63,11 +67,21 @@ from restate import TerminalError  # noqa: E402
 
 CANCELLED_CODE = 409
 UNBOUND_CODE = 404
+LAYOUT = 2
+"""The group object's state layout; groups recorded before it carry none (see docs)."""
+BATCH = 64
+"""At most this many recorded ranks answer one read."""
 
 
 async def _get(ctx: Any, name: str) -> Any:
     """Read one state key as plain JSON (the SDK's ``get`` is generic over a hint)."""
     return await ctx.get(name)
+
+
+def _reads(ctx: Any, *names: str) -> list[Awaitable[Any]]:
+    """Issue reads of several state keys at once: under lazy state they cost one round
+    trip to the server together, not one each."""
+    return [ctx.get(name) for name in names]
 
 
 def _refusal(exc: EffectHostError) -> dict[str, Any]:
@@ -245,6 +259,7 @@ def build_services(
                 "epoch": epoch,
                 "owner": req.get("owner"),
                 "incarnation": req.get("incarnation"),
+                "layout": LAYOUT,
             },
         )
         ctx.set(
@@ -277,11 +292,14 @@ def build_services(
             ctx.set(f"inv:{rk}", await handle.invocation_id())
         return {"ok": True, "epoch": epoch, "reopened": False}
 
-    @group.handler()
+    @group.handler(state_preload=False)
     async def settle(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
         """Rank authority: dedup, ``rank = counter + 1``, store the reference, wake — in
-        one handler step (G-38)."""
-        shape = await _get(ctx, "shape")
+        one handler step (G-38). State is read lazily, all four keys in one round trip,
+        so a settle costs the same in a group of 10 or 10,000 children."""
+        rk = req["replay_key"]
+        reads = _reads(ctx, "shape", f"settled:{rk}", "counter", "waiters")
+        shape, settled, counter, waiters = [await read for read in reads]
         if shape is None or req.get("epoch") != shape["epoch"]:
             # closed (tombstone) or a stale epoch: harmless, but a late child may have
             # written a payload after close deleted the group's: delete again (the key
@@ -290,9 +308,7 @@ def build_services(
             if store is not None and isinstance(stored, dict) and stored.get("form") == "ref":
                 await ctx.run("delete late payload", delete_payloads, args=(ctx.key(),))
             return
-        rk = req["replay_key"]
-        ranked = await _get(ctx, f"settled:{rk}") is not None  # read first, as journaled
-        rank = kit.next_rank(0 if ranked else int(await _get(ctx, "counter") or 0), ranked)
+        rank = kit.next_rank(int(counter or 0), settled is not None)
         if rank is None:
             return  # the child holds a rank already: a duplicate takes none
         record = {"position": req["position"], "replay_key": rk}
@@ -300,29 +316,67 @@ def build_services(
             record["stored"] = req["stored"]
         elif "ref" in req:
             record["ref"] = req["ref"]
+            if not shape.get("spilled"):
+                shape["spilled"] = True  # close clears the payload object only then
+                ctx.set("shape", shape)
         else:
             record["outcome"] = req["outcome"]
         ctx.set("counter", rank)
         ctx.set(f"rank:{rank}", record)
         ctx.set(f"settled:{rk}", rank)
-        waiters = await _get(ctx, "waiters") or {}
-        woken = waiters.pop(str(rank), None)
+        woken = (waiters or {}).pop(str(rank), None)
         if woken:
             for aid in woken:
                 ctx.resolve_awakeable(aid, {"record": record})
             ctx.set("waiters", waiters)
 
-    @group.handler()
+    async def ranks_from(
+        ctx: restate.ObjectContext | restate.ObjectSharedContext, rank: int, counter: int
+    ) -> list[dict[str, Any]]:
+        """The records of ranks ``rank``… up to ``counter`` (at most :data:`BATCH`), read in
+        one round trip; a batch stops before a record that refers to the payload object."""
+        last = min(counter, rank + BATCH - 1)
+        reads = _reads(ctx, *(f"rank:{n}" for n in range(rank, last + 1)))
+        records: list[dict[str, Any]] = []
+        for n, read in zip(range(rank, last + 1), reads, strict=True):
+            record = await read
+            if record is None or (records and "ref" in record):
+                break
+            records.append({"rank": n, **record})
+        return records
+
+    @group.handler(state_preload=False)
     async def register_waiter(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+        """Answer the awakeable with rank ``rank`` and those after it that are recorded,
+        or park it until ``settle`` records that rank.
+
+        With ``claim`` (a handle's shape, sent by a caller inside Restate that awaits the
+        awakeable in its own invocation) the handle is fenced first and a refusal is the
+        answer (R-2); the wait costs the caller this one invocation."""
         rank, aid = int(req["rank"]), req["awakeable"]
-        if await _get(ctx, "shape") is None:
+        reads = _reads(ctx, "shape", "tombstone", "counter", "waiters")
+        shape, tombstone, counter, waiters = [await read for read in reads]
+        if "claim" in req:
+            key = ctx.key()
+            known: kit.Known = (
+                _known(key, shape)
+                if shape is not None
+                else (kit.Tombstone(key) if tombstone is not None else None)
+            )
+            try:
+                kit.check_await(key, _claim(req["claim"], rank - 1), known)  # R-2
+            except EffectHostError as exc:
+                ctx.resolve_awakeable(aid, _refusal(exc))
+                return
+        if shape is None:
             ctx.resolve_awakeable(aid, {"closed": True})
             return
-        record = await _get(ctx, f"rank:{rank}")
-        if record is not None:
-            ctx.resolve_awakeable(aid, {"record": record})
+        records = await ranks_from(ctx, rank, int(counter or 0))
+        if records:
+            first = {k: v for k, v in records[0].items() if k != "rank"}
+            ctx.resolve_awakeable(aid, {"record": first, "more": records[1:]})
             return
-        waiters = await _get(ctx, "waiters") or {}
+        waiters = waiters or {}
         waiters.setdefault(str(rank), []).append(aid)
         ctx.set("waiters", waiters)
 
@@ -350,25 +404,41 @@ def build_services(
             record.pop("ref")
         return {"rank": rank, **record}
 
-    @group.handler(kind="shared")
+    @group.handler(kind="shared", state_preload=False)
     async def await_rank(ctx: restate.ObjectSharedContext, req: dict[str, Any]) -> dict[str, Any]:
-        """Read rank ``consumed + 1`` first; otherwise park on an awakeable the exclusive
-        handler resolves. Never holds the object's lock (G-39)."""
+        """Read rank ``consumed + 1`` first (with the recorded ranks after it, as ``more``);
+        otherwise park on an awakeable the exclusive handler resolves. Never holds the
+        object's lock (G-39)."""
         rank = int(req["rank"])
+        key = ctx.key()
+        reads = _reads(ctx, "shape", "tombstone", "counter")
+        shape, tombstone, counter = [await read for read in reads]
+        known: kit.Known = (
+            _known(key, shape)
+            if shape is not None
+            else (kit.Tombstone(key) if tombstone is not None else None)
+        )
         try:
-            kit.check_await(ctx.key(), _claim(req, rank - 1), await known(ctx))  # R-2
+            kit.check_await(key, _claim(req, rank - 1), known)  # R-2
         except EffectHostError as exc:
             return _refusal(exc)
-        record = await _get(ctx, f"rank:{rank}")
-        if record is None:
+        records = await ranks_from(ctx, rank, int(counter or 0))
+        more: list[dict[str, Any]] = []
+        if records:
+            record = {k: v for k, v in records[0].items() if k != "rank"}
+            more = records[1:]
+        else:
             # The shared handler sees a snapshot: the waker hands over the record itself.
             aid, woken = ctx.awakeable(type_hint=dict)
-            ctx.object_send(register_waiter, ctx.key(), {"rank": rank, "awakeable": aid})
+            ctx.object_send(register_waiter, key, {"rank": rank, "awakeable": aid})
             signal = await woken
             if signal.get("closed"):
-                return _refusal(kit.group_closed(ctx.key()))
-            record = signal["record"]
-        return await materialize(ctx, rank, record)
+                return _refusal(kit.group_closed(key))
+            record, more = signal["record"], signal.get("more") or []
+        answer = await materialize(ctx, rank, record)
+        if more and "error" not in answer:
+            answer["more"] = more
+        return answer
 
     @group.handler(kind="shared")
     async def describe(ctx: restate.ObjectSharedContext) -> dict[str, Any]:
@@ -429,7 +499,8 @@ def build_services(
             ctx.object_send(release, rk, {"group_key": key, "token": shape["epoch"]})
         ctx.clear_all()
         ctx.set("tombstone", {"effective": target, "epoch": shape["epoch"]})
-        ctx.object_send(clear, key, None)
+        if shape.get("spilled") or shape.get("layout") is None:
+            ctx.object_send(clear, key, None)  # a group of an earlier release: no flag
         if store is not None:
             await ctx.run("delete payloads", delete_payloads, args=(key,))
         return {"ok": True, "cancelled": cancelled}

@@ -8,11 +8,13 @@ from typing import Any
 
 from effecthost.contract import (
     GroupExecutors,
+    GroupHandle,
     canonical_json,
+    kit,
 )
 from effecthost.payloads import PayloadPolicy
 
-from ._client import GroupObjectClient
+from ._client import GroupObjectClient, _handle_doc
 from ._wire import GROUP
 
 
@@ -46,6 +48,25 @@ class HandlerController(GroupObjectClient):
     async def _call(self, group_key: str, handler: str, body: Any = None) -> Any:
         raw = await self._ctx.generic_call(GROUP, handler, canonical_json(body), key=group_key)
         return json.loads(raw) if raw else None
+
+    async def _read_rank(self, handle: GroupHandle, rank: int) -> Any:
+        """Wait in this invocation: one awakeable, answered by the object's exclusive
+        ``register_waiter`` (fenced on the handle, R-2) at once with the recorded ranks or
+        later by ``settle`` (G-39: the object's lock is held only for that step). A rank
+        whose outcome lives in the payload object is read through ``await_rank``."""
+        ctx = self._ctx
+        aid, answered = ctx.awakeable(type_hint=dict)
+        body = {"rank": rank, "awakeable": aid, "claim": _handle_doc(handle)}
+        ctx.generic_send(GROUP, "register_waiter", canonical_json(body), key=handle.group_key)
+        signal: dict[str, Any] = await answered
+        if "error" in signal:
+            return signal
+        if signal.get("closed"):
+            raise kit.group_closed(handle.group_key)
+        record = signal["record"]
+        if "ref" in record:
+            return await super()._read_rank(handle, rank)
+        return {"rank": rank, **record, "more": signal.get("more") or []}
 
     def _incarnation(self) -> str:
         return str(self._ctx.request().id)

@@ -1,0 +1,222 @@
+"""Restate tier: cost per child against group width, and what one group costs the engine.
+
+    python benchmarks/restate_wide.py [--widths 100,1000,10000] [--rounds 1] [--out FILE]
+    python benchmarks/restate_wide.py --count       # invocations and journal entries
+
+Starts a local restate-server and an endpoint process (this file with ``--serve``). Width
+mode runs one ``all`` group of N trivial tool children per round inside a handler
+(``HandlerController``) and reports milliseconds per group, microseconds per child, and
+the CPU the server and the endpoint spent per child (steadier on a shared machine).
+Count mode runs one 2-child race and one 50-child ``all`` through effecthost and natively
+(``restate.select`` / ``restate.gather``) and counts, from the admin SQL views, the
+invocations each started and the journal entries they wrote.
+
+Writes JSON (``--out``, default benchmarks/results/restate_wide.json).
+"""
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+WORK = "bench.work"
+
+
+def endpoint_services() -> list[Any]:
+    import restate
+
+    from effecthost.combinators import Scope, all_, race, tool
+    from effecthost.contract import ToolRegistry
+    from effecthost.hosts.restate import HandlerController, build_services
+
+    tools = ToolRegistry()
+
+    @tools.tool(WORK)
+    async def work(arg: Any) -> Any:
+        return arg
+
+    worker = restate.Service("WideWork")
+
+    @worker.handler()
+    async def run(ctx: restate.Context, arg: Any) -> Any:
+        return await ctx.run("work", lambda: arg)
+
+    bench = restate.Service("Wide")
+
+    @bench.handler()
+    async def effecthost(ctx: restate.Context, req: dict[str, Any]) -> Any:
+        controller = HandlerController(ctx, tools, owner="bench")
+        scope = Scope(scope_id=ctx.request().id)
+        calls = [tool(WORK, i) for i in range(int(req["n"]))]
+        if req["op"] == "race":
+            return await race(controller, scope, calls)
+        return len(await all_(controller, scope, calls))
+
+    @bench.handler()
+    async def native(ctx: restate.Context, req: dict[str, Any]) -> Any:
+        futures = [ctx.service_call(run, i) for i in range(int(req["n"]))]
+        if req["op"] == "race":
+            done = await restate.select(**{f"c{i}": f for i, f in enumerate(futures)})
+            return done[1]
+        await restate.gather(*futures)
+        return len([await f for f in futures])
+
+    return [*build_services(tools), worker, bench]
+
+
+def serve(bind: str) -> None:
+    import restate
+
+    from effecthost.hosts.restate import serve as serve_app
+
+    asyncio.run(serve_app(restate.app(endpoint_services()), bind))
+
+
+async def _query(client: Any, admin: str, sql: str) -> list[dict[str, Any]]:
+    answer = await client.post(
+        f"{admin}/query", json={"query": sql}, headers={"Accept": "application/json"}
+    )
+    answer.raise_for_status()
+    rows: list[dict[str, Any]] = answer.json().get("rows", [])
+    return rows
+
+
+async def _settled(client: Any, admin: str) -> tuple[int, int]:
+    """Invocations and journal entries so far, once nothing is left running."""
+    for _ in range(600):
+        rows = await _query(
+            client, admin, "SELECT count(*) AS n FROM sys_invocation WHERE status != 'completed'"
+        )
+        if rows[0]["n"] == 0:
+            break
+        await asyncio.sleep(0.05)  # a bounded poll for the engine to go idle, not ordering
+    invocations = (await _query(client, admin, "SELECT count(*) AS n FROM sys_invocation"))[0]
+    journal = (await _query(client, admin, "SELECT count(*) AS n FROM sys_journal"))[0]
+    return int(invocations["n"]), int(journal["n"])
+
+
+async def count(ingress: str, admin: str) -> list[dict[str, Any]]:
+    """Invocations and journal entries of one group, per handler and workload. Journals
+    of completed invocations are kept for the retention period, so the difference of
+    the views before and after is the group's own cost."""
+    import httpx
+
+    rows = []
+    async with httpx.AsyncClient(timeout=300.0) as client:
+        for op, n in (("race", 2), ("all", 50)):
+            for handler in ("native", "effecthost"):
+                before = await _settled(client, admin)
+                answer = await client.post(f"{ingress}/Wide/{handler}", json={"op": op, "n": n})
+                answer.raise_for_status()
+                after = await _settled(client, admin)
+                rows.append(
+                    {
+                        "workload": f"{op} of {n}",
+                        "handler": handler,
+                        "invocations": after[0] - before[0],
+                        "journal_entries": after[1] - before[1],
+                    }
+                )
+    return rows
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of these processes so far (Linux ``/proc``): on a shared machine
+    the CPU a group costs is steadier than its wall time."""
+    import os
+
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+async def widths(
+    ingress: str, sizes: list[int], rounds: int, pids: list[int]
+) -> list[dict[str, Any]]:
+    import httpx
+
+    rows = []
+    async with httpx.AsyncClient(timeout=3600.0) as client:
+        (
+            await client.post(f"{ingress}/Wide/effecthost", json={"op": "all", "n": 4})
+        ).raise_for_status()
+        for _ in range(rounds):  # rounds alternate over the widths
+            for n in sizes:
+                t0, cpu0 = time.perf_counter(), cpu_seconds(pids)
+                answer = await client.post(f"{ingress}/Wide/effecthost", json={"op": "all", "n": n})
+                answer.raise_for_status()
+                assert answer.json() == n, answer.text
+                elapsed, cpu = time.perf_counter() - t0, cpu_seconds(pids) - cpu0
+                rows.append(
+                    {
+                        "children": n,
+                        "ms": elapsed * 1e3,
+                        "us_per_child": elapsed * 1e6 / n,
+                        "cpu_us_per_child": cpu * 1e6 / n,
+                    }
+                )
+                print(
+                    f"{n:>7} children {elapsed * 1e3:>10.0f} ms {elapsed * 1e6 / n:>9.0f} µs/child"
+                    f" {cpu * 1e6 / n:>9.0f} µs CPU/child (server + endpoint)",
+                    flush=True,
+                )
+    return rows
+
+
+async def main(options: argparse.Namespace) -> dict[str, Any]:
+    from effecthost.hosts.restate import register_deployment
+    from effecthost.hosts.restate.testing import LocalRestate, _spawn, _stop, _wait_until
+
+    with tempfile.TemporaryDirectory(prefix="effecthost-wide-") as tmp:
+        local = LocalRestate(Path(tmp), "unused:unused")
+        await local.start_server()
+        log = (Path(tmp) / "wide-endpoint.log").open("ab")
+        bind = f"127.0.0.1:{local.endpoint_port}"
+        endpoint = _spawn([sys.executable, __file__, "--serve", bind], log)
+        try:
+
+            async def up() -> bool:
+                _, writer = await asyncio.open_connection("127.0.0.1", local.endpoint_port)
+                writer.close()
+                return True
+
+            await _wait_until(up, "bench endpoint")
+            await register_deployment(local.admin_url, local.endpoint_uri, force=True)
+            if options.count:
+                rows = await count(local.ingress_url, local.admin_url)
+                for row in rows:
+                    print(
+                        f"{row['workload']:<12}{row['handler']:<12}"
+                        f"{row['invocations']:>6} invocations {row['journal_entries']:>7} journal"
+                    )
+                return {"counts": rows}
+            sizes = [int(w) for w in options.widths.split(",")]
+            assert local.server is not None
+            pids = [local.server.pid, endpoint.pid]
+            return {"widths": await widths(local.ingress_url, sizes, options.rounds, pids)}
+        finally:
+            _stop(endpoint, 9)
+            log.close()
+            await local.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--serve", metavar="BIND")
+    parser.add_argument("--widths", default="100,300,1000")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--count", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/restate_wide.json"))
+    options = parser.parse_args()
+    if options.serve:
+        serve(options.serve)
+    else:
+        result = asyncio.run(main(options))
+        options.out.parent.mkdir(parents=True, exist_ok=True)
+        options.out.write_text(json.dumps(result, indent=2))
