@@ -63,6 +63,17 @@ def null_membership_encoding(mp: pytest.MonkeyPatch) -> None:
         return doc
 
     mp.setattr(EffectEnvelope, "canonical_dict", canonical_dict)
+    compose = types_module._compose
+
+    def composed(text: str, kind: str, name: str, replay_key: str, membership: Any) -> bytes:
+        data = compose(text, kind, name, replay_key, membership)
+        if membership is None:
+            doc = json.loads(data)
+            doc["membership"] = None
+            return types_module._encode_canonical(doc)
+        return data
+
+    mp.setattr(types_module, "_compose", composed)
 
 
 @library_mutant("G-01", select="G-01")
@@ -74,6 +85,12 @@ def ascii_escaped_encoding(mp: pytest.MonkeyPatch) -> None:
         return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
     mp.setattr(types_module, "_encode_canonical", encode)
+    compose = types_module._compose
+
+    def composed(text: str, kind: str, name: str, replay_key: str, membership: Any) -> bytes:
+        return encode(json.loads(compose(text, kind, name, replay_key, membership)))
+
+    mp.setattr(types_module, "_compose", composed)
 
 
 # -- G-03 ---------------------------------------------------------------------------------------
