@@ -247,29 +247,36 @@ class MemoryEffectHost(WiredController):
         if child.envelope.kind == EffectKind.SLEEP and child.due_at is None:
             loop = asyncio.get_running_loop()
             child.due_at = loop.time() + sleep_seconds(child.envelope)
-        task_key = (record.key, child.replay_key)
-        task = asyncio.get_running_loop().create_task(
-            self._run_child(record, child, executor, child.fence),
-            name=f"effecthost-child:{child.replay_key}",
+        # named by the replay key itself: a name of its own would be another string per child
+        self._tasks[(record.key, child.replay_key)] = asyncio.get_running_loop().create_task(
+            self._run_child(record, child, executor, child.fence), name=child.replay_key
         )
-        self._tasks[task_key] = task
-        task.add_done_callback(lambda _t: self._tasks.pop(task_key, None))
 
     async def _run_child(
         self, record: _Group, child: _Child, executor: EffectExecutor, fence: int
     ) -> None:
+        """A child's task; it leaves ``_tasks`` as it ends (no done-callback per child: a
+        finished task is freed at once). One cancelled before it started never runs this:
+        :meth:`_request_cancel` and :meth:`aclose` forget those."""
         try:
-            outcome = await executor.execute(ExecutionInput(child.envelope, attempt=fence))
-        except asyncio.CancelledError:
-            if not child.cancel_requested:
-                raise  # the host is going away: like a dead process, record nothing
-            outcome = Outcome.cancelled()
-        except EffectHostError as exc:
-            outcome = Outcome.failure(type(exc).__name__, str(exc))
-        outcome = self._bounded(record, child, outcome)
-        if self._payloads is not None:
-            await self._encode(self._payloads, record, child, fence, outcome)
-        await self._deliver(record, child, fence, outcome)
+            try:
+                outcome = await executor.execute(ExecutionInput(child.envelope, attempt=fence))
+            except asyncio.CancelledError:
+                if not child.cancel_requested:
+                    raise  # the host is going away: like a dead process, record nothing
+                outcome = Outcome.cancelled()
+            except EffectHostError as exc:
+                outcome = Outcome.failure(type(exc).__name__, str(exc))
+            outcome = self._bounded(record, child, outcome)
+            if self._payloads is not None:
+                await self._encode(self._payloads, record, child, fence, outcome)
+            await self._deliver(record, child, fence, outcome)
+        finally:
+            self._forget((record.key, child.replay_key), asyncio.current_task())
+
+    def _forget(self, task_key: tuple[str, str], task: object) -> None:
+        if self._tasks.get(task_key) is task:
+            del self._tasks[task_key]
 
     async def _encode(
         self, policy: PayloadPolicy, record: _Group, child: _Child, fence: int, outcome: Outcome
@@ -456,9 +463,11 @@ class MemoryEffectHost(WiredController):
     def _request_cancel(self, record: _Group, child: _Child) -> None:
         """One cancel per unsettled child; does not wait for it to stop (G-27)."""
         child.cancel_requested = True
-        task = self._tasks.get((record.key, child.replay_key))
+        task_key = (record.key, child.replay_key)
+        task = self._tasks.get(task_key)
         if task is not None:
             task.cancel()
+            task.add_done_callback(lambda done: self._forget(task_key, done))
         else:
             self._finalize(record, child, child.fence, Outcome.cancelled())
 
@@ -508,6 +517,9 @@ class MemoryEffectHost(WiredController):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for task_key, task in list(self._tasks.items()):
+            if task.done():  # cancelled before it started: it never left on its own
+                self._forget(task_key, task)
         await asyncio.gather(*list(self._deletions), return_exceptions=True)
 
 
