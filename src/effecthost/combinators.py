@@ -231,16 +231,36 @@ def _plain_group(
         ]
         return EffectGroup(key=key, wake=wake, disposition=disposition, children=children)
     children = []
+    keys_fit = _fits(f"{key}:{len(parts) - 1}", limits.MAX_KEY_BYTES)  # the longest replay key
+    names_fit: set[str] = set()  # kinds and names checked (a group repeats a few)
+    size = 0
+    grouped = EffectEnvelope._grouped
     for index, (kind, name, value, text) in enumerate(parts):
         replay_key = f"{key}:{index}"
         if not (
-            _fits(replay_key, limits.MAX_KEY_BYTES)
-            and _fits(kind, limits.MAX_NAME_BYTES)
-            and _fits(name, limits.MAX_NAME_BYTES)
+            (keys_fit or _fits(replay_key, limits.MAX_KEY_BYTES))
+            and (kind in names_fit or _fits(kind, limits.MAX_NAME_BYTES))
+            and (name in names_fit or _fits(name, limits.MAX_NAME_BYTES))
         ):  # the constructor refuses it with its message
             EffectEnvelope(replay_key=replay_key, kind=kind, name=name, input=value)
-        membership = _membership(key, index, wake, disposition)
-        children.append(EffectEnvelope._grouped(replay_key, kind, name, value, text, membership))
+        names_fit.add(kind)
+        names_fit.add(name)
+        envelope = grouped(
+            replay_key, kind, name, value, text, _membership(key, index, wake, disposition)
+        )
+        size += envelope.canonical_size()
+        children.append(envelope)
+    if (
+        len(children) <= limits.MAX_CHILDREN
+        and size <= limits.MAX_GROUP_BYTES
+        and type(wake) is WakePolicy
+        and type(disposition) is LoserPolicy
+    ):
+        # what the constructor checks, checked: distinct replay keys, stamped memberships
+        return _build(
+            EffectGroup,
+            {"key": key, "wake": wake, "disposition": disposition, "children": tuple(children)},
+        )
     return EffectGroup(key=key, wake=wake, disposition=disposition, children=children)
 
 
