@@ -813,6 +813,12 @@ def _as_value_error(check: Any, *args: Any) -> None:
         raise ValueError(str(exc).removeprefix(f"[{exc.code.value}] ")) from None
 
 
+_BOUND = "_size_bound"
+"""Where an outcome built by :meth:`Outcome.success` keeps an upper bound of its canonical
+size: a ``__dict__`` entry that is no field, like an envelope's ``_CACHE``."""
+_SUCCESS_FRAME = len('{"error":null,"status":"success","value":}')
+
+
 class Outcome(_Model):
     """How a child ended: a success value, an error, or cancelled. Its value is a JSON
     value within the limits (R-8)."""
@@ -832,6 +838,17 @@ class Outcome(_Model):
     @classmethod
     def success(cls, value: JsonValue = None) -> Outcome:
         """Raises: InvalidEnvelope when ``value`` is not strict JSON within the limits."""
+        if cls is Outcome:
+            size = [0]
+            try:
+                plain = _plain(value, 0, size)
+            except (_Unusual, RecursionError):
+                pass
+            else:
+                if size[0] <= limits.MAX_JSON_BYTES:
+                    outcome = _build(cls, {"status": "success", "value": plain, "error": None})
+                    outcome.__dict__[_BOUND] = size[0] + _SUCCESS_FRAME
+                    return outcome
         value = normalize_json(value, what="outcome value")
         if cls is not Outcome:
             return cls(status="success", value=value)
@@ -859,6 +876,20 @@ class Outcome(_Model):
     @property
     def ok(self) -> bool:
         return self.status == "success"
+
+    def _size_within(self, limit: int) -> bool:
+        """Whether :meth:`canonical_size` is at most ``limit``; without encoding when the
+        bound :meth:`success` noted while checking the value already says so."""
+        bound = self.__dict__.get(_BOUND)
+        if bound is not None and bound <= limit:
+            return True
+        return self.canonical_size() <= limit
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """As pydantic's, without the size bound of the original."""
+        copied = super().model_copy(update=update, deep=deep)
+        copied.__dict__.pop(_BOUND, None)
+        return copied
 
     def canonical_size(self) -> int:
         """``len(canonical_json(self.model_dump(mode="json")))``: what a host bounds an

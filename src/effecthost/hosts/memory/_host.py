@@ -299,9 +299,9 @@ class MemoryEffectHost(WiredController):
 
     def _bounded(self, record: _Group, child: _Child, outcome: Outcome) -> Outcome:
         """An outcome over the size limit is recorded as a ``PayloadTooLarge`` failure."""
-        size = outcome.canonical_size()
-        if size <= self._max_payload_bytes:
+        if outcome._size_within(self._max_payload_bytes):
             return outcome
+        size = outcome.canonical_size()
         return Outcome.failure(
             "PayloadTooLarge",
             f"outcome of {child.replay_key!r} in group {record.key!r} encodes to {size} bytes, "
@@ -314,7 +314,11 @@ class MemoryEffectHost(WiredController):
 
     def _finalize(self, record: _Group, child: _Child, fence: int, outcome: Outcome) -> bool:
         """The rank authority: fence first, bump only on a match (G-31's order, G-17)."""
-        encoded = self._encoded.pop((record.key, child.replay_key, fence), None)
+        encoded = (
+            self._encoded.pop((record.key, child.replay_key, fence), None)
+            if self._encoded
+            else None
+        )
         if child.state == "settled" or child.fence != fence:
             return False
         record.counter = self._next_sequence(record)
@@ -344,8 +348,10 @@ class MemoryEffectHost(WiredController):
         return record.settled[rank - 1] if len(record.settled) >= rank else None
 
     def _notify(self, record: _Group) -> None:
-        changed, record.changed = record.changed, asyncio.Event()
-        changed.set()
+        changed = record.changed
+        if changed._waiters:  # else nobody to wake: the unset event serves the next waiter
+            record.changed = asyncio.Event()
+            changed.set()
 
     def _maybe_retire(self, record: _Group) -> None:
         """A group retires whole, once closed and no child can still rank (G-17, G-36)."""
