@@ -54,11 +54,12 @@ from effecthost.payloads import (
 DEFAULT_MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Child:
     envelope: EffectEnvelope
     position: int
     hash: str
+    replay_key: str
     state: str = "pending"  # pending | running | settled
     fence: int = 0
     seq: int | None = None
@@ -68,10 +69,6 @@ class _Child:
     due_at: float | None = None
     event: tuple[Any] | None = None
     arrived: asyncio.Event | None = None  # made for an await_event child when it waits
-
-    @property
-    def replay_key(self) -> str:
-        return self.envelope.replay_key
 
     @property
     def event_arrived(self) -> asyncio.Event:
@@ -217,7 +214,7 @@ class MemoryEffectHost(WiredController):
             declared=group.disposition,
             effective=group.disposition,
             children=[
-                _Child(envelope=child, position=position, hash=child.envelope_hash())
+                _Child(child, position, child.envelope_hash(), child.replay_key)
                 for position, child in enumerate(group.children)
             ],
         )
@@ -375,7 +372,7 @@ class MemoryEffectHost(WiredController):
         record = self._groups.get(key)
         if record is None:
             raise kit.group_closed(key) if key in self._retired else kit.unknown_group(key)
-        kit.check_handle(key, handle, record.shape())
+        kit.check_handle(key, handle, record)  # type: ignore[arg-type]  # reads the same fields
         return record
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
