@@ -175,7 +175,10 @@ def _plain(value: Any, depth: int, size: list[int]) -> Any:
             raise _Unusual
         size[0] += 2 + len(value)
         depth += 1
-        return [_plain(item, depth, size) for item in value]
+        items = []  # a loop, not a comprehension: no function object per list (3.11)
+        for item in value:
+            items.append(_plain(item, depth, size))
+        return items
     if kind is dict:
         if depth >= limits.MAX_DEPTH:
             raise _Unusual
@@ -272,21 +275,28 @@ class _Model(BaseModel):
 
 
 _FIELDS_SETS: dict[type[BaseModel], set[str]] = {}
+_new_object = object.__new__
+_set_attribute = object.__setattr__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def _build(cls: type[_M], fields: dict[str, Any]) -> _M:
     """An instance of ``cls`` holding ``fields`` (every field, values the contract
     checked itself) as they are: what ``model_construct`` does without its per-field
-    walk. Frozen models only (the fields-set is shared between instances)."""
+    walk. Frozen models only (the fields-set is shared between instances). The slots
+    are set through their descriptors: a per-child cost, so the lookups are done once."""
     fields_set = _FIELDS_SETS.get(cls)
     if fields_set is None:
+        if cls.__new__ is not _new_object:
+            raise TypeError(f"{cls.__name__} has its own __new__")
         fields_set = _FIELDS_SETS[cls] = set(cls.model_fields)
-    obj = cls.__new__(cls)
-    _set = object.__setattr__
-    _set(obj, "__dict__", fields)
-    _set(obj, "__pydantic_fields_set__", fields_set)
-    _set(obj, "__pydantic_extra__", None)
-    _set(obj, "__pydantic_private__", None)
+    obj = _new_object(cls)  # what ``cls.__new__`` is, without looking it up each time
+    _set_attribute(obj, "__dict__", fields)
+    _set_fields_set(obj, fields_set)
+    _set_extra(obj, None)
+    _set_private(obj, None)
     return obj
 
 
