@@ -53,6 +53,10 @@ class EffectExecutor(ABC):
     :class:`ToolError` (or any exception) is an error outcome. Cancellation propagates.
     """
 
+    __slots__ = (
+        "_used",
+    )  # one executor per child is alive until it runs (subclasses may add a dict)
+
     def __init__(self) -> None:
         self._used = False
 
@@ -108,6 +112,8 @@ ToolFunction = Callable[[Any], Awaitable[Any]]
 
 class FunctionExecutor(EffectExecutor):
     """An executor around an ``async def tool(input)``."""
+
+    __slots__ = ("_fn",)
 
     def __init__(self, fn: ToolFunction) -> None:
         super().__init__()
