@@ -414,11 +414,13 @@ async def all_(controller: EffectController, scope: Scope, calls: Sequence[Call]
     group = build_group(scope, calls, WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION)
     values: dict[int, Any] = {}
     async with _opened(controller, group) as handle:
-        async for settlement in settlements(controller, handle):
-            if not settlement.outcome.ok:
+        while not handle.exhausted:  # ``settlements`` inlined: no generator step per child
+            settlement = await controller.await_next_settlement(handle)
+            outcome = settlement.outcome
+            if not outcome.ok:
                 await controller.close_effect_group(handle)
                 raise EffectFailed(settlement, group.key)
-            values[settlement.position] = settlement.outcome.value
+            values[settlement.position] = outcome.value
         await controller.close_effect_group(handle)
     return [values[position] for position in range(len(calls))]
 

@@ -269,7 +269,8 @@ class MemoryEffectHost(WiredController):
                 await self._encode(self._payloads, record, child, fence, outcome)
             await self._deliver(record, child, fence, outcome)
         finally:
-            self._forget((record.key, child.replay_key), asyncio.current_task())
+            if child.fence == fence:  # else a later dispatch owns the entry
+                self._tasks.pop((record.key, child.replay_key), None)
 
     def _forget(self, task_key: tuple[str, str], task: object) -> None:
         if self._tasks.get(task_key) is task:
