@@ -257,7 +257,7 @@ class MemoryEffectHost(WiredController):
         :meth:`_request_cancel` and :meth:`aclose` forget those."""
         try:
             try:
-                outcome = await executor.execute(ExecutionInput(child.envelope, attempt=fence))
+                outcome = await executor.execute(ExecutionInput(child.envelope, fence))
             except asyncio.CancelledError:
                 if not child.cancel_requested:
                     raise  # the host is going away: like a dead process, record nothing
