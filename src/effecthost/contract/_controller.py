@@ -53,9 +53,8 @@ class EffectExecutor(ABC):
     :class:`ToolError` (or any exception) is an error outcome. Cancellation propagates.
     """
 
-    __slots__ = (
-        "_used",
-    )  # one executor per child is alive until it runs (subclasses may add a dict)
+    # one executor per child is alive until the child runs; subclasses may still add a dict
+    __slots__ = ("_used",)
 
     def __init__(self) -> None:
         self._used = False
