@@ -276,6 +276,16 @@ class MemoryEffectHost(WiredController):
         if self._tasks.get(task_key) is task:
             del self._tasks[task_key]
 
+    def _cancel_ended(
+        self, record: _Group, child: _Child, fence: int, task: asyncio.Task[None]
+    ) -> None:
+        """A task a close cancelled has ended. One cancelled before its first step never
+        ran :meth:`_run_child`: its cancelled terminal is recorded here, so it still
+        takes a rank and the group can retire (G-27)."""
+        self._forget((record.key, child.replay_key), task)
+        if task.cancelled() and child.state != "settled" and child.fence == fence:
+            self._finalize(record, child, fence, Outcome.cancelled())
+
     async def _encode(
         self, policy: PayloadPolicy, record: _Group, child: _Child, fence: int, outcome: Outcome
     ) -> None:
@@ -467,11 +477,11 @@ class MemoryEffectHost(WiredController):
     def _request_cancel(self, record: _Group, child: _Child) -> None:
         """One cancel per unsettled child; does not wait for it to stop (G-27)."""
         child.cancel_requested = True
-        task_key = (record.key, child.replay_key)
-        task = self._tasks.get(task_key)
+        task = self._tasks.get((record.key, child.replay_key))
         if task is not None:
             task.cancel()
-            task.add_done_callback(lambda done: self._forget(task_key, done))
+            fence = child.fence
+            task.add_done_callback(lambda done: self._cancel_ended(record, child, fence, done))
         else:
             self._finalize(record, child, child.fence, Outcome.cancelled())
 
