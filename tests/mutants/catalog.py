@@ -22,8 +22,8 @@ Harnesses:
 
 Library mutants (``library_mutants.py``) patch a mistake into the contract, the
 combinators or sealing for one run over the correct reference host: ids every host shares.
-Mutants of a tier's own machinery (the SQL store) are in ``tier_mutants.py``, killed by
-the tier tests. Ids with no mutant yet are listed in :data:`NOT_COVERED` with why.
+Mutants of a tier's own machinery (the SQL store, the Restate endpoint, the Temporal
+workflow and worker) are in ``tier_mutants.py``, killed by the tier tests. Ids with no mutant yet are listed in :data:`NOT_COVERED` with why.
 """
 
 from __future__ import annotations

@@ -5,12 +5,18 @@ conformance suite cannot see on a third-party host; their arbiter is ``tests/sql
 mutant here is either one statement of ``SqliteStore`` rewritten the way a contributor
 would get it wrong (applied by rewriting that method's source), or a method overridden
 or a call wrapped (a finalize in two transactions, a drain that leaves claimed children
-alone, a PostgreSQL trigger that locks child rows after the group row). The catalog test
-runs the named tier tests in a fresh pytest process with this module as a plugin
-(``-p tier_mutants``) and the mutant named in ``EFFECTHOST_TIER_MUTANT``; the processes
-those tests start (drain workers, crash workers, the CLI) apply it too, through a
-``sitecustomize`` on their ``PYTHONPATH``. A failing test's docstring, or its module's,
-must cite the id.
+alone, a PostgreSQL trigger that locks child rows after the group row).
+
+The engine obligations G-37…G-46 bind the Restate endpoint's services and the Temporal
+workflow and worker; their arbiters are ``tests/restate`` and ``tests/temporal``. Their
+mutants rewrite one statement of ``build_services``, the endpoint check, a workflow
+method or ``create_worker``, and reach the endpoint or worker process the fixtures start.
+
+The catalog test runs the named tier tests in a fresh pytest process with this module as
+a plugin (``-p tier_mutants``) and the mutant named in ``EFFECTHOST_TIER_MUTANT``; the
+processes those tests start (drain workers, crash workers, the CLI, a Restate endpoint, a
+Temporal worker) apply it too, through a ``sitecustomize`` on their ``PYTHONPATH``. A
+failing test's docstring, or its module's, must cite the id.
 """
 
 from __future__ import annotations

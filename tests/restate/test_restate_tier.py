@@ -460,20 +460,20 @@ async def test_G39_a_parked_read_holds_no_lock(stack: Stack) -> None:
     )
     handle = await ctl.open_effect_group(group)
     read = asyncio.ensure_future(ctl.await_next_settlement(handle))
-    inboxed: list[dict[str, Any]] = []
+    queued: list[dict[str, Any]] = []
     waiting = False
     deadline = time.monotonic() + TIMEOUT
     try:
-        while not (waiting or inboxed) and time.monotonic() < deadline:
+        while not (waiting or queued) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)  # polling engine facts: the waiter or a queued call
             waiters = (await group_state(ctl, group.key)).get("waiters")
             waiting = bool(waiters and json.loads(waiters).get("1"))
-            inboxed = await ctl.query(
+            queued = await ctl.query(
                 f"SELECT target_handler_name, status FROM sys_invocation "
                 f"WHERE target_service_name = '{GROUP}' AND target_service_key = '{group.key}' "
-                f"AND status = 'inboxed'"
+                f"AND status = 'pending'"  # queued behind the object's lock
             )
-        assert not inboxed, f"calls queued behind a parked read: {inboxed}"
+        assert not queued, f"calls queued behind a parked read: {queued}"
         assert waiting and not read.done()
     except BaseException:
         read.cancel()
