@@ -61,6 +61,17 @@ def _group(key: str, count: int, *, pad: int = 0, changed: int | None = None) ->
     )
 
 
+async def _opens(wf: Any) -> list[str]:
+    """The names of the open and chunk updates history accepted."""
+    return [
+        e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+        for e in (await wf.fetch_history()).events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+        and e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+        in ("open", "open_chunk")
+    ]
+
+
 async def _drain(ctl: TemporalEffectHost, group: EffectGroup) -> list[str]:
     handle = group.handle()
     keys = []
@@ -93,26 +104,19 @@ async def _chunked(root: Path) -> None:
         events = (await wf.fetch_history()).events
         start = events[0].workflow_execution_started_event_attributes
         assert start.input.payloads[0].ByteSize() < 3000
-        chunks = [
-            e
-            for e in events
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
-            and e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
-            == "open_chunk"
-        ]
-        assert len(chunks) >= 3
+        assert (await _opens(wf)).count("open_chunk") >= 3
 
         other = TemporalEffectHost(host.client, host.task_queue, host.resolver(), chunk_bytes=5000)
         again = await other.open_effect_group(group)  # another chunking, same children
         assert again.child_count == group.child_count
-        before = len((await wf.fetch_history()).events)
+        before = await _opens(wf)
         with pytest.raises(ReplayMismatch) as raised:
             await other.open_effect_group(_group("wide", 30, pad=200, changed=17))
         assert raised.value.position == 17
         with pytest.raises(GroupShapeMismatch):
             wider = _group("wide", 31, pad=200)
             await other.open_effect_group(wider)
-        assert len((await wf.fetch_history()).events) == before
+        assert await _opens(wf) == before
 
         ranks = []
         for _ in range(group.child_count):
@@ -202,7 +206,9 @@ async def _partial(root: Path) -> None:
         handle = await retry.open_effect_group(group)
         keys = []
         for _ in range(group.child_count):
-            keys.append((await asyncio.wait_for(retry.await_next_settlement(handle), 60)).replay_key)
+            keys.append(
+                (await asyncio.wait_for(retry.await_next_settlement(handle), 60)).replay_key
+            )
         assert sorted(keys) == sorted(c.replay_key for c in group.children)
         for child in group.children:
             assert lab.count("started", child.replay_key) == 1
