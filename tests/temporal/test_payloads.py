@@ -64,7 +64,7 @@ def test_payload_checks_pass_with_sealed_factory() -> None:
     print(report.table())
     failed = [f"{r.check.node_name}: {r.reason}" for r in report.by_status("failed")]
     assert report.ok, "\n".join(failed)
-    assert len(report.by_status("passed")) == 4, report.table()
+    assert len(report.by_status("passed")) == 5, report.table()
 
 
 @contextlib.asynccontextmanager
