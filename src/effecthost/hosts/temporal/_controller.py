@@ -304,7 +304,10 @@ class TemporalEffectHost(WiredController):
             return
         offer = _pairs(plan.entries)
         for start in range(0, len(offer), PAIRS_PAGE):
-            page: Any = await self._handle(key).query(f"{PAIRS_QUERY}{start}")
+            try:
+                page: Any = await self._handle(key).query(f"{PAIRS_QUERY}{start}")
+            except (RPCError, WorkflowQueryFailedError):
+                return  # the refusal stands without a position
             recorded = [
                 kit.RecordedChild(start + i, p[0], p[1])
                 for i, p in enumerate(page)
