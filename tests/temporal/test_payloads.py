@@ -64,7 +64,8 @@ def test_payload_checks_pass_with_sealed_factory() -> None:
     print(report.table())
     failed = [f"{r.check.node_name}: {r.reason}" for r in report.by_status("failed")]
     assert report.ok, "\n".join(failed)
-    assert len(report.by_status("passed")) == 5, report.table()
+    assert not report.by_status("skipped"), report.table()
+    assert {r.check.ids[0] for r in report.by_status("passed")} >= {"G-47", "G-48", "G-49", "G-50"}
 
 
 @contextlib.asynccontextmanager
