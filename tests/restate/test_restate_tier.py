@@ -350,6 +350,36 @@ async def test_R6_a_replay_key_is_held_by_one_group_until_it_closes(stack: Stack
     await ctl.close_effect_group(reopened)
 
 
+async def test_R6_a_closed_groups_replay_keys_are_free_as_soon_as_close_returns(
+    stack: Stack,
+) -> None:
+    """R-6, R-4: once close has returned, the group is retired and holds none of its
+    replay keys: a group opened right after it with the same keys is recorded, every
+    time (nothing the close left to run in the background can refuse it), and close
+    spends no invocation per child on it."""
+    ctl = stack.controller
+    for n in range(12):
+        keys = [f"r6.reuse.{n}.a", f"r6.reuse.{n}.b"]
+        handles = []
+        for side in ("first", "second"):
+            group = EffectGroup(
+                key=group_key("r6-reuse", side, n),
+                wake=WakePolicy.FIRST,
+                disposition=LoserPolicy.RUN_TO_COMPLETION,
+                children=[_step(k, gate=False) for k in keys],
+            )
+            handle = await ctl.open_effect_group(group)
+            await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+            await ctl.close_effect_group(handle)
+            handles.append(handle)
+        assert handles[0].group_key != handles[1].group_key
+    releases = await ctl.query(
+        f"SELECT id FROM sys_invocation WHERE target_service_name = '{REPLAY_KEY}' "
+        "AND target_handler_name = 'release' AND target_service_key LIKE 'r6.reuse.%'"
+    )
+    assert releases == [], "retiring a group costs an invocation per child"
+
+
 async def test_r9_race_cancelled_from_outside_closes_its_group(stack: Stack) -> None:
     """R-9: a ``race`` declaring ``CANCEL``, cancelled from outside, closes its group
     (shielded) before the cancellation propagates, so its losers are cancelled; G-26: a
