@@ -373,7 +373,8 @@ TIER_MUTANTS: list[TierMutant] = [
         "leaves the per-rank, per-child and invocation keys behind, so a closed group's "
         "object state grows with every child it ever had.",
         ENDPOINT,
-        '        ctx.clear_all()\n        ctx.set("tombstone"',
+        "        ctx.clear_all()  # the tombstone retires the group: it holds no replay key now\n"
+        '        ctx.set("tombstone"',
         '        for name in ("shape", "children", "counter", "waiters"):\n'
         "            ctx.clear(name)\n"
         '        ctx.set("tombstone"',
