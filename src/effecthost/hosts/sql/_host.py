@@ -589,6 +589,7 @@ class SqlEffectHost(WiredController):
 
     async def _drive(self, driver: _Driver, executor: EffectExecutor) -> None:
         driver.started = True
+        finalized = False
         try:
             if driver.lost:
                 return  # lost before it ran: write nothing (G-33)
@@ -615,6 +616,7 @@ class SqlEffectHost(WiredController):
                 return  # self-fenced while encoding: write nothing (G-33)
             seq = await self._finalize(driver, recorded)
             if seq is not None:
+                finalized = True
                 self._fault("wake")
                 self._notify(driver.group_key)
         except Exception:
@@ -628,6 +630,10 @@ class SqlEffectHost(WiredController):
             self._fresh.pop(driver.group_key, None)  # finalized, or never will be here
             if self._drivers.get(driver.replay_key) is driver:
                 del self._drivers[driver.replay_key]
+            if not finalized and not self._dead:
+                # another driver may settle the child, in another process: the waiters
+                # re-read without it among this host's own children (G-21)
+                self._notify(driver.group_key)
 
     async def _finalize(self, driver: _Driver, outcome: str) -> int | None:
         """Queue the child's finalize with its group's and wait for the sequence. Children
@@ -716,6 +722,14 @@ class SqlEffectHost(WiredController):
             if driver.started:
                 driver.task.cancel()
 
+    def _lose(self, driver: _Driver) -> None:
+        """The driver's lease is gone (or past its deadline): it writes nothing, and
+        whoever takes the child over may finalize it in another process, so the group's
+        waiters re-read now, without it among their host's own children (G-21)."""
+        driver.lost = True
+        self._cancel_driver(driver)
+        self._notify(driver.group_key)
+
     async def _keeper(self) -> None:
         """Renew every lease this host holds, one statement per tick; cancel drivers
         whose lease is gone or past its self-fencing deadline (they write nothing)."""
@@ -724,8 +738,7 @@ class SqlEffectHost(WiredController):
             now = time.monotonic()
             for driver in list(self._drivers.values()):
                 if now >= driver.deadline and not driver.lost:
-                    driver.lost = True
-                    self._cancel_driver(driver)
+                    self._lose(driver)
             if not self._drivers and not self._owned:
                 self._keeper_changed.clear()
                 self._keeper_idle = True
@@ -767,8 +780,7 @@ class SqlEffectHost(WiredController):
                 r = still.get(key)
                 if r is None or r.fence != driver.fence:
                     if self._drivers.get(key) is driver and driver.running:
-                        driver.lost = True
-                        self._cancel_driver(driver)
+                        self._lose(driver)
                     continue
                 driver.deadline = sent + self.lease_ttl - self.self_fence_margin
                 if r.cancel_requested and not driver.cancel_requested:
@@ -974,7 +986,15 @@ class SqlEffectHost(WiredController):
                 del self._ahead[group_key]
             if read is not None:
                 return read
-        got = await self.store.read_ranks(group_key, rank, READ_AHEAD)
+        if self.store.wakes_across_processes:
+            # the children whose finalizes wake this waiter in-process; the store has the
+            # group notified when another may settle it (G-21)
+            local = [
+                key for key, d in self._drivers.items() if d.group_key == group_key and not d.lost
+            ]
+            got = await self.store.read_ranks(group_key, rank, READ_AHEAD, local)
+        else:
+            got = await self.store.read_ranks(group_key, rank, READ_AHEAD)
         if got is None:
             return None
         group, found = got
