@@ -1,8 +1,8 @@
 """PostgreSQL sends a NOTIFY only when a waiter in some process may need it (G-21): a
 group whose every unsettled child its waiter's own host drives is woken in-process, so its
 finalizes and close notify nobody; a group another process may settle is marked watched by
-its waiter before it re-reads, and then every finalize and close notifies; a ``CANCEL``
-close that marks unsettled children always notifies (their drivers may be elsewhere)."""
+its waiter before it re-reads, and then every finalize and close notifies; a close that
+leaves children unsettled always notifies (their drivers and waiters may be elsewhere)."""
 
 from __future__ import annotations
 
@@ -219,6 +219,48 @@ async def test_G21_G33_a_child_taken_over_elsewhere_wakes_the_waiter(
             stop.set()
             await drain
         assert settlement.rank == 1 and settlement.outcome.value == 0
+    finally:
+        await other.aclose()
+        await waiter.aclose()
+
+
+async def test_R4_a_close_elsewhere_wakes_a_waiter_whose_children_run_here(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """R-4, G-21: a waiter whose every unsettled child its own host drives (so it marks
+    nothing watched) is parked when another process reopens the group and closes it
+    ``RUN_TO_COMPLETION``: the close notifies (it leaves a child unsettled), and the waiter
+    gets ``GroupClosed`` at once, not at its poll bound."""
+    from effecthost.contract import GroupClosed
+
+    async def stuck(_value: object) -> object:
+        await asyncio.Event().wait()
+        return None
+
+    waiter = SqlEffectHost(
+        PostgresStore(pg_dsn, schema=pg_schema), ToolRegistry({"t": stuck}), poll_interval=60.0
+    )
+    other = SqlEffectHost(PostgresStore(pg_dsn, schema=pg_schema), ToolRegistry({"t": stuck}))
+    await waiter.start()
+    await other.start()
+    try:
+        group = tools("elsewhere:g", 1)
+        handle = await waiter.open_effect_group(group)
+        parked = asyncio.Event()
+        real_sleep = waiter._sleep
+
+        async def sleep(w: asyncio.Future[None]) -> None:
+            parked.set()
+            await real_sleep(w)
+
+        waiter._sleep = sleep  # type: ignore[method-assign]
+        waiting = asyncio.ensure_future(waiter.await_next_settlement(handle))
+        async with asyncio.timeout(10):
+            await parked.wait()
+        await other.close_effect_group(await other.open_effect_group(group))
+        async with asyncio.timeout(10):  # the poll bound is 600 s
+            with pytest.raises(GroupClosed):
+                await waiting
     finally:
         await other.aclose()
         await waiter.aclose()

@@ -421,14 +421,13 @@ DDL = [
                 END IF;
                 UPDATE eh_groups SET effective = p_effective, state = 'closed',
                        closed_at = coalesce(closed_at, {NOW})
-                 WHERE group_key = p_key RETURNING watched INTO w;
+                 WHERE group_key = p_key;
                 IF NOT FOUND THEN
                     RETURN 0;
                 END IF;
-                -- cancels marked: their drivers may run in other processes
-                IF w OR p_effective = 'cancel' THEN
-                    PERFORM pg_notify(p_channel, 'c:' || p_key);
-                END IF;
+                -- children left unsettled: their drivers (cancels marked) and waiters
+                -- may be in other processes (R-4: a parked waiter learns of the close)
+                PERFORM pg_notify(p_channel, 'c:' || p_key);
                 RETURN 1;
             END IF;
             -- every child settled: closed and retired at once, the tombstone recording
@@ -480,8 +479,9 @@ DDL = [
                OR o_wake <> p_wake OR o_disposition <> p_declared THEN
                 RETURN;
             END IF;
-            -- a watched group wakes its waiters elsewhere; cancels marked, their drivers
-            IF w OR (n > 0 AND p_effective = 'cancel') THEN
+            -- a watched group wakes its waiters elsewhere; children left unsettled, their
+            -- drivers (cancels marked) and waiters, which may be in other processes (R-4)
+            IF w OR n > 0 THEN
                 PERFORM pg_notify(p_channel, 'c:' || p_key);
             END IF;
             IF n > 0 THEN
@@ -1195,29 +1195,30 @@ class PostgresStore(Store):
     @_retried
     async def close(self, group_key: str, effective: str) -> bool:
         async with self._pool.acquire() as conn, conn.transaction():
-            marked = "UPDATE 0"
             if effective == "cancel":  # child rows first (by key), then the group row
                 await conn.execute(
                     "SELECT 1 FROM eh_children WHERE group_key = $1 AND state <> 'settled' "
                     "ORDER BY replay_key FOR UPDATE",
                     group_key,
                 )
-                marked = await conn.execute(
+                await conn.execute(
                     "UPDATE eh_children SET cancel_requested = true "
                     "WHERE group_key = $1 AND state <> 'settled'",
                     group_key,
                 )
-            watched = await conn.fetchval(
+            # a watched group wakes its waiters elsewhere; children left unsettled, their
+            # drivers (cancels marked) and waiters, which may be in other processes
+            wake = await conn.fetchval(
                 "UPDATE eh_groups SET effective = $1, state = 'closed', "
                 f"closed_at = coalesce(closed_at, {NOW}) WHERE group_key = $2 "
-                "RETURNING watched",
+                "RETURNING watched OR EXISTS (SELECT 1 FROM eh_children "
+                "WHERE group_key = $2 AND state <> 'settled')",
                 effective,
                 group_key,
             )
-            # a watched group wakes its waiters elsewhere; cancels marked, their drivers
-            if watched or (watched is not None and marked != "UPDATE 0"):
+            if wake:
                 await conn.execute("SELECT pg_notify($1, $2)", self.channel, "c:" + group_key)
-            return watched is not None
+            return wake is not None
 
     @_retried
     async def retire_closed(self, group_key: str) -> bool:
