@@ -516,10 +516,12 @@ DDL = [
                        r_outcome text)
         LANGUAGE plpgsql AS $$
         BEGIN
+            -- counter counts the settled children: more unsettled than local ones
             UPDATE eh_groups g SET watched = true
              WHERE g.group_key = p_key AND NOT g.watched
-               AND EXISTS (SELECT 1 FROM eh_children c WHERE c.group_key = p_key
-                              AND c.state <> 'settled' AND c.replay_key <> ALL (p_local));
+               AND g.child_count - g.counter > (
+                   SELECT count(*) FROM eh_children c WHERE c.replay_key = ANY (p_local)
+                      AND c.group_key = p_key AND c.state <> 'settled');
             RETURN QUERY SELECT g.wake, g.disposition, g.effective, g.child_count, g.counter,
                    g.state, g.created_at, g.closed_at, c.seq, c.position, c.replay_key,
                    c.outcome
