@@ -199,6 +199,9 @@ class SqlEffectHost(WiredController):
         self._pending: dict[str, list[tuple[_Driver, str, asyncio.Future[int | None]]]] = {}
         self._flushers: dict[str, asyncio.Task[None]] = {}
         self._ahead: dict[str, dict[int, RankRead]] = {}  # ranks read ahead, per group
+        # outcomes this host finalized in groups it owns, with the text it recorded: a
+        # waiter that reads that very text back takes the outcome without decoding it
+        self._written: dict[str, dict[str, tuple[str, Outcome]]] = {}
         self._changed: dict[str, list[asyncio.Future[None]]] = {}  # waiters per group
         self._watcher: asyncio.Task[None] | None = None  # other processes' commits (SQLite)
         # groups this host created whose every child it runs under its own fresh lease,
@@ -589,6 +592,7 @@ class SqlEffectHost(WiredController):
 
     async def _drive(self, driver: _Driver, executor: EffectExecutor) -> None:
         driver.started = True
+        finalized = False
         try:
             if driver.lost:
                 return  # lost before it ran: write nothing (G-33)
@@ -615,6 +619,14 @@ class SqlEffectHost(WiredController):
                 return  # self-fenced while encoding: write nothing (G-33)
             seq = await self._finalize(driver, recorded)
             if seq is not None:
+                finalized = True
+                if (
+                    self.payloads is None
+                    and type(outcome) is Outcome
+                    and driver.group_key in self._owned
+                ):
+                    written = self._written.setdefault(driver.group_key, {})
+                    written[driver.replay_key] = (recorded, outcome)
                 self._fault("wake")
                 self._notify(driver.group_key)
         except Exception:
@@ -628,6 +640,10 @@ class SqlEffectHost(WiredController):
             self._fresh.pop(driver.group_key, None)  # finalized, or never will be here
             if self._drivers.get(driver.replay_key) is driver:
                 del self._drivers[driver.replay_key]
+            if not finalized and not self._dead:
+                # another driver may settle the child, in another process: the waiters
+                # re-read without it among this host's own children (G-21)
+                self._notify(driver.group_key)
 
     async def _finalize(self, driver: _Driver, outcome: str) -> int | None:
         """Queue the child's finalize with its group's and wait for the sequence. Children
@@ -716,6 +732,14 @@ class SqlEffectHost(WiredController):
             if driver.started:
                 driver.task.cancel()
 
+    def _lose(self, driver: _Driver) -> None:
+        """The driver's lease is gone (or past its deadline): it writes nothing, and
+        whoever takes the child over may finalize it in another process, so the group's
+        waiters re-read now, without it among their host's own children (G-21)."""
+        driver.lost = True
+        self._cancel_driver(driver)
+        self._notify(driver.group_key)
+
     async def _keeper(self) -> None:
         """Renew every lease this host holds, one statement per tick; cancel drivers
         whose lease is gone or past its self-fencing deadline (they write nothing)."""
@@ -724,8 +748,7 @@ class SqlEffectHost(WiredController):
             now = time.monotonic()
             for driver in list(self._drivers.values()):
                 if now >= driver.deadline and not driver.lost:
-                    driver.lost = True
-                    self._cancel_driver(driver)
+                    self._lose(driver)
             if not self._drivers and not self._owned:
                 self._keeper_changed.clear()
                 self._keeper_idle = True
@@ -761,14 +784,15 @@ class SqlEffectHost(WiredController):
                 log.warning("lease renewal failed", exc_info=True)
                 continue
             sent = before if stamp.at is None else stamp.at
-            self._owned.difference_update(set(owned) - set(still_owned))  # closed, or reopened
+            for key in set(owned) - set(still_owned):  # closed, or reopened elsewhere
+                self._owned.discard(key)
+                self._written.pop(key, None)
             still = {r.replay_key: r for r in renewed}
             for key, driver in held.items():
                 r = still.get(key)
                 if r is None or r.fence != driver.fence:
                     if self._drivers.get(key) is driver and driver.running:
-                        driver.lost = True
-                        self._cancel_driver(driver)
+                        self._lose(driver)
                     continue
                 driver.deadline = sent + self.lease_ttl - self.self_fence_margin
                 if r.cancel_requested and not driver.cancel_requested:
@@ -860,6 +884,10 @@ class SqlEffectHost(WiredController):
                 that is not a well-formed record.
         """
         if self.payloads is None and isinstance(recorded, str):
+            written = self._written.get(group_key)
+            mine = written.pop(replay_key, None) if written is not None else None
+            if mine is not None and mine[0] == recorded:
+                return mine[1]  # the very text this host encoded from that outcome
             if not recorded.startswith('{"form"'):
                 with contextlib.suppress(ValueError, RecursionError):
                     return Outcome.model_validate_json(recorded)  # the default path
@@ -910,12 +938,7 @@ class SqlEffectHost(WiredController):
                     outcome = await self._decode(
                         handle.group_key, read.replay_key, read.position, rank, read.outcome
                     )
-                    settlement = Settlement(
-                        rank=rank,
-                        position=read.position,
-                        replay_key=read.replay_key,
-                        outcome=outcome,
-                    )
+                    settlement = Settlement.recorded(rank, read.position, read.replay_key, outcome)
                     handle.consumed = rank
                     return settlement
                 if time.monotonic() >= adopt_at:
@@ -974,7 +997,15 @@ class SqlEffectHost(WiredController):
                 del self._ahead[group_key]
             if read is not None:
                 return read
-        got = await self.store.read_ranks(group_key, rank, READ_AHEAD)
+        if self.store.wakes_across_processes:
+            # the children whose finalizes wake this waiter in-process; the store has the
+            # group notified when another may settle it (G-21)
+            local = [
+                key for key, d in self._drivers.items() if d.group_key == group_key and not d.lost
+            ]
+            got = await self.store.read_ranks(group_key, rank, READ_AHEAD, local)
+        else:
+            got = await self.store.read_ranks(group_key, rank, READ_AHEAD)
         if got is None:
             return None
         group, found = got
@@ -1044,6 +1075,7 @@ class SqlEffectHost(WiredController):
         # closed (or found closed or retired): nothing left to own. A refused close raised
         # above and the group stays this caller's (R-1)
         self._owned.discard(key)
+        self._written.pop(key, None)
         if already:
             await self._maybe_retire(key)
             return
@@ -1183,14 +1215,19 @@ def _no_executor(row: ChildRow, why: str) -> NoExecutor:
     return kit.no_executor(row.group_key, row.replay_key, row.position, why)
 
 
+_WAKES = {w.value: w for w in WakePolicy}
+_LOSERS = {p.value: p for p in LoserPolicy}
+
+
 def _known(record: GroupRow) -> kit.GroupRecord:
-    """A group row as the kit's fences read it."""
+    """A group row as the kit's fences read it (a value no policy has is refused as the
+    enum refuses it)."""
     return kit.GroupRecord(
         record.group_key,
         record.child_count,
-        WakePolicy(record.wake),
-        LoserPolicy(record.disposition),
-        LoserPolicy(record.effective),
+        _WAKES.get(record.wake) or WakePolicy(record.wake),
+        _LOSERS.get(record.disposition) or LoserPolicy(record.disposition),
+        _LOSERS.get(record.effective) or LoserPolicy(record.effective),
         closed=record.state == "closed",
     )
 

@@ -23,7 +23,7 @@ import functools
 import logging
 import random
 import re
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 from effecthost._inspect import ChildRow as InspectedChild
@@ -69,6 +69,7 @@ _FINALIZE_MANY_PLANNED = f"""CREATE OR REPLACE FUNCTION eh_finalize_many_planned
             groups text[];
             m integer;
             top bigint;
+            w boolean;
         BEGIN
             -- (1) the fenced UPDATE of every child of the batch, each row on its own five
             -- fence columns: every child row is locked before the group row
@@ -92,14 +93,16 @@ _FINALIZE_MANY_PLANNED = f"""CREATE OR REPLACE FUNCTION eh_finalize_many_planned
             END IF;
             -- (3) one bump for the m that matched; sequences in the order given
             UPDATE eh_groups SET counter = counter + m WHERE group_key = groups[1]
-            RETURNING counter INTO top;
+            RETURNING counter, watched INTO top, w;
             UPDATE eh_children c SET seq = top - m + r.k
               FROM unnest(matched) WITH ORDINALITY AS r(i, k)
              WHERE c.replay_key = p_keys[r.i];
             FOR k IN 1..m LOOP
                 seqs[matched[k]] := top - m + k;
             END LOOP;
-            PERFORM pg_notify(p_channel, 's:' || groups[1]);
+            IF w THEN
+                PERFORM pg_notify(p_channel, 's:' || groups[1]);
+            END IF;
             RETURN seqs;
         END $$"""
 
@@ -115,7 +118,8 @@ DDL = [
         created_at  float8 NOT NULL,
         closed_at   float8,
         owner         text,
-        owner_expires float8
+        owner_expires float8,
+        watched       boolean NOT NULL DEFAULT false
     )""",
     """CREATE TABLE IF NOT EXISTS eh_children (
         replay_key       text PRIMARY KEY,
@@ -165,6 +169,7 @@ DDL = [
         DECLARE
             g text;
             s bigint;
+            w boolean;
         BEGIN
             -- (1) the fenced UPDATE of the child row, on all five fence columns
             UPDATE eh_children SET state = 'settled', outcome = p_outcome,
@@ -179,9 +184,13 @@ DDL = [
             -- (3) rowcount 1: bump the counter in the statement that reads it (child row
             -- locked first, then the group row) and write it as the child's sequence
             UPDATE eh_groups SET counter = counter + 1 WHERE group_key = g
-            RETURNING counter INTO s;
+            RETURNING counter, watched INTO s, w;
             UPDATE eh_children SET seq = s WHERE replay_key = p_key;
-            PERFORM pg_notify(p_channel, 's:' || g);
+            -- (4) wake other processes only when a waiter watches the group: its flag is
+            -- set under this row's lock, so it is read here after any such waiter committed
+            IF w THEN
+                PERFORM pg_notify(p_channel, 's:' || g);
+            END IF;
             RETURN s;
         END $$""",
     _FINALIZE_MANY_PLANNED,
@@ -239,6 +248,7 @@ DDL = [
             grp text;
             top bigint;
             st text;
+            w boolean;
         BEGIN
             -- every child row of the batch locked by key before any is written (G-32)
             PERFORM 1 FROM eh_children WHERE replay_key = ANY(p_keys)
@@ -281,13 +291,15 @@ DDL = [
             END IF;
             -- (3) one bump for the m that matched; sequences in the order they matched
             UPDATE eh_groups SET counter = counter + m WHERE group_key = grp
-            RETURNING counter, state INTO top, st;
+            RETURNING counter, state, watched INTO top, st, w;
             still_open := st = 'open';
             FOR k IN 1..m LOOP
                 seqs[matched[k]] := top - m + k;
                 UPDATE eh_children SET seq = top - m + k WHERE replay_key = p_keys[matched[k]];
             END LOOP;
-            PERFORM pg_notify(p_channel, 's:' || grp);
+            IF w THEN
+                PERFORM pg_notify(p_channel, 's:' || grp);
+            END IF;
         END $$""",
     """CREATE OR REPLACE FUNCTION eh_finalize_many(
             p_keys text[], p_hashes text[], p_owner text, p_fences bigint[],
@@ -391,6 +403,7 @@ DDL = [
         RETURNS integer LANGUAGE plpgsql AS $$
         DECLARE
             n bigint;
+            w boolean;
         BEGIN
             SELECT count(*) INTO n FROM eh_children
              WHERE group_key = p_key AND state <> 'settled';
@@ -399,7 +412,6 @@ DDL = [
                   FROM (SELECT state FROM eh_children WHERE group_key = p_key
                          ORDER BY replay_key FOR UPDATE) s;
             END IF;
-            PERFORM pg_notify(p_channel, 'c:' || p_key);
             IF n > 0 THEN
                 IF p_effective = 'cancel' THEN
                     PERFORM 1 FROM eh_children WHERE group_key = p_key AND state <> 'settled'
@@ -410,11 +422,17 @@ DDL = [
                 UPDATE eh_groups SET effective = p_effective, state = 'closed',
                        closed_at = coalesce(closed_at, {NOW})
                  WHERE group_key = p_key;
-                RETURN CASE WHEN FOUND THEN 1 ELSE 0 END;
+                IF NOT FOUND THEN
+                    RETURN 0;
+                END IF;
+                -- children left unsettled: their drivers (cancels marked) and waiters
+                -- may be in other processes (R-4: a parked waiter learns of the close)
+                PERFORM pg_notify(p_channel, 'c:' || p_key);
+                RETURN 1;
             END IF;
             -- every child settled: closed and retired at once, the tombstone recording
             -- the disposition this close puts in force
-            DELETE FROM eh_groups WHERE group_key = p_key;
+            DELETE FROM eh_groups WHERE group_key = p_key RETURNING watched INTO w;
             IF NOT FOUND THEN
                 RETURN 0;
             END IF;
@@ -422,6 +440,9 @@ DDL = [
             DELETE FROM eh_payloads WHERE group_key = p_key;
             INSERT INTO eh_retired (group_key, effective, retired_at)
             VALUES (p_key, p_effective, {NOW}) ON CONFLICT DO NOTHING;
+            IF w THEN
+                PERFORM pg_notify(p_channel, 'c:' || p_key);
+            END IF;
             RETURN 2;
         END $$""",
     # the close of a group as one call (R-2, R-4, G-26, G-36): every child row locked (by
@@ -438,15 +459,16 @@ DDL = [
         LANGUAGE plpgsql AS $$
         DECLARE
             n bigint;
+            w boolean;
         BEGIN
             o_done := 0;
             SELECT count(*) FILTER (WHERE s.state <> 'settled') INTO n
               FROM (SELECT c.state FROM eh_children c WHERE c.group_key = p_key
                      ORDER BY c.replay_key FOR UPDATE) s;
             SELECT g.wake, g.disposition, g.effective, g.child_count, g.counter, g.state,
-                   g.created_at, g.closed_at
+                   g.created_at, g.closed_at, g.watched
               INTO o_wake, o_disposition, o_effective, o_count, o_counter, o_state,
-                   o_created, o_closed
+                   o_created, o_closed, w
               FROM eh_groups g WHERE g.group_key = p_key FOR UPDATE;
             IF NOT FOUND THEN
                 SELECT r.effective INTO o_tombstone FROM eh_retired r
@@ -457,7 +479,11 @@ DDL = [
                OR o_wake <> p_wake OR o_disposition <> p_declared THEN
                 RETURN;
             END IF;
-            PERFORM pg_notify(p_channel, 'c:' || p_key);
+            -- a watched group wakes its waiters elsewhere; children left unsettled, their
+            -- drivers (cancels marked) and waiters, which may be in other processes (R-4)
+            IF w OR n > 0 THEN
+                PERFORM pg_notify(p_channel, 'c:' || p_key);
+            END IF;
             IF n > 0 THEN
                 IF p_effective = 'cancel' THEN
                     UPDATE eh_children SET cancel_requested = true
@@ -475,6 +501,34 @@ DDL = [
             INSERT INTO eh_retired (group_key, effective, retired_at)
             VALUES (p_key, p_effective, {NOW}) ON CONFLICT DO NOTHING;
             o_done := 2;
+        END $$""",
+    # a waiter's read of the ranks (G-21), marking the group watched first when a child of
+    # it is unsettled and not in p_local (the children the waiter's own host drives, which
+    # wake it in-process): the finalizes and closes that follow then notify. The mark is
+    # its own statement under the group row's lock, so a finalize either bumped the
+    # counter before it (and committed before the read below, a later snapshot, sees it)
+    # or reads the mark under that lock and notifies
+    """CREATE OR REPLACE FUNCTION eh_watch_ranks(
+            p_key text, p_seq bigint, p_limit integer, p_local text[])
+        RETURNS TABLE (r_wake text, r_disposition text, r_effective text,
+                       r_count integer, r_counter bigint, r_state text, r_created float8,
+                       r_closed float8, r_seq bigint, r_position integer, r_replay_key text,
+                       r_outcome text)
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            -- counter counts the settled children: more unsettled than local ones
+            UPDATE eh_groups g SET watched = true
+             WHERE g.group_key = p_key AND NOT g.watched
+               AND g.child_count - g.counter > (
+                   SELECT count(*) FROM eh_children c WHERE c.replay_key = ANY (p_local)
+                      AND c.group_key = p_key AND c.state <> 'settled');
+            RETURN QUERY SELECT g.wake, g.disposition, g.effective, g.child_count, g.counter,
+                   g.state, g.created_at, g.closed_at, c.seq, c.position, c.replay_key,
+                   c.outcome
+              FROM eh_groups g
+              LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq >= p_seq
+               AND c.seq < p_seq + p_limit
+             WHERE g.group_key = p_key ORDER BY c.seq;
         END $$""",
     # the keeper's renewal (G-33, R-1): the leases of children with a live driver, then
     # the ownership of open groups; child rows locked by key, then group rows by key
@@ -813,8 +867,22 @@ class PostgresStore(Store):
         return RankRead(_group(row), row["c_position"], row["c_key"], row["c_outcome"])
 
     async def read_ranks(
-        self, group_key: str, seq: int, limit: int
+        self, group_key: str, seq: int, limit: int, local: Collection[str] | None = None
     ) -> tuple[GroupRow, list[tuple[int, int, str, str | bytes]]] | None:
+        if local is not None:
+            rows = await self._pool.fetch(
+                "SELECT * FROM eh_watch_ranks($1, $2, $3, $4)", group_key, seq, limit, list(local)
+            )
+            if not rows:
+                return None
+            head = rows[0]
+            group = GroupRow(group_key, *(head[i] for i in range(8)))
+            found = [
+                (int(r[8]), r[9], r[10], r[11])
+                for r in rows
+                if r[8] is not None and r[11] is not None
+            ]
+            return group, found
         cols = ", ".join("g." + col for col in _GROUP_COLUMNS.split(", "))
         rows = await self._pool.fetch(
             f"SELECT {cols}, c.seq AS c_seq, c.position AS c_position, c.replay_key AS c_key, "
@@ -1140,14 +1208,19 @@ class PostgresStore(Store):
                     "WHERE group_key = $1 AND state <> 'settled'",
                     group_key,
                 )
-            status = await conn.execute(
+            # a watched group wakes its waiters elsewhere; children left unsettled, their
+            # drivers (cancels marked) and waiters, which may be in other processes (R-4)
+            wake = await conn.fetchval(
                 "UPDATE eh_groups SET effective = $1, state = 'closed', "
-                f"closed_at = coalesce(closed_at, {NOW}) WHERE group_key = $2",
+                f"closed_at = coalesce(closed_at, {NOW}) WHERE group_key = $2 "
+                "RETURNING watched OR EXISTS (SELECT 1 FROM eh_children "
+                "WHERE group_key = $2 AND state <> 'settled')",
                 effective,
                 group_key,
             )
-            await conn.execute("SELECT pg_notify($1, $2)", self.channel, "c:" + group_key)
-            return bool(status == "UPDATE 1")
+            if wake:
+                await conn.execute("SELECT pg_notify($1, $2)", self.channel, "c:" + group_key)
+            return wake is not None
 
     @_retried
     async def retire_closed(self, group_key: str) -> bool:

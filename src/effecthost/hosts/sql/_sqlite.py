@@ -25,7 +25,7 @@ import asyncio
 import functools
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -80,7 +80,8 @@ DDL = [
         created_at  REAL NOT NULL,
         closed_at   REAL,
         owner         TEXT,
-        owner_expires REAL
+        owner_expires REAL,
+        watched       INTEGER NOT NULL DEFAULT 0
     )""",
     """CREATE TABLE IF NOT EXISTS eh_children (
         replay_key       TEXT PRIMARY KEY,
@@ -547,7 +548,7 @@ class SqliteStore(Store):
         return await self._run(read)
 
     async def read_ranks(
-        self, group_key: str, seq: int, limit: int
+        self, group_key: str, seq: int, limit: int, local: Collection[str] | None = None
     ) -> tuple[GroupRow, list[tuple[int, int, str, str | bytes]]] | None:
         def read(
             c: sqlite3.Connection,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from effecthost._inspect import RUNNING, outcome_status
@@ -17,12 +17,13 @@ from effecthost.contract import StoreRefused
 from effecthost.payloads import PayloadRef, PayloadStore
 from effecthost.payloads._store import _check, _make_ref, _missing
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The schema this code reads and writes. Another version in the database is refused.
 
 Version 2 added the payload table ``eh_payloads`` (G-47); version 3 added the group's owner
-and its owner-lease expiry to ``eh_groups`` (R-1). A database recording an earlier version
-is refused like any other version (nothing is migrated)."""
+and its owner-lease expiry to ``eh_groups`` (R-1); version 4 added ``eh_groups.watched``
+(G-21: PostgreSQL notifies only for a group a waiter watches). A database recording an
+earlier version is refused like any other version (nothing is migrated)."""
 
 
 class SchemaVersionError(StoreRefused):
@@ -382,12 +383,17 @@ class Store(ABC):
 
     @abstractmethod
     async def read_ranks(
-        self, group_key: str, seq: int, limit: int
+        self, group_key: str, seq: int, limit: int, local: Collection[str] | None = None
     ) -> tuple[GroupRow, list[tuple[int, int, str, str | bytes]]] | None:
         """The group row and the recorded children holding sequences ``seq …
         seq + limit - 1`` as ``(seq, position, replay_key, outcome)`` in sequence order (a
         range scan on ``UNIQUE(group_key, seq)``), or ``None`` when the group is not
-        recorded. How a waiter reads ahead the ranks already committed."""
+        recorded. How a waiter reads ahead the ranks already committed.
+
+        ``local`` (a waiter's read): the replay keys the waiter's own host drives, whose
+        finalizes wake it in-process. A store that notifies other processes first marks
+        the group watched, in a statement of its own before the read, when a child of it
+        is unsettled and not in ``local``; from then on its finalizes and closes notify."""
 
     @abstractmethod
     async def settlement_order(self, group_key: str) -> list[int]: ...
