@@ -34,6 +34,7 @@ from effecthost.contract import (
     SealedPayloadUnreadable,
     Settlement,
     UnknownGroup,
+    WakePolicy,
     WiredController,
     coerce_disposition,
     group_shape_error,
@@ -507,14 +508,18 @@ class TemporalEffectHost(WiredController):
     async def close_effect_group(
         self, handle: GroupHandle, disposition: LoserPolicy | None = None
     ) -> None:
-        """An update (validated: narrowing only); a signal when the run's update budget
-        is spent; on a finished run, checks narrowing against the record (G-26)."""
+        """Through the controller that opened the group, a signal (:meth:`_close_mine`);
+        otherwise an update (validated: narrowing only), a signal when the run's update
+        budget is spent; on a finished run, checks narrowing against the record (G-26)."""
         disposition = coerce_disposition(require_handle(handle).group_key, disposition)
         key = handle.group_key
         self._require_wired(key)
-        self._owned.pop(key, None)
+        known = self._owned.pop(key, None)
         self._batches.pop(key, None)
         target = disposition.value if disposition is not None else None
+        if known is not None and await self._close_mine(key, handle, known, target):
+            self._expected[key] = False
+            return
         shape = [handle.child_count, handle.wake.value, handle.disposition.value]
         wf = self._handle(key)
         try:
@@ -534,6 +539,35 @@ class TemporalEffectHost(WiredController):
             else:
                 raise
         self._expected[key] = False
+
+    async def _close_mine(
+        self, key: str, handle: GroupHandle, known: tuple[int, str, str], target: str | None
+    ) -> bool:
+        """Close a group this controller opened with a signal, saving the update's extra
+        workflow task: whether it was sent. Returns once history records it (G-27: the
+        cancels are then determined; the run issues them in the task that applies it).
+
+        The open fenced the recorded shape, and the disposition in force is the declared
+        one until a close: the handle's fence and the narrowing are decided here as the
+        update's validator would (R-2). A refusal, or a run that has ended, takes the
+        update path, which decides on the record itself (a group another client closed
+        is a no-op there, whatever is asked). Nothing is served after the signal (R-4): a
+        query of a run with an outstanding workflow task is answered after that task,
+        and an update is applied after the events recorded before it; this controller's
+        reads of the key take the query path from now on."""
+        count, wake, declared = known
+        record = kit.GroupRecord(key, count, WakePolicy(wake), LoserPolicy(declared))
+        try:
+            kit.check_close(key, handle, record, target)
+        except EffectHostError:
+            return False
+        try:
+            await self._handle(key).signal(EffectGroupWorkflow.close_signal, target)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return True
 
     # -- events -------------------------------------------------------------------------
 
