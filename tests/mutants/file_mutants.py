@@ -227,19 +227,6 @@ class CancelsEveryTaskFileHost(FileHost):
             task.cancel()
 
 
-class RetiresAtCloseFileHost(FileHost):
-    """G-17: a close retires the group at once, tombstone and all, whether or not every
-    child has settled: a ``RUN_TO_COMPLETION`` loser still running then settles into a
-    retired record (dropped), and its replay key is free while it runs."""
-
-    async def record_close(self, key: str, disposition: LoserPolicy) -> None:
-        record = self.store.read(key)
-        assert record is not None
-        record.update(effective=disposition.value, closed=True, children=[], ranks=[])
-        self.store.write(record)
-        self._notify()
-
-
 class CloseForgetsNarrowingFileHost(FileHost):
     """G-29 (G-26): a close marks the group closed but leaves the declared disposition as
     the one in force; the close's own cancel is sent, but a loser still winding down when
@@ -376,7 +363,6 @@ FILE_MUTANTS: dict[str, tuple[type[FileHost], str, str | None]] = {
         (SleepDueFromDispatchFileHost, "G-51", "recorded_due_time"),
         (ListsOwnGroupsFileHost, "G-30", "G-30"),
         (CancelsEveryTaskFileHost, "G-27", "G-27"),
-        (RetiresAtCloseFileHost, "G-17", "G-17 or G-28"),
         (CloseForgetsNarrowingFileHost, "G-29", "G-29"),
         (DrainReadsDeclaredFileHost, "G-29", "G-29"),
         (LeakyNoExecutorFileHost, "G-12", "G-12"),

@@ -11,12 +11,11 @@ from effecthost.contract import (
     GroupHandle,
     HandleMismatch,
     LoserPolicy,
-    ReplayMismatch,
     UnknownGroup,
     WakePolicy,
 )
 
-from .._context import CheckContext, CheckFailed
+from .._context import CheckContext
 from .._registry import check
 
 
@@ -132,42 +131,6 @@ async def check_cancel_close_cancels_only_its_own_losers(t: CheckContext) -> Non
     settlement = await t.next_is(ctl, other, "bystander")
     t.expect(settlement.outcome.ok, f"another group's child was {settlement.outcome.status}")
     t.expect(t.count("cancelled", "bystander") == 0, "a close cancelled another group's child")
-
-
-@check("G-17", "G-28")
-async def check_a_closed_group_retires_only_when_every_child_ranked(t: CheckContext) -> None:
-    """A group is retired whole, only once closed and every child has settled (G-17):
-    closed while a ``RUN_TO_COMPLETION`` loser runs, it is not retired — its ranks are
-    still projected and the loser keeps its replay key (R-6) — and the loser's settlement
-    takes rank 2 (G-28) before it retires."""
-    ctl = await t.ctl()
-    group = t.group("g", [t.step("win", gate=False), t.step("lose")])
-    handle = await t.open(ctl, group)
-    await t.next_is(ctl, handle, "win")
-    await t.started("lose")
-    await ctl.close_effect_group(handle)
-    try:
-        order = await ctl.settlement_order(group.key)
-    except UnknownGroup:
-        raise CheckFailed("the group retired at its close while a loser still ran") from None
-    t.expect(order == [0], f"the closed group's ranks changed at its close: {order}")
-    thief = t.group("thief", [t.step("lose")])
-    await t.refuses(
-        ReplayMismatch, ctl.open_effect_group(thief), "a running loser's replay key reused"
-    )
-    t.release("lose")
-    await t.finished("lose")
-
-    async def order_or_retired() -> list[int] | None:
-        try:
-            return await ctl.settlement_order(group.key)
-        except UnknownGroup:
-            return None
-
-    seen = await t.eventually(
-        order_or_retired, lambda o: o is None or len(o) == 2, "the loser to rank"
-    )
-    t.expect(seen in (None, [0, 1]), f"the loser did not take rank 2: {seen}")
 
 
 @check("G-28")
