@@ -17,6 +17,10 @@ Harnesses:
 - ``sealed``: the reference host with payload references and sealing.
 - ``routed``: the reference host over a modelled engine that routes children to targets
   (``routing.py``); it declares ``unroutable_children``, so the G-14 check runs.
+- ``file``: the guide's example host (``examples/file_host``) with one hook of its engine
+  glue broken (``file_mutants.py``), in a deployment process of its own: how a third party
+  writing a host on the kit errs. Real SIGKILL restarts; each runs only the checks of its
+  id (``select``).
 - ``sqlite``: the SQLite host in its own deployment process, ``host_class`` replaced by a
   mutant of ``sql_mutants.py``; real SIGKILL restarts, so slow: kept few.
 
@@ -154,6 +158,31 @@ def sql_mutant(
 
     factory.__name__ = f"{name}_factory"
     CATALOG.append(Mutant(name, breaks, _summary(doc), factory, "sqlite", select, slow=True))
+
+
+FILE_TIMEOUT = 3.0
+"""Seconds a check waits on a file mutant: its deployment process answers over a socket
+and its ``wait_for_change`` polls the directory once a second."""
+
+
+def file_mutant(name: str, breaks: str, doc: str, *, select: str | None) -> None:
+    """Register a file-host mutant: class ``name`` of ``file_mutants.py``, a broken
+    :class:`examples.file_host.host.FileHost`, run in its own deployment process as the
+    example's factory runs the correct one (``restart`` is a SIGKILL)."""
+    from effecthost.conformance import ProcessHostUnderTest
+
+    def factory(env: FactoryEnv) -> HostUnderTest:
+        return ProcessHostUnderTest(
+            env,
+            "file_mutants:build",
+            capabilities=HostCapabilities(restart=True, durable_timers=True, waiter_probe=True),
+            timeout=FILE_TIMEOUT,
+            config={"cls": name},
+            sys_path=[str(HERE), str(HERE.parents[1])],
+        )
+
+    factory.__name__ = f"{name}_factory"
+    CATALOG.append(Mutant(name, breaks, _summary(doc), factory, "file", select))
 
 
 # -- harnesses ------------------------------------------------------------------------------

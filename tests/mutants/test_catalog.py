@@ -7,6 +7,7 @@ correct memory host passes the whole suite on the durable harness.
 
 from __future__ import annotations
 
+import file_mutants  # noqa: F401  (registers the file-host mutants)
 import library_mutants  # noqa: F401  (registers the library mutants)
 import memory_mutants  # noqa: F401  (registers the memory mutants)
 import pytest

@@ -232,11 +232,7 @@ class CheckContext:
         try:
             await asyncio.wait_for(action, self.timeout)
         except error as exc:
-            text = f"{exc!s} {exc!r} {vars(exc)!r}"
-            if INPUT_MARKER in text:
-                raise CheckFailed(
-                    f"{what}: the {error.__name__} carries a child's input bytes"
-                ) from None
+            self.ids_only(exc, what)
             return exc
         except TimeoutError:
             raise CheckFailed(f"{what}: expected {error.__name__}, but it hung") from None
@@ -245,6 +241,15 @@ class CheckContext:
                 f"{what}: expected {error.__name__}, got {type(exc).__name__}: {exc}"
             ) from None
         raise CheckFailed(f"{what}: expected {error.__name__}, but it was accepted")
+
+    def ids_only(self, error: BaseException, what: str) -> None:
+        """``error`` (raised, or reported by a drain) names ids only: neither its message
+        nor its attributes carry the input of a step (:data:`INPUT_MARKER`)."""
+        text = f"{error!s} {error!r} {vars(error)!r}"
+        if INPUT_MARKER in text:
+            raise CheckFailed(
+                f"{what}: the {type(error).__name__} carries a child's input bytes"
+            ) from None
 
     async def eventually(
         self, probe: Callable[[], Awaitable[T]], accept: Callable[[T], bool], what: str

@@ -116,6 +116,23 @@ async def check_cancel_close_right_after_open_ranks_every_child(t: CheckContext)
     t.release("a", "b")
 
 
+@check("G-27")
+async def check_cancel_close_cancels_only_its_own_losers(t: CheckContext) -> None:
+    """A ``CANCEL`` close cancels the unsettled children of the group it closes, and no
+    other: a child of another open group, running meanwhile, runs on and settles."""
+    ctl = await t.ctl()
+    other = await t.open(ctl, t.group("other", [t.step("bystander")]))
+    closed = await t.open(ctl, t.group("closed", [t.step("loser")], disposition=LoserPolicy.CANCEL))
+    await t.started("bystander")
+    await t.started("loser")
+    await ctl.close_effect_group(closed)
+    await t.cancelled("loser")
+    t.release("bystander")
+    settlement = await t.next_is(ctl, other, "bystander")
+    t.expect(settlement.outcome.ok, f"another group's child was {settlement.outcome.status}")
+    t.expect(t.count("cancelled", "bystander") == 0, "a close cancelled another group's child")
+
+
 @check("G-28")
 async def check_run_to_completion_losers_finish_after_close(t: CheckContext) -> None:
     """Under ``RUN_TO_COMPLETION`` a loser keeps running after the caller closed,
@@ -175,6 +192,30 @@ async def check_drain_applies_a_declared_cancel(t: CheckContext) -> None:
             f"{settlement.outcome.status}",
         )
     t.expect(t.count("finished", "a") + t.count("finished", "b") == 0, "a loser ran on")
+
+
+@check("G-29", requires=("restart",))
+async def check_drain_applies_a_narrowed_cancel(t: CheckContext) -> None:
+    """The drain applies the disposition in force, not the declared one: a
+    ``RUN_TO_COMPLETION`` group a close narrowed to ``CANCEL`` (G-26), whose loser was
+    still winding down when the process died, has that loser cancelled, never resumed,
+    and every child ranks."""
+    ctl = await t.ctl()
+    group = t.group("g", [t.step("win", gate=False), t.step("lose", hold_cancel=True)])
+    handle = await t.open(ctl, group)
+    await t.next_is(ctl, handle, "win")
+    await t.started("lose")
+    await ctl.close_effect_group(handle, LoserPolicy.CANCEL)
+    await t.cancelled("lose")
+    await t.restart()
+    ctl = await t.ctl()
+    report = await t.within(ctl.drain().run_pass(), "a drain pass")
+    t.expect(
+        (group.key, t.tag("lose")) not in report.resumed,
+        f"the drain resumed a loser of a group narrowed to CANCEL: {report}",
+    )
+    t.lab.open(f"{t.tag('lose')}/release")
+    await ranks_complete(t, ctl, group.key, 2)
 
 
 @check("G-30")

@@ -16,7 +16,7 @@ from effecthost.contract import (
     WakePolicy,
 )
 
-from .._context import CheckContext
+from .._context import INPUT_MARKER, CheckContext
 from .._registry import check
 from .closing import ranks_complete
 
@@ -144,7 +144,9 @@ async def check_signal_or_deadline_select(t: CheckContext) -> None:
 
 @check("G-52", requires=("restart",))
 async def check_select_survives_a_restart(t: CheckContext) -> None:
-    """The select opened before a restart is decided by the event delivered after it."""
+    """The select opened before a restart is decided by the event delivered after it;
+    ruling R-1: the reopen makes the new incarnation the owner, so a drain pass after the
+    reopen takes none of its children for orphans."""
     ctl = await t.ctl()
     select = t.group(
         "g",
@@ -156,7 +158,13 @@ async def check_select_survives_a_restart(t: CheckContext) -> None:
     await t.restart()
     ctl = await t.ctl()
     handle = await t.open(ctl, select)
-    await ctl.deliver_event(select.key, "go", 1)
+    report = await t.within(ctl.drain().run_pass(), "a drain pass after the reopen")
+    t.expect(
+        not [ids for ids in report.cancelled if ids[0] == select.key],
+        f"a drain cancelled the children of a group its live caller reopened: {report}",
+    )
+    reached = await ctl.deliver_event(select.key, "go", 1)
+    t.expect(reached == 1, f"the event after the reopen settled {reached} children, not 1")
     await t.next_is(ctl, handle, "ev")
     await ctl.close_effect_group(handle)
 
@@ -220,7 +228,10 @@ async def check_a_malformed_sleep_refuses_the_first_open(t: CheckContext) -> Non
 async def check_an_event_reaches_one_group(t: CheckContext) -> None:
     """Ruling R-5: ``deliver_event(key, name, payload)`` settles that group's unsettled
     ``await_event`` children of that name — every one of them — and no other group's, and
-    returns how many it settled; a key never recorded is ``UnknownGroup``."""
+    returns how many it settled; an event to a closed group is not refused (R-4's edge: it
+    settles a pending wait until the group retired, a tier that deletes a closed group's
+    state at once, G-41, returns 0); a retired key returns 0; a key never recorded is
+    ``UnknownGroup``, naming ids only (never the payload)."""
     ctl = await t.ctl()
     one = t.group("one", [t.event("e1", "ping"), t.event("e1b", "ping"), t.event("o", "pong")])
     two = t.group("two", [t.event("e2", "ping")])
@@ -236,7 +247,41 @@ async def check_an_event_reaches_one_group(t: CheckContext) -> None:
     settlement = await t.next_is(ctl, second, "e2")
     t.expect(settlement.outcome.value == 2, "an event of another group settled this wait")
     never = f"{t.scope}:group:never:0"
-    await t.refuses(UnknownGroup, ctl.deliver_event(never, "ping", 0), "an event to no group")
+    await t.refuses(
+        UnknownGroup, ctl.deliver_event(never, "ping", INPUT_MARKER), "an event to no group"
+    )
+    closed = t.group("closed", [t.event("late", "ping")])
+    handle = await t.open(ctl, closed)
+    await ctl.close_effect_group(handle)
+    reached = await t.within(ctl.deliver_event(closed.key, "ping", 3), "an event to a closed group")
+    t.expect(reached in (0, 1), f"an event to a closed group's single wait settled {reached}")
+    await ranks_complete(t, ctl, closed.key, 1)
+    reached = await t.within(ctl.deliver_event(closed.key, "ping", 4), "an event to a retired key")
+    t.expect(reached == 0, f"an event to a retired key settled {reached}")
+
+
+@check("G-15", "G-17")
+async def check_a_second_completion_changes_no_rank(t: CheckContext) -> None:
+    """Rank n is a durable fact (G-15) and only the first settlement of a child counts
+    (G-17): a second completion of a settled child — a duplicate delivery, here a second
+    event of its name — takes no rank and leaves rank n's outcome as it was, for every
+    reader."""
+    ctl = await t.ctl()
+    group = t.group("g", [t.event("ev", "ping"), t.event("other", "pong")])
+    handle = await t.open(ctl, group)
+    saved = handle.copy_cursor()
+    await ctl.deliver_event(group.key, "ping", "first")
+    first = await t.next_is(ctl, handle, "ev")
+    await ctl.deliver_event(group.key, "ping", "second")
+    t.expect(await ctl.settlement_order(group.key) == [0], "a second completion took a rank")
+    again = await t.next(ctl, saved)
+    t.expect(
+        again == first,
+        f"rank 1 read {again.outcome.value!r} after a second completion, not "
+        f"{first.outcome.value!r}",
+    )
+    await ctl.deliver_event(group.key, "pong", "last")
+    await t.next_is(ctl, handle, "other")
 
 
 @check("G-02")

@@ -106,8 +106,9 @@ async def check_reopen_refuses_nothing_for_a_miss(t: CheckContext) -> None:
 @check("G-11", "G-09", requires=("restart",))
 async def check_reopen_with_a_miss_dispatches_what_it_can(t: CheckContext) -> None:
     """After a restart, a reopen whose resolver misses a child refuses nothing; the
-    miss is reported by the drain as ``NoExecutor`` and the group stays visible; the
-    other child re-runs through a fresh executor."""
+    miss is reported by the drain as ``NoExecutor`` naming ids only (never the child's
+    input) and the group stays visible; the other child re-runs through a fresh
+    executor."""
     ctl = await t.ctl()
     group = t.group("g", [t.step("a"), t.step("b")])
     await t.open(ctl, group)
@@ -122,6 +123,8 @@ async def check_reopen_with_a_miss_dispatches_what_it_can(t: CheckContext) -> No
     report = await ctl.drain().run_pass()
     missing = {(e.group_key, e.replay_key) for e in report.no_executor}
     t.expect((group.key, t.tag("b")) in missing, f"drain must report b as NoExecutor: {report}")
+    for error in report.no_executor:
+        t.ids_only(error, "a drain's report of a resolver miss")
     t.expect(group.key in await ctl.open_group_keys(), "the group must stay visible")
     await t.started("a", 2)
     again = [e.data.get("executor") for e in t.lab.of(t.tag("a")) if e.kind == "started"]
@@ -143,7 +146,8 @@ async def check_unwired_host_still_hands_out_a_drain(t: CheckContext) -> None:
 @check("G-12", "G-29", requires=("restart",))
 async def check_unwired_drain_reports_every_unfinished_child(t: CheckContext) -> None:
     """After a restart without a resolver, a drain pass reports every unfinished child
-    as ``NoExecutor`` — never an empty pass — and cancels nothing."""
+    as ``NoExecutor`` — never an empty pass — naming ids only (never the child's input),
+    and cancels nothing."""
     ctl = await t.ctl()
     group = t.group("g", [t.step("a"), t.step("b"), t.step("c", gate=False)])
     handle = await t.open(ctl, group)
@@ -154,6 +158,8 @@ async def check_unwired_drain_reports_every_unfinished_child(t: CheckContext) ->
     report = await (await t.ctl(wired=False)).drain().run_pass()
     missing = {e.replay_key for e in report.no_executor if e.group_key == group.key}
     t.expect(missing == {t.tag("a"), t.tag("b")}, f"expected a and b as NoExecutor: {report}")
+    for error in report.no_executor:
+        t.ids_only(error, "an unwired drain's report")
     t.expect(not report.cancelled and not report.resumed, "an unwired drain acted")
 
 
@@ -179,9 +185,11 @@ async def check_a_settled_rank_is_a_durable_fact(t: CheckContext) -> None:
     t.expect(await t.next(ctl, reopened) == first, "rank 1 changed after a reopen")
 
 
-@check("G-15", "G-09", requires=("restart",))
+@check("G-15", "G-09", "G-30", requires=("restart",))
 async def check_ranks_survive_a_restart(t: CheckContext) -> None:
-    """After a restart, a reopened group with a restored cursor serves the same ranks —
+    """After a restart the open group is still listed before anyone reopens it (G-30:
+    open groups are countable); a reopened group with a restored cursor serves the same
+    ranks —
     the consumed one and the one settled but not yet consumed, whose child does not run
     again — and the unfinished child re-runs and settles exactly once."""
     ctl = await t.ctl()
@@ -197,6 +205,7 @@ async def check_ranks_survive_a_restart(t: CheckContext) -> None:
     await t.started("a")
     await t.restart()
     ctl = await t.ctl()
+    t.expect(group.key in await ctl.open_group_keys(), "an open group is unlisted by a restart")
     reopened = await t.open(ctl, group)
     t.expect(await t.next(ctl, reopened) == first, "rank 1 changed across a restart")
     restored = type(handle).from_json(saved)
