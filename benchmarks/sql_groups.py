@@ -194,6 +194,8 @@ class NullStore:
     substrate's figure, measured on the same machine in the same run."""
 
     wakes_across_processes = False
+    change_poll = None
+    input_errors: tuple[type[BaseException], ...] = ()
 
     def __init__(self) -> None:
         self.open_at_finalize: set[str] = set()
