@@ -1,7 +1,7 @@
 """Host CPU and caller memory per child on the memory host.
 
     .venv/bin/python benchmarks/host_cpu.py [--groups 2000] [--width 8] [--rounds 3]
-        [--wide 10000] [--profile N] [--out FILE]
+        [--wide 10000] [--profile N] [--memory-profile N] [--out FILE]
 
 Two figures, each the median and range of ``--rounds`` rounds:
 
@@ -17,7 +17,9 @@ Two figures, each the median and range of ``--rounds`` rounds:
   ran).
 
 ``--profile N`` also prints the N most expensive functions (cProfile, by own time) of the
-CPU workload. Prints a table and writes JSON (``--out``, default
+CPU workload; ``--memory-profile N`` the N largest allocation sites (tracemalloc, bytes
+and objects per child still alive) of the wide group at its two high points: once the
+open has returned (every child's task made, none run) and once the last child settled. Prints a table and writes JSON (``--out``, default
 benchmarks/results/host_cpu.json). Importable: :func:`measure` returns the document.
 """
 
@@ -159,6 +161,55 @@ def profile(groups: int, width: int, top: int) -> str:
     return out.getvalue()
 
 
+class _Snapshots(MemoryEffectHost):
+    """Takes a tracemalloc snapshot after the open and after the last settlement."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.taken: dict[str, tracemalloc.Snapshot] = {}
+
+    async def open_effect_group(self, group: Any) -> Any:
+        handle = await super().open_effect_group(group)
+        self.taken.setdefault("after open", tracemalloc.take_snapshot())
+        return handle
+
+    def _finalize(self, record: Any, child: Any, fence: int, outcome: Any) -> bool:
+        done = super()._finalize(record, child, fence, outcome)
+        if len(record.settled) == record.child_count:
+            self.taken.setdefault("last settled", tracemalloc.take_snapshot())
+        return done
+
+
+def memory_profile(width: int, top: int) -> str:
+    """Where the wide group's bytes are at its high points, per child."""
+    ran = min(width, limits.MAX_CHILDREN)
+    asyncio.run(_wide(ran))
+    host = _Snapshots(_registry())
+
+    async def body() -> None:
+        await all_(host, _scope(), [tool("echo", [j, "x"]) for j in range(ran)])
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.take_snapshot()
+        asyncio.run(body())
+    finally:
+        tracemalloc.stop()
+    lines = []
+    for moment, snapshot in host.taken.items():
+        stats = snapshot.compare_to(base, "lineno")
+        total = sum(stat.size_diff for stat in stats) / ran
+        lines.append(f"{moment}: {total:.0f} bytes per child")
+        for stat in stats[:top]:
+            frame = stat.traceback[0]
+            where = f"{Path(frame.filename).name}:{frame.lineno}"
+            lines.append(
+                f"  {stat.size_diff / ran:7.1f} B {stat.count_diff / ran:5.2f} obj  {where}"
+            )
+    return "\n".join(lines)
+
+
 def _spread(samples: list[float]) -> dict[str, Any]:
     return {
         "median": statistics.median(samples),
@@ -204,6 +255,8 @@ def main(options: argparse.Namespace) -> None:
     print(table(document))
     if options.profile:
         print(profile(options.groups, options.width, options.profile))
+    if options.memory_profile:
+        print(memory_profile(options.wide, options.memory_profile))
     out = Path(options.out or Path(__file__).parent / "results" / "host_cpu.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n")
@@ -217,5 +270,6 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--wide", type=int, default=10_000)
     parser.add_argument("--profile", type=int, default=0, metavar="N")
+    parser.add_argument("--memory-profile", type=int, default=0, metavar="N")
     parser.add_argument("--out")
     main(parser.parse_args())

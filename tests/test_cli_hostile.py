@@ -203,11 +203,11 @@ def test_a_hostile_file_is_refused_in_one_line_and_left_as_it_was(
 
 def test_exit_codes_are_distinct_and_documented() -> None:
     """SPEC §7: one exit code per problem class, each listed in the CLI help and in
-    docs/sql.md."""
+    docs/operators.md."""
     codes = [c.value for c in ExitCode]
     assert len(codes) == len(set(codes))
     help_text = cli("inspect", "--help").stdout
-    docs = (TESTS.parent / "docs" / "sql.md").read_text()
+    docs = (TESTS.parent / "docs" / "operators.md").read_text()
     for code in ExitCode:
         if code in (ExitCode.OK,):
             continue

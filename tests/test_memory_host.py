@@ -151,6 +151,25 @@ async def test_g27_cancel_close_of_a_child_without_a_task_settles_it_at_once(
     assert lab.runs == Counter(a=1)
 
 
+async def test_g27_cancel_close_before_any_child_ran_ranks_each_as_cancelled(
+    host: MemoryEffectHost, lab: Lab
+) -> None:
+    """G-27: a ``CANCEL`` close right after the open, before any child's task took its
+    first step (an outer cancellation closes there, R-9), still gives each loser its
+    cancelled terminal and rank, and the group retires; nothing ran."""
+    g = group("t:group:unstarted:0", step("a"), step("b"), disposition=LoserPolicy.CANCEL)
+    handle = await host.open_effect_group(g)
+    tasks = list(host._tasks.values())
+    await host.close_effect_group(handle)
+    with anyio.fail_after(5):
+        await asyncio.gather(*tasks, return_exceptions=True)  # after the host's callbacks
+    assert g.key not in host._groups
+    assert host._tasks == {}
+    with pytest.raises(GroupClosed):
+        await host.open_effect_group(g)
+    assert lab.runs == Counter()
+
+
 async def test_g16_adversarial_sequences_have_gaps_yet_ranks_are_dense(lab: Lab) -> None:
     host = AdversarialMemoryHost(lab.registry(), seed=7)
     try:

@@ -231,16 +231,36 @@ def _plain_group(
         ]
         return EffectGroup(key=key, wake=wake, disposition=disposition, children=children)
     children = []
+    keys_fit = _fits(f"{key}:{len(parts) - 1}", limits.MAX_KEY_BYTES)  # the longest replay key
+    names_fit: set[str] = set()  # kinds and names checked (a group repeats a few)
+    size = 0
+    grouped = EffectEnvelope._grouped
     for index, (kind, name, value, text) in enumerate(parts):
         replay_key = f"{key}:{index}"
         if not (
-            _fits(replay_key, limits.MAX_KEY_BYTES)
-            and _fits(kind, limits.MAX_NAME_BYTES)
-            and _fits(name, limits.MAX_NAME_BYTES)
+            (keys_fit or _fits(replay_key, limits.MAX_KEY_BYTES))
+            and (kind in names_fit or _fits(kind, limits.MAX_NAME_BYTES))
+            and (name in names_fit or _fits(name, limits.MAX_NAME_BYTES))
         ):  # the constructor refuses it with its message
             EffectEnvelope(replay_key=replay_key, kind=kind, name=name, input=value)
-        membership = _membership(key, index, wake, disposition)
-        children.append(EffectEnvelope._grouped(replay_key, kind, name, value, text, membership))
+        names_fit.add(kind)
+        names_fit.add(name)
+        envelope = grouped(
+            replay_key, kind, name, value, text, _membership(key, index, wake, disposition)
+        )
+        size += envelope.canonical_size()
+        children.append(envelope)
+    if (
+        len(children) <= limits.MAX_CHILDREN
+        and size <= limits.MAX_GROUP_BYTES
+        and type(wake) is WakePolicy
+        and type(disposition) is LoserPolicy
+    ):
+        # what the constructor checks, checked: distinct replay keys, stamped memberships
+        return _build(
+            EffectGroup,
+            {"key": key, "wake": wake, "disposition": disposition, "children": tuple(children)},
+        )
     return EffectGroup(key=key, wake=wake, disposition=disposition, children=children)
 
 
@@ -394,11 +414,13 @@ async def all_(controller: EffectController, scope: Scope, calls: Sequence[Call]
     group = build_group(scope, calls, WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION)
     values: dict[int, Any] = {}
     async with _opened(controller, group) as handle:
-        async for settlement in settlements(controller, handle):
-            if not settlement.outcome.ok:
+        while not handle.exhausted:  # ``settlements`` inlined: no generator step per child
+            settlement = await controller.await_next_settlement(handle)
+            outcome = settlement.outcome
+            if not outcome.ok:
                 await controller.close_effect_group(handle)
                 raise EffectFailed(settlement, group.key)
-            values[settlement.position] = settlement.outcome.value
+            values[settlement.position] = outcome.value
         await controller.close_effect_group(handle)
     return [values[position] for position in range(len(calls))]
 

@@ -753,6 +753,18 @@ class CancelledLosersDoNotRankHost(MemoryEffectHost):
         return super()._finalize(record, child, fence, outcome)
 
 
+@mutant("G-27")
+class UnstartedLosersNeverSettleHost(MemoryEffectHost):
+    """G-27: a ``CANCEL`` close cancels each child's task, but a task cancelled before its
+    first step never records its cancelled terminal, so a close straight after the open
+    leaves the children unranked and the group never retires."""
+
+    def _cancel_ended(
+        self, record: _Group, child: _Child, fence: int, task: asyncio.Task[None]
+    ) -> None:
+        self._forget((record.key, child.replay_key), task)
+
+
 @mutant("G-52")
 class SparesHostRunLosersHost(MemoryEffectHost):
     """G-52 (G-27): a ``CANCEL`` close cancels the losing tool calls but not the ``sleep``

@@ -5,12 +5,18 @@ conformance suite cannot see on a third-party host; their arbiter is ``tests/sql
 mutant here is either one statement of ``SqliteStore`` rewritten the way a contributor
 would get it wrong (applied by rewriting that method's source), or a method overridden
 or a call wrapped (a finalize in two transactions, a drain that leaves claimed children
-alone, a PostgreSQL trigger that locks child rows after the group row). The catalog test
-runs the named tier tests in a fresh pytest process with this module as a plugin
-(``-p tier_mutants``) and the mutant named in ``EFFECTHOST_TIER_MUTANT``; the processes
-those tests start (drain workers, crash workers, the CLI) apply it too, through a
-``sitecustomize`` on their ``PYTHONPATH``. A failing test's docstring, or its module's,
-must cite the id.
+alone, a PostgreSQL trigger that locks child rows after the group row).
+
+The engine obligations G-37…G-46 bind the Restate endpoint's services and the Temporal
+workflow and worker; their arbiters are ``tests/restate`` and ``tests/temporal``. Their
+mutants rewrite one statement of ``build_services``, the endpoint check, a workflow
+method or ``create_worker``, and reach the endpoint or worker process the fixtures start.
+
+The catalog test runs the named tier tests in a fresh pytest process with this module as
+a plugin (``-p tier_mutants``) and the mutant named in ``EFFECTHOST_TIER_MUTANT``; the
+processes those tests start (drain workers, crash workers, the CLI, a Restate endpoint, a
+Temporal worker) apply it too, through a ``sitecustomize`` on their ``PYTHONPATH``. A
+failing test's docstring, or its module's, must cite the id.
 """
 
 from __future__ import annotations
@@ -56,17 +62,28 @@ class TierMutant:
         if self.patch is not None:
             self.patch()
             return
-        module_name, qualified = self.owner.split(":")
-        class_name, method = qualified.split(".")
-        module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
-        cls = getattr(module, class_name)
-        source = textwrap.dedent(inspect.getsource(getattr(cls, method)))
-        if source.count(self.old) != 1:
-            raise AssertionError(f"{self.name}: the statement to break is not in {self.owner}")
-        code = compile(source.replace(self.old, self.new), f"<{self.name}>", "exec")
-        namespace: dict[str, Any] = {}
-        exec(code, vars(module), namespace)
-        setattr(cls, method, namespace[method])
+        rewrite(self.name, self.owner, self.old, self.new)
+
+
+def rewrite(name: str, owner: str, old: str, new: str) -> None:
+    """Replace the one occurrence of ``old`` in the source of ``owner``
+    (``module:Class.method`` or ``module:function``) with ``new``."""
+    module_name, qualified = owner.split(":")
+    module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+    class_name, _, method = qualified.rpartition(".")
+    holder: Any = getattr(module, class_name) if class_name else module
+    source = textwrap.dedent(inspect.getsource(getattr(holder, method)))
+    if source.count(old) != 1:
+        raise AssertionError(f"{name}: the statement to break is not in {owner}")
+    code = compile(source.replace(old, new), f"<{name}>", "exec")
+    namespace: dict[str, Any] = {}
+    exec(code, vars(module), namespace)
+    original = getattr(holder, method)
+    setattr(holder, method, namespace[method])
+    if holder is module:  # rebind it where it was imported by name (a package's API)
+        for other in list(sys.modules.values()):
+            if getattr(other, method, None) is original:
+                setattr(other, method, namespace[method])
 
 
 _APPLIED: set[str] = set()
@@ -195,6 +212,28 @@ DEADLOCKS = (
     "tests/sql/test_deadlocks.py::test_G32_a_finalize_takes_no_child_row_after_the_group_row",
 )
 
+# -- engine tiers: the Restate endpoint and the Temporal worker run in processes of their
+# own, which apply the mutant through the ``sitecustomize`` ----------------------------------
+
+ENDPOINT = "effecthost.hosts.restate._endpoint:build_services"
+RESTATE = "tests/restate/test_restate_tier.py::"
+WORKFLOW = "effecthost.hosts.temporal._workflow:EffectGroupWorkflow"
+
+
+def _child_key_without_epoch() -> None:
+    """G-37: a child's idempotency key is its tool, position and replay key, without the
+    group's epoch, so a later group reusing a freed replay key at the same position
+    attaches to the finished invocation of the group before and its child never runs."""
+    import effecthost.hosts.restate._endpoint  # noqa: F401  (rebinds its import too)
+
+    rewrite(
+        "ChildKeyWithoutTheEpoch",
+        "effecthost.hosts.restate._wire:idempotency_key",
+        'f"{tool}:{position}:{replay_key}:{short}"',
+        'f"{tool}:{position}:{replay_key}"',
+    )
+
+
 TIER_MUTANTS: list[TierMutant] = [
     TierMutant(
         "BatchFinalizeIgnoresTheFence",
@@ -285,6 +324,112 @@ TIER_MUTANTS: list[TierMutant] = [
         "",
         DEADLOCKS,
         patch=_group_row_then_siblings,
+    ),
+    TierMutant(
+        "ChildKeyWithoutTheEpoch",
+        "G-37",
+        _child_key_without_epoch.__doc__ or "",
+        "",
+        "",
+        "",
+        (f"{RESTATE}test_G37_a_reused_replay_key_runs_as_a_new_invocation",),
+        patch=_child_key_without_epoch,
+    ),
+    TierMutant(
+        "SettleRanksADuplicate",
+        "G-38",
+        "G-38: the group object's settle takes the next rank without looking up whether the "
+        "replay key holds one, so a second delivery of one child's settlement takes a rank.",
+        ENDPOINT,
+        "kit.next_rank(int(counter or 0), settled is not None)",
+        "kit.next_rank(int(counter or 0), False)",
+        (f"{RESTATE}test_G38_a_duplicate_settlement_takes_no_rank",),
+    ),
+    TierMutant(
+        "AwaitRankHoldsTheLock",
+        "G-39",
+        "G-39: the group object's await_rank is an exclusive handler (a consistent read of "
+        "the counter), so a parked read holds the object's lock and the settle that would "
+        "wake it waits behind it.",
+        ENDPOINT,
+        '@group.handler(kind="shared", state_preload=False)\n    async def await_rank',
+        "@group.handler(state_preload=False)\n    async def await_rank",
+        (f"{RESTATE}test_G39_a_parked_read_holds_no_lock",),
+    ),
+    TierMutant(
+        "LargeOutcomesInObjectState",
+        "G-40",
+        "G-40: the child sends every outcome inline, so a large one lands as bytes in the "
+        "group object's state instead of a reference into the payload object.",
+        ENDPOINT,
+        "if len(canonical_json(document)) > INLINE_LIMIT:",
+        "if False:",
+        (f"{RESTATE}test_G41_close_clears_spilled_outcomes_also_of_a_group_of_the_layout_before",),
+    ),
+    TierMutant(
+        "CloseClearsOnlyTheShape",
+        "G-41",
+        "G-41: close clears the keys it names (shape, children, counter, waiters) and "
+        "leaves the per-rank, per-child and invocation keys behind, so a closed group's "
+        "object state grows with every child it ever had.",
+        ENDPOINT,
+        "        ctx.clear_all()  # the tombstone retires the group: it holds no replay key now\n"
+        '        ctx.set("tombstone"',
+        '        for name in ("shape", "children", "counter", "waiters"):\n'
+        "            ctx.clear(name)\n"
+        '        ctx.set("tombstone"',
+        (f"{RESTATE}test_G41_close_leaves_only_the_tombstone",),
+    ),
+    TierMutant(
+        "ValidatesServicesNotHandlers",
+        "G-42",
+        "G-42: the endpoint check looks for each needed service, not each handler, so a "
+        "deployment whose payload object lacks a handler passes validation at start-up.",
+        "effecthost.hosts.restate._deploy:missing_handlers",
+        'bound = {(s.name, h) for s in services for h in getattr(s, "handlers", {})}',
+        "bound = {(s.name, h) for s in services for h in REQUIRED_HANDLERS.get(s.name, ())}",
+        ("tests/restate/test_deploy_validation.py",),
+    ),
+    TierMutant(
+        "NamesChildrenWithoutAPatch",
+        "G-43",
+        "G-43: the workflow gives child activities their tool-naming ids in every run, not "
+        "only in runs started under the patch that introduced them, so a history recorded "
+        "before no longer replays.",
+        WORKFLOW + "._watch",
+        "elif self._named:",
+        "elif True:",
+        ("tests/temporal/test_replay.py::test_history_replays_in_the_sandbox",),
+    ),
+    TierMutant(
+        "BatchFromTheWrongRank",
+        "G-44",
+        "G-44: the workflow's batch after rank ``after`` starts at index ``after + 1`` (ranks "
+        "counted from one), so the durable read of rank n returns rank n + 1.",
+        WORKFLOW + "._batch",
+        "self._settled[max(after, 0) :]",
+        "self._settled[max(after, 0) + 1 :]",
+        ("tests/temporal/test_reads.py::test_recorded_ranks_are_read_in_one_batch",),
+    ),
+    TierMutant(
+        "CloseKeepsTheOpenMemo",
+        "G-45",
+        "G-45: close marks the run closed but leaves its memo saying open, so the "
+        "visibility listing of open groups still shows a closed group.",
+        WORKFLOW + "._close",
+        'workflow.upsert_memo({MEMO_STATE: "closed"})',
+        "pass",
+        ("tests/temporal/test_cancel_close.py::test_cancel_close_returns_while_the_loser_runs",),
+    ),
+    TierMutant(
+        "WorkerWithoutTheShardWorkflow",
+        "G-46",
+        "G-46: the one-call worker registers the group workflow and the activities but not "
+        "the shard workflow, so a group wider than its shard size never runs its children.",
+        "effecthost.hosts.temporal._worker:create_worker",
+        "workflows=[EffectGroupWorkflow, EffectShardWorkflow],",
+        "workflows=[EffectGroupWorkflow],",
+        ("tests/temporal/test_worker.py",),
     ),
 ]
 

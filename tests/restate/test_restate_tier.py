@@ -350,6 +350,36 @@ async def test_R6_a_replay_key_is_held_by_one_group_until_it_closes(stack: Stack
     await ctl.close_effect_group(reopened)
 
 
+async def test_R6_a_closed_groups_replay_keys_are_free_as_soon_as_close_returns(
+    stack: Stack,
+) -> None:
+    """R-6, R-4: once close has returned, the group is retired and holds none of its
+    replay keys: a group opened right after it with the same keys is recorded, every
+    time (nothing the close left to run in the background can refuse it), and close
+    spends no invocation per child on it."""
+    ctl = stack.controller
+    for n in range(12):
+        keys = [f"r6.reuse.{n}.a", f"r6.reuse.{n}.b"]
+        handles = []
+        for side in ("first", "second"):
+            group = EffectGroup(
+                key=group_key("r6-reuse", side, n),
+                wake=WakePolicy.FIRST,
+                disposition=LoserPolicy.RUN_TO_COMPLETION,
+                children=[_step(k, gate=False) for k in keys],
+            )
+            handle = await ctl.open_effect_group(group)
+            await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+            await ctl.close_effect_group(handle)
+            handles.append(handle)
+        assert handles[0].group_key != handles[1].group_key
+    releases = await ctl.query(
+        f"SELECT id FROM sys_invocation WHERE target_service_name = '{REPLAY_KEY}' "
+        "AND target_handler_name = 'release' AND target_service_key LIKE 'r6.reuse.%'"
+    )
+    assert releases == [], "retiring a group costs an invocation per child"
+
+
 async def test_r9_race_cancelled_from_outside_closes_its_group(stack: Stack) -> None:
     """R-9: a ``race`` declaring ``CANCEL``, cancelled from outside, closes its group
     (shielded) before the cancellation propagates, so its losers are cancelled; G-26: a
@@ -391,3 +421,120 @@ async def test_wrong_argument_types_are_typed_refusals(stack: Stack) -> None:
     for _name, call in wrong_type_calls(ctl):
         with pytest.raises(EffectHostError):
             await asyncio.wait_for(call(), TIMEOUT)
+
+
+async def test_G37_a_reused_replay_key_runs_as_a_new_invocation(stack: Stack) -> None:
+    """G-37: each child is an invocation of its own whose idempotency key is derived from
+    its replay key and its group's epoch: when a later group reuses a replay key a closed
+    group held (R-6 frees it), at the same position and tool, the child runs again as a
+    new invocation rather than attaching to the finished one."""
+    ctl = stack.controller
+    results = []
+    invocations = []
+    for name in ("first", "second"):
+        group = EffectGroup(
+            key=group_key("g37", name, 0),
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[_step("g37.reused", gate=False, result=name)],
+        )
+        handle = await ctl.open_effect_group(group)
+        invocations.append((await group_state(ctl, group.key))["inv:g37.reused"])
+        assert len(set(invocations)) == len(invocations), "attached to the finished child"
+        results.append(await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT))
+        await ctl.close_effect_group(handle)
+    assert [s.outcome.value for s in results] == ["first", "second"]
+    assert stack.lab.count("started", "g37.reused") == 2
+
+
+async def test_G38_a_duplicate_settlement_takes_no_rank(stack: Stack) -> None:
+    """G-38: the group object's settle is idempotent on the replay key: a second delivery
+    of a child's settlement (at-least-once transport, a re-sent message) takes no rank,
+    and the next child to settle takes rank 2."""
+    ctl = stack.controller
+    group = EffectGroup(
+        key=group_key("g38", "dup", 0),
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[_step("g38.a", gate=False, result="a"), _step("g38.b", result="b")],
+    )
+    handle = await ctl.open_effect_group(group)
+    first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    assert first.replay_key == "g38.a"
+    state = await group_state(ctl, group.key)
+    epoch = json.loads(state["shape"])["epoch"]
+    duplicate = {
+        "replay_key": "g38.a",
+        "position": 0,
+        "epoch": epoch,
+        "outcome": first.outcome.model_dump(mode="json"),
+    }
+    await ctl._call(group.key, "settle", duplicate)  # returns once the handler has run
+    stack.lab.open("g38.b")
+    second = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    assert (second.rank, second.replay_key, second.outcome.value) == (2, "g38.b", "b")
+    assert json.loads((await group_state(ctl, group.key))["counter"]) == 2
+    await ctl.close_effect_group(handle)
+
+
+async def test_G39_a_parked_read_holds_no_lock(stack: Stack) -> None:
+    """G-39: a read of a rank not yet recorded parks without holding the group object's
+    exclusive lock: its waiter is registered (nothing queues behind the read on the
+    object), and the settlement that comes later wakes it."""
+    ctl = stack.controller
+    group = EffectGroup(
+        key=group_key("g39", "parked", 0),
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[_step("g39.x", result="x")],
+    )
+    handle = await ctl.open_effect_group(group)
+    read = asyncio.ensure_future(ctl.await_next_settlement(handle))
+    queued: list[dict[str, Any]] = []
+    waiting = False
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while not (waiting or queued) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # polling engine facts: the waiter or a queued call
+            waiters = (await group_state(ctl, group.key)).get("waiters")
+            waiting = bool(waiters and json.loads(waiters).get("1"))
+            queued = await ctl.query(
+                f"SELECT target_handler_name, status FROM sys_invocation "
+                f"WHERE target_service_name = '{GROUP}' AND target_service_key = '{group.key}' "
+                f"AND status = 'pending'"  # queued behind the object's lock
+            )
+        assert not queued, f"calls queued behind a parked read: {queued}"
+        assert waiting and not read.done()
+    except BaseException:
+        read.cancel()
+        raise
+    stack.lab.open("g39.x")
+    settled = await asyncio.wait_for(read, TIMEOUT)
+    assert settled.outcome.value == "x"
+    await ctl.close_effect_group(handle)
+
+
+async def test_G41_close_leaves_only_the_tombstone(stack: Stack) -> None:
+    """G-41: close deletes the group object's state — shape, children, counter, every
+    rank record, the per-child keys — leaving only the tombstone, and a second close
+    changes nothing."""
+    ctl = stack.controller
+    group = EffectGroup(
+        key=group_key("g41", "clear", 0),
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[_step(f"g41.{i}", gate=False) for i in range(3)],
+    )
+    handle = await ctl.open_effect_group(group)
+    for _ in range(3):
+        await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    assert {"shape", "children", "counter", "rank:3"} <= set(await group_state(ctl, group.key))
+    await ctl.close_effect_group(handle)
+    state = await group_state(ctl, group.key)
+    deadline = time.monotonic() + TIMEOUT
+    while "tombstone" not in state and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # the SQL view of the committed close: an engine fact
+        state = await group_state(ctl, group.key)
+    assert set(state) == {"tombstone"}, sorted(state)
+    await ctl.close_effect_group(handle)
+    assert await group_state(ctl, group.key) == state

@@ -54,6 +54,8 @@ async def _cancel(root: Path) -> None:
         second = await wf.query("read", 2)
         assert second["settlement"]["replay_key"] == "cc.lose"
         assert second["settlement"]["outcome"]["status"] == "cancelled"
+        # closed, though its run goes on until the loser ends: no longer listed as open
+        assert group.key not in await ctl.open_group_keys()
 
         lab.open("cc.lose/release")
         await asyncio.wait_for(wf.result(), 20)  # the run ends: closed, all settled

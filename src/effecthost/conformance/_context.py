@@ -65,8 +65,13 @@ class CheckContext:
     async def open(self, controller: EffectController, group: EffectGroup) -> GroupHandle:
         """Open ``group`` and remember it for :meth:`cleanup`."""
         handle = await asyncio.wait_for(controller.open_effect_group(group), self.timeout)
-        self._opened.append(handle.copy_cursor())
+        self.remember(handle)
         return handle
+
+    def remember(self, handle: GroupHandle) -> None:
+        """Have :meth:`cleanup` close the group of ``handle`` (a check that opened it
+        without :meth:`open`)."""
+        self._opened.append(handle.copy_cursor())
 
     async def cleanup(self) -> None:
         """Release every gate of this check and cancel what it left open."""

@@ -175,7 +175,10 @@ def _plain(value: Any, depth: int, size: list[int]) -> Any:
             raise _Unusual
         size[0] += 2 + len(value)
         depth += 1
-        return [_plain(item, depth, size) for item in value]
+        items = []  # a loop, not a comprehension: no function object per list (3.11)
+        for item in value:
+            items.append(_plain(item, depth, size))
+        return items
     if kind is dict:
         if depth >= limits.MAX_DEPTH:
             raise _Unusual
@@ -272,21 +275,28 @@ class _Model(BaseModel):
 
 
 _FIELDS_SETS: dict[type[BaseModel], set[str]] = {}
+_new_object = object.__new__
+_set_attribute = object.__setattr__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def _build(cls: type[_M], fields: dict[str, Any]) -> _M:
     """An instance of ``cls`` holding ``fields`` (every field, values the contract
     checked itself) as they are: what ``model_construct`` does without its per-field
-    walk. Frozen models only (the fields-set is shared between instances)."""
+    walk. Frozen models only (the fields-set is shared between instances). The slots
+    are set through their descriptors: a per-child cost, so the lookups are done once."""
     fields_set = _FIELDS_SETS.get(cls)
     if fields_set is None:
+        if cls.__new__ is not _new_object:
+            raise TypeError(f"{cls.__name__} has its own __new__")
         fields_set = _FIELDS_SETS[cls] = set(cls.model_fields)
-    obj = cls.__new__(cls)
-    _set = object.__setattr__
-    _set(obj, "__dict__", fields)
-    _set(obj, "__pydantic_fields_set__", fields_set)
-    _set(obj, "__pydantic_extra__", None)
-    _set(obj, "__pydantic_private__", None)
+    obj = _new_object(cls)  # what ``cls.__new__`` is, without looking it up each time
+    _set_attribute(obj, "__dict__", fields)
+    _set_fields_set(obj, fields_set)
+    _set_extra(obj, None)
+    _set_private(obj, None)
     return obj
 
 
@@ -813,6 +823,12 @@ def _as_value_error(check: Any, *args: Any) -> None:
         raise ValueError(str(exc).removeprefix(f"[{exc.code.value}] ")) from None
 
 
+_BOUND = "_size_bound"
+"""Where an outcome built by :meth:`Outcome.success` keeps an upper bound of its canonical
+size: a ``__dict__`` entry that is no field, like an envelope's ``_CACHE``."""
+_SUCCESS_FRAME = len('{"error":null,"status":"success","value":}')
+
+
 class Outcome(_Model):
     """How a child ended: a success value, an error, or cancelled. Its value is a JSON
     value within the limits (R-8)."""
@@ -832,6 +848,17 @@ class Outcome(_Model):
     @classmethod
     def success(cls, value: JsonValue = None) -> Outcome:
         """Raises: InvalidEnvelope when ``value`` is not strict JSON within the limits."""
+        if cls is Outcome:
+            size = [0]
+            try:
+                plain = _plain(value, 0, size)
+            except (_Unusual, RecursionError):
+                pass
+            else:
+                if size[0] <= limits.MAX_JSON_BYTES:
+                    outcome = _build(cls, {"status": "success", "value": plain, "error": None})
+                    outcome.__dict__[_BOUND] = size[0] + _SUCCESS_FRAME
+                    return outcome
         value = normalize_json(value, what="outcome value")
         if cls is not Outcome:
             return cls(status="success", value=value)
@@ -859,6 +886,20 @@ class Outcome(_Model):
     @property
     def ok(self) -> bool:
         return self.status == "success"
+
+    def _size_within(self, limit: int) -> bool:
+        """Whether :meth:`canonical_size` is at most ``limit``; without encoding when the
+        bound :meth:`success` noted while checking the value already says so."""
+        bound = self.__dict__.get(_BOUND)
+        if bound is not None and bound <= limit:
+            return True
+        return self.canonical_size() <= limit
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """As pydantic's, without the size bound of the original."""
+        copied = super().model_copy(update=update, deep=deep)
+        copied.__dict__.pop(_BOUND, None)
+        return copied
 
     def canonical_size(self) -> int:
         """``len(canonical_json(self.model_dump(mode="json")))``: what a host bounds an

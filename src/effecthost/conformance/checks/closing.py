@@ -99,6 +99,23 @@ async def check_cancel_close_does_not_wait_for_losers(t: CheckContext) -> None:
     await ranks_complete(t, ctl, group.key, 2)
 
 
+@check("G-27")
+async def check_cancel_close_right_after_open_ranks_every_child(t: CheckContext) -> None:
+    """A ``CANCEL`` close straight after the open, before any child could start (an
+    outer cancellation closes there, R-9), still gives every child its terminal and a
+    rank, and the group retires; no child finishes its work."""
+    ctl = await t.ctl()
+    group = t.group("g", [t.step("a"), t.step("b")], disposition=LoserPolicy.CANCEL)
+    async with asyncio.timeout(t.timeout):  # no task of its own: nothing else runs between
+        handle = await ctl.open_effect_group(group)
+        t.remember(handle)
+        await ctl.close_effect_group(handle)
+    await ranks_complete(t, ctl, group.key, 2)
+    await t.eventually(ctl.open_group_keys, lambda keys: group.key not in keys, "close")
+    t.expect(t.count("finished", "a") + t.count("finished", "b") == 0, "a cancelled child finished")
+    t.release("a", "b")
+
+
 @check("G-28")
 async def check_run_to_completion_losers_finish_after_close(t: CheckContext) -> None:
     """Under ``RUN_TO_COMPLETION`` a loser keeps running after the caller closed,

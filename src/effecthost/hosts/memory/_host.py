@@ -54,11 +54,12 @@ from effecthost.payloads import (
 DEFAULT_MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Child:
     envelope: EffectEnvelope
     position: int
     hash: str
+    replay_key: str
     state: str = "pending"  # pending | running | settled
     fence: int = 0
     seq: int | None = None
@@ -68,10 +69,6 @@ class _Child:
     due_at: float | None = None
     event: tuple[Any] | None = None
     arrived: asyncio.Event | None = None  # made for an await_event child when it waits
-
-    @property
-    def replay_key(self) -> str:
-        return self.envelope.replay_key
 
     @property
     def event_arrived(self) -> asyncio.Event:
@@ -217,7 +214,7 @@ class MemoryEffectHost(WiredController):
             declared=group.disposition,
             effective=group.disposition,
             children=[
-                _Child(envelope=child, position=position, hash=child.envelope_hash())
+                _Child(child, position, child.envelope_hash(), child.replay_key)
                 for position, child in enumerate(group.children)
             ],
         )
@@ -247,29 +244,47 @@ class MemoryEffectHost(WiredController):
         if child.envelope.kind == EffectKind.SLEEP and child.due_at is None:
             loop = asyncio.get_running_loop()
             child.due_at = loop.time() + sleep_seconds(child.envelope)
-        task_key = (record.key, child.replay_key)
-        task = asyncio.get_running_loop().create_task(
-            self._run_child(record, child, executor, child.fence),
-            name=f"effecthost-child:{child.replay_key}",
+        # named by the replay key itself: a name of its own would be another string per child
+        self._tasks[(record.key, child.replay_key)] = asyncio.get_running_loop().create_task(
+            self._run_child(record, child, executor, child.fence), name=child.replay_key
         )
-        self._tasks[task_key] = task
-        task.add_done_callback(lambda _t: self._tasks.pop(task_key, None))
 
     async def _run_child(
         self, record: _Group, child: _Child, executor: EffectExecutor, fence: int
     ) -> None:
+        """A child's task; it leaves ``_tasks`` as it ends (no done-callback per child: a
+        finished task is freed at once). One cancelled before it started never runs this:
+        :meth:`_request_cancel` and :meth:`aclose` forget those."""
         try:
-            outcome = await executor.execute(ExecutionInput(child.envelope, attempt=fence))
-        except asyncio.CancelledError:
-            if not child.cancel_requested:
-                raise  # the host is going away: like a dead process, record nothing
-            outcome = Outcome.cancelled()
-        except EffectHostError as exc:
-            outcome = Outcome.failure(type(exc).__name__, str(exc))
-        outcome = self._bounded(record, child, outcome)
-        if self._payloads is not None:
-            await self._encode(self._payloads, record, child, fence, outcome)
-        await self._deliver(record, child, fence, outcome)
+            try:
+                outcome = await executor.execute(ExecutionInput(child.envelope, fence))
+            except asyncio.CancelledError:
+                if not child.cancel_requested:
+                    raise  # the host is going away: like a dead process, record nothing
+                outcome = Outcome.cancelled()
+            except EffectHostError as exc:
+                outcome = Outcome.failure(type(exc).__name__, str(exc))
+            outcome = self._bounded(record, child, outcome)
+            if self._payloads is not None:
+                await self._encode(self._payloads, record, child, fence, outcome)
+            await self._deliver(record, child, fence, outcome)
+        finally:
+            if child.fence == fence:  # else a later dispatch owns the entry
+                self._tasks.pop((record.key, child.replay_key), None)
+
+    def _forget(self, task_key: tuple[str, str], task: object) -> None:
+        if self._tasks.get(task_key) is task:
+            del self._tasks[task_key]
+
+    def _cancel_ended(
+        self, record: _Group, child: _Child, fence: int, task: asyncio.Task[None]
+    ) -> None:
+        """A task a close cancelled has ended. One cancelled before its first step never
+        ran :meth:`_run_child`: its cancelled terminal is recorded here, so it still
+        takes a rank and the group can retire (G-27)."""
+        self._forget((record.key, child.replay_key), task)
+        if task.cancelled() and child.state != "settled" and child.fence == fence:
+            self._finalize(record, child, fence, Outcome.cancelled())
 
     async def _encode(
         self, policy: PayloadPolicy, record: _Group, child: _Child, fence: int, outcome: Outcome
@@ -292,9 +307,9 @@ class MemoryEffectHost(WiredController):
 
     def _bounded(self, record: _Group, child: _Child, outcome: Outcome) -> Outcome:
         """An outcome over the size limit is recorded as a ``PayloadTooLarge`` failure."""
-        size = outcome.canonical_size()
-        if size <= self._max_payload_bytes:
+        if outcome._size_within(self._max_payload_bytes):
             return outcome
+        size = outcome.canonical_size()
         return Outcome.failure(
             "PayloadTooLarge",
             f"outcome of {child.replay_key!r} in group {record.key!r} encodes to {size} bytes, "
@@ -307,7 +322,11 @@ class MemoryEffectHost(WiredController):
 
     def _finalize(self, record: _Group, child: _Child, fence: int, outcome: Outcome) -> bool:
         """The rank authority: fence first, bump only on a match (G-31's order, G-17)."""
-        encoded = self._encoded.pop((record.key, child.replay_key, fence), None)
+        encoded = (
+            self._encoded.pop((record.key, child.replay_key, fence), None)
+            if self._encoded
+            else None
+        )
         if child.state == "settled" or child.fence != fence:
             return False
         record.counter = self._next_sequence(record)
@@ -337,8 +356,10 @@ class MemoryEffectHost(WiredController):
         return record.settled[rank - 1] if len(record.settled) >= rank else None
 
     def _notify(self, record: _Group) -> None:
-        changed, record.changed = record.changed, asyncio.Event()
-        changed.set()
+        changed = record.changed
+        if changed._waiters:  # else nobody to wake: the unset event serves the next waiter
+            record.changed = asyncio.Event()
+            changed.set()
 
     def _maybe_retire(self, record: _Group) -> None:
         """A group retires whole, once closed and no child can still rank (G-17, G-36)."""
@@ -362,7 +383,7 @@ class MemoryEffectHost(WiredController):
         record = self._groups.get(key)
         if record is None:
             raise kit.group_closed(key) if key in self._retired else kit.unknown_group(key)
-        kit.check_handle(key, handle, record.shape())
+        kit.check_handle(key, handle, record)  # type: ignore[arg-type]  # reads the same fields
         return record
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
@@ -459,6 +480,8 @@ class MemoryEffectHost(WiredController):
         task = self._tasks.get((record.key, child.replay_key))
         if task is not None:
             task.cancel()
+            fence = child.fence
+            task.add_done_callback(lambda done: self._cancel_ended(record, child, fence, done))
         else:
             self._finalize(record, child, child.fence, Outcome.cancelled())
 
@@ -508,6 +531,9 @@ class MemoryEffectHost(WiredController):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for task_key, task in list(self._tasks.items()):
+            if task.done():  # cancelled before it started: it never left on its own
+                self._forget(task_key, task)
         await asyncio.gather(*list(self._deletions), return_exceptions=True)
 
 

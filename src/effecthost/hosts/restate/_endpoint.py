@@ -19,8 +19,10 @@ Group object state (keyed by group key), beside nothing else:
 - after close, only ``tombstone`` (so a late read is ``GroupClosed``, not a hang).
 
 Replay-key object state (keyed by replay key): ``holder`` → ``{group_key, token}``, the
-group that holds the key (R-6). A first open claims every child's key before it records
-anything, releases what it claimed when a claim is refused, and close releases them.
+group that claimed the key (R-6). A first open claims every child's key before it
+records anything and releases what it claimed when a claim is refused. Close releases
+nothing: a claim of a key whose holder has closed (its tombstone) takes the key over, so
+retiring a group costs no invocation per child.
 
 No exclusive handler awaits anything another handler of the same key resolves. The
 handlers that run once per child or per read (``settle``, ``register_waiter``,
@@ -150,14 +152,24 @@ def build_services(
 
     # -- replay-key object (R-6) ------------------------------------------------------
 
+    async def live_holder(ctx: Any, held: dict[str, Any] | None) -> str | None:
+        """The group holding the key, or ``None`` when none does: a group that closed
+        holds nothing (close retires it for good and releases nothing itself)."""
+        if held is None or await ctx.object_call(retired, held["group_key"], None):
+            return None
+        return str(held["group_key"])
+
     @replay.handler()
     async def claim(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
         """Hold this replay key for ``group_key``; another group's claim is answered with
-        the holder. The same group claims again freely (a retried or repeated first open),
-        and its newest token is the one a release must name."""
-        holder = await _get(ctx, "holder")
-        if holder is not None and holder["group_key"] != req["group_key"]:
-            return {"ok": False, "holder": holder["group_key"]}
+        the holder, unless that group has closed. The same group claims again freely (a
+        retried or repeated first open), and its newest token is the one a release must
+        name."""
+        held = await _get(ctx, "holder")
+        if held is not None and held["group_key"] != req["group_key"]:
+            holder = await live_holder(ctx, held)
+            if holder is not None:
+                return {"ok": False, "holder": holder}
         ctx.set("holder", {"group_key": req["group_key"], "token": req["token"]})
         return {"ok": True}
 
@@ -171,8 +183,7 @@ def build_services(
 
     @replay.handler(kind="shared")
     async def holder(ctx: restate.ObjectSharedContext) -> str | None:
-        held = await _get(ctx, "holder")
-        return None if held is None else str(held["group_key"])
+        return await live_holder(ctx, await _get(ctx, "holder"))
 
     def replay_mismatch(key: str, position: int, rk: str, holder: str) -> dict[str, Any]:
         return _refusal(kit.replay_key_taken(key, position, rk, holder))
@@ -440,6 +451,11 @@ def build_services(
             answer["more"] = more
         return answer
 
+    @group.handler(kind="shared", state_preload=False)
+    async def retired(ctx: restate.ObjectSharedContext) -> bool:
+        """Whether the group has closed: then it holds none of its replay keys (R-6)."""
+        return await _get(ctx, "tombstone") is not None
+
     @group.handler(kind="shared")
     async def describe(ctx: restate.ObjectSharedContext) -> dict[str, Any]:
         """Shape, settlement order and unsettled children (inspection and the drain)."""
@@ -494,10 +510,7 @@ def build_services(
         for aids in waiters.values():
             for aid in aids:
                 ctx.resolve_awakeable(aid, {"closed": True})
-        for entry in await _get(ctx, "children") or []:  # the group retires: free its keys
-            rk = entry["envelope"]["replay_key"]
-            ctx.object_send(release, rk, {"group_key": key, "token": shape["epoch"]})
-        ctx.clear_all()
+        ctx.clear_all()  # the tombstone retires the group: it holds no replay key now
         ctx.set("tombstone", {"effective": target, "epoch": shape["epoch"]})
         if shape.get("spilled") or shape.get("layout") is None:
             ctx.object_send(clear, key, None)  # a group of an earlier release: no flag

@@ -25,6 +25,7 @@ GROUP_HANDLERS = (
     "drain",
     "describe",
     "claims",
+    "retired",
 )
 CHILD_HANDLERS = ("run",)
 PAYLOAD_HANDLERS = ("put", "get", "clear")

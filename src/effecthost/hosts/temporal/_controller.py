@@ -30,7 +30,6 @@ from effecthost.contract import (
     NoExecutor,
     Outcome,
     PayloadShredded,
-    PayloadTooLarge,
     ReplayMismatch,
     SealedPayloadUnreadable,
     Settlement,
@@ -74,11 +73,16 @@ from ._shared import (  # noqa: E402
     MAX_CHILDREN,
     MAX_SPEC_BYTES,
     MEMO_STATE,
+    OPEN_CHUNK_UPDATE,
+    PAIRS_PAGE,
+    PAIRS_QUERY,
     RANKS_QUERY,
     SETTLED_QUERY,
     SHARD_CHILDREN,
     WORKFLOW_NAME,
     batch_update_id,
+    children_digest,
+    chunk_update_id,
 )
 from ._workflow import EffectGroupWorkflow  # noqa: E402
 
@@ -126,6 +130,11 @@ class TemporalEffectHost(WiredController):
     child workflow of the group's run reporting settlements to it; the group's run
     assigns the ranks as it records the reports (G-43). No run then holds more pending
     activities than one shard.
+
+    A group whose encoded children exceed ``chunk_bytes`` (one workflow input may be at
+    most 2 MiB) opens in chunks: the run starts with the shape and the children's digests,
+    the children follow in chunk updates of at most ``chunk_bytes`` each, and the run
+    starts no child until all are recorded; shards are then cut at ``chunk_bytes`` too.
     """
 
     def __init__(
@@ -141,6 +150,7 @@ class TemporalEffectHost(WiredController):
         keys: KeyStore | None = None,
         test_hooks: bool = False,
         shard_size: int = SHARD_CHILDREN,
+        chunk_bytes: int = MAX_SPEC_BYTES,
     ) -> None:
         if keys is not None:
             client = sealed_client(client, keys)
@@ -165,6 +175,9 @@ class TemporalEffectHost(WiredController):
         if shard_size < 1:
             raise ValueError("shard_size must be at least 1")
         self._options["shard_size"] = shard_size
+        if not 0 < chunk_bytes <= MAX_SPEC_BYTES:
+            raise ValueError(f"chunk_bytes must be between 1 and {MAX_SPEC_BYTES}")
+        self._chunk_bytes = chunk_bytes
         self._visibility_wait = visibility_wait
         self._expected: dict[str, bool] = {}
         self._owned: dict[str, tuple[int, str, str]] = {}
@@ -228,21 +241,14 @@ class TemporalEffectHost(WiredController):
 
     async def _open(self, group: EffectGroup, *, check_routes: bool) -> GroupHandle:
         self._require_wired(group.key)
-        spec = self._group_spec(group)
+        plan = self._plan(group)
         if check_routes:
             miss = self._first_unresolvable(group)
             if miss is not None and not await self._exists(group.key):
                 raise group_shape_error(group, *miss)
-        fence = {
-            "count": group.child_count,
-            "wake": group.wake.value,
-            "disposition": group.disposition.value,
-            "children": [[c.replay_key, c.envelope_hash()] for c in group.children],
-            "opener": self.incarnation,
-        }
         start = WithStartWorkflowOperation(
             EffectGroupWorkflow.run,
-            spec,
+            plan.spec,
             id=group.key,
             task_queue=self._task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -253,10 +259,10 @@ class TemporalEffectHost(WiredController):
         )
         try:
             opened: Any = await self._client.execute_update_with_start_workflow(
-                EffectGroupWorkflow.open, fence, start_workflow_operation=start
+                EffectGroupWorkflow.open, plan.fence, start_workflow_operation=start
             )
-            del opened
         except WorkflowUpdateFailedError as exc:
+            await self._name_mismatch(group.key, plan, exc)
             _raise_from(exc.cause, group.key)
         except WorkflowAlreadyStartedError:
             with contextlib.suppress(Exception):
@@ -266,6 +272,10 @@ class TemporalEffectHost(WiredController):
             if exc.status == RPCStatusCode.ALREADY_EXISTS:
                 raise kit.group_closed(group.key) from None
             raise
+        # A chunked open, or a retry of one left partial: the chunks the run still lacks,
+        # cut as its manifest says (the children matched its digest).
+        for index, lo, hi in opened.get("missing") or ():
+            await self._send_chunk(group.key, index, plan.entries[lo:hi])
         self._expected[group.key] = True
         self._owned[group.key] = (
             group.child_count,
@@ -274,7 +284,53 @@ class TemporalEffectHost(WiredController):
         )
         return group.handle()
 
+    async def _send_chunk(self, key: str, index: int, entries: list[dict[str, Any]]) -> None:
+        digest = children_digest(_pairs(entries))
+        try:
+            await self._update(
+                key, OPEN_CHUNK_UPDATE, index, entries, id=chunk_update_id(index, digest)
+            )
+        except WorkflowUpdateFailedError as exc:
+            _raise_from(exc.cause, key)
+
+    async def _name_mismatch(self, key: str, plan: _Plan, exc: WorkflowUpdateFailedError) -> None:
+        """A chunked fence refuses on the children's digest without a position: read the
+        recorded pairs (queries add no history) and raise the first that differs."""
+        cause = exc.cause
+        if not (isinstance(cause, ApplicationError) and cause.type == "ReplayMismatch"):
+            return
+        details = cause.details[0] if cause.details else {}
+        if isinstance(details, dict) and details.get("position") is not None:
+            return
+        offer = _pairs(plan.entries)
+        for start in range(0, len(offer), PAIRS_PAGE):
+            try:
+                page: Any = await self._handle(key).query(f"{PAIRS_QUERY}{start}")
+            except (RPCError, WorkflowQueryFailedError):
+                return  # the refusal stands without a position
+            recorded = [
+                kit.RecordedChild(start + i, p[0], p[1])
+                for i, p in enumerate(page)
+                if p is not None
+            ]
+            kit.check_children(
+                kit.Offer(
+                    key,
+                    len(offer),
+                    plan.spec["wake"],
+                    plan.spec["disposition"],
+                    tuple((k, h) for k, h in offer),
+                ),
+                recorded,
+            )
+
     def _group_spec(self, group: EffectGroup) -> dict[str, Any]:
+        """The workflow's start input for ``group``."""
+        return self._plan(group).spec
+
+    def _plan(self, group: EffectGroup) -> _Plan:
+        """The start input and the open's fence; a group over ``chunk_bytes`` is cut in
+        chunks (the start input then holds their manifest, not the children)."""
         if group.child_count > MAX_CHILDREN:
             raise GroupTooWide(
                 f"group {group.key!r} has {group.child_count} children; one workflow run "
@@ -284,24 +340,40 @@ class TemporalEffectHost(WiredController):
                 position=MAX_CHILDREN,
             )
         sleep_durations(group)  # a malformed sleep refuses the open before it starts (G-10)
-        spec = {
+        entries = [
+            {"envelope": c.canonical_dict(), "hash": c.envelope_hash()} for c in group.children
+        ]
+        spec: dict[str, Any] = {
             "key": group.key,
             "wake": group.wake.value,
             "disposition": group.disposition.value,
-            "children": [
-                {"envelope": c.canonical_dict(), "hash": c.envelope_hash()} for c in group.children
-            ],
+            "children": entries,
             "options": self._options,
             "opener": self.incarnation,
         }
-        size = len(json.dumps(spec))
-        if size > MAX_SPEC_BYTES:
-            raise PayloadTooLarge(
-                f"group {group.key!r} encodes to {size} bytes, over the limit of "
-                f"{MAX_SPEC_BYTES} for one workflow input (MAX_SPEC_BYTES)",
-                group_key=group.key,
-            )
-        return spec
+        fence: dict[str, Any] = {
+            "count": group.child_count,
+            "wake": group.wake.value,
+            "disposition": group.disposition.value,
+            "opener": self.incarnation,
+        }
+        sizes = [len(json.dumps(e)) + 2 for e in entries]
+        if sum(sizes) + 1024 <= self._chunk_bytes:
+            fence["children"] = _pairs(entries)
+            return _Plan(spec, fence, entries)
+        limit = self._chunk_bytes - 1024
+        cuts = _cut(sizes, limit, len(sizes))
+        chunks = [
+            [lo, hi, children_digest(_pairs(entries[lo:hi]))]
+            for lo, hi in zip(cuts, [*cuts[1:], len(entries)], strict=True)
+        ]
+        shards = _cut(sizes, limit, int(self._options["shard_size"]))
+        digest = children_digest(_pairs(entries))
+        spec.update(
+            children=[], count=group.child_count, chunks=chunks, digest=digest, shards=shards
+        )
+        fence["digest"] = digest
+        return _Plan(spec, fence, entries)
 
     async def _exists(self, key: str) -> bool:
         try:
@@ -567,6 +639,34 @@ class _TemporalDrain(GroupDrain):
             no_executor=tuple(missing),
             extra={"engine_owned": engine_owned},
         )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """An open: the workflow's start input, the open update's fence, and the children's
+    entries (envelope and hash) in position order."""
+
+    spec: dict[str, Any]
+    fence: dict[str, Any]
+    entries: list[dict[str, Any]]
+
+
+def _pairs(entries: list[dict[str, Any]]) -> list[list[str]]:
+    return [[e["envelope"]["replay_key"], e["hash"]] for e in entries]
+
+
+def _cut(sizes: list[int], limit: int, most: int) -> list[int]:
+    """Start positions of contiguous runs of at most ``most`` items and ``limit`` bytes
+    (an item larger than ``limit`` alone)."""
+    starts = [0]
+    count = total = 0
+    for position, size in enumerate(sizes):
+        if count and (count == most or total + size > limit):
+            starts.append(position)
+            count = total = 0
+        count += 1
+        total += size
+    return starts
 
 
 @dataclass(frozen=True)

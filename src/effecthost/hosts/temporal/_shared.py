@@ -3,6 +3,9 @@ caller. Standard library only, so the workflow sandbox can pass it through."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Sequence
 from typing import Any
 
 WORKFLOW_NAME = "effecthost.EffectGroup"
@@ -59,14 +62,30 @@ MEMO_STATE = "effecthost_state"
 """Memo key listing a group as ``open`` until a caller closes it (G-30)."""
 
 MAX_CHILDREN = 100_000
-"""Widest group. A group wider than :data:`SHARD_CHILDREN` runs in shards; its encoded
-children must still fit one workflow input (:data:`MAX_SPEC_BYTES`), which bounds the
-width first for all but the smallest envelopes. Wider groups are refused at open
-(:class:`GroupTooWide`)."""
+"""Widest group. A group wider than :data:`SHARD_CHILDREN` runs in shards; wider groups
+are refused at open (:class:`GroupTooWide`). The contract's own cap
+(``limits.MAX_CHILDREN``) is lower."""
 
 MAX_SPEC_BYTES = 1_500_000
-"""Largest encoded group (all child envelopes) accepted at open; one payload of a run
-may be at most 2 MiB."""
+"""Largest encoded group opened in one call (the workflow's start input; one payload of a
+run may be at most 2 MiB). A larger group opens in chunks of at most this many bytes
+(the controller's ``chunk_bytes``): see :data:`OPEN_CHUNK_UPDATE`."""
+
+OPEN_CHUNK_UPDATE = "open_chunk"
+"""Update recording one chunk of a group opened in chunks: ``(index, entries)``, the
+entries (envelope and hash) of the positions the start input's manifest gives that chunk.
+The run starts no child until every chunk is recorded."""
+
+PAIRS_QUERY = "pairs:"
+"""Prefix of the query ``pairs:<start>``: the recorded ``[replay key, hash]`` of up to
+:data:`PAIRS_PAGE` positions from ``start`` (``None`` where not yet recorded); the
+caller names the first differing position of a refused chunked reopen with it."""
+
+PAIRS_PAGE = 2000
+
+RESULT_BYTES = 1_000_000
+"""Largest result a group's run returns with every settlement listed; above it the
+result lists the ranks by position only."""
 
 INLINE_OUTCOME_BYTES = 256 * 1024
 """Without a payload store, outcomes whose recorded JSON is larger are refused by the
@@ -98,3 +117,15 @@ def batch_update_id(after: int) -> str:
 def shard_id(group_key: str, index: int) -> str:
     """The workflow id of shard ``index`` of the group ``group_key``."""
     return f"{group_key}/shard-{index}"
+
+
+def children_digest(pairs: Sequence[Sequence[str]]) -> str:
+    """The digest of children as ``[replay key, envelope hash]`` pairs in position
+    order: what a chunked open is fenced on (a whole group, or one chunk)."""
+    text = json.dumps([list(p) for p in pairs], separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def chunk_update_id(index: int, digest: str) -> str:
+    """The update id of chunk ``index``: concurrent opens of one group share it."""
+    return f"open-chunk-{index}-{digest[:16]}"

@@ -13,6 +13,7 @@ loads inside the workflow sandbox. The fences of the validators are the kit's.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 from collections.abc import Sequence
 from datetime import timedelta
@@ -38,8 +39,12 @@ from ._shared import (  # noqa: E402
     BATCH_BYTES,
     CHILD_ACTIVITY,
     MEMO_STATE,
+    OPEN_CHUNK_UPDATE,
+    PAIRS_PAGE,
+    PAIRS_QUERY,
     RANKS_QUERY,
     READ_QUERY,
+    RESULT_BYTES,
     RETIRE_ACTIVITY,
     SETTLED_QUERY,
     SHARD_CANCEL,
@@ -47,6 +52,7 @@ from ._shared import (  # noqa: E402
     SHARD_SETTLED,
     SHARD_WORKFLOW_NAME,
     WORKFLOW_NAME,
+    children_digest,
     error_details,
     shard_id,
 )
@@ -150,9 +156,30 @@ def _rank_of(name: str, prefix: str) -> int:
         ) from None
 
 
+def _pairs(entries: Sequence[Json]) -> list[list[str]]:
+    return [[e["envelope"]["replay_key"], e["hash"]] for e in entries]
+
+
+def shard_starts(spec: Json, count: int) -> list[int]:
+    """The first position of each shard; empty when the group runs in one workflow. A
+    chunked open records its starts (cut by count and bytes); older specs derive them
+    from the shard size."""
+    starts = spec.get("shards")
+    if starts is None:
+        size = int((spec.get("options") or {}).get("shard_size") or 0)
+        starts = list(range(0, count, size)) if 0 < size < count else []
+    return [int(s) for s in starts] if len(starts) > 1 else []
+
+
 @workflow.defn(name=WORKFLOW_NAME)
 class EffectGroupWorkflow:
-    """One group. Start argument: the group spec (see ``_controller._group_spec``)."""
+    """One group. Start argument: the group spec (see ``_controller._plan``).
+
+    A group too large for one workflow input is opened in chunks: the spec then holds the
+    shape, the children's digest and a manifest ``chunks`` (``[start, end, digest]``)
+    instead of the children, which arrive by :data:`OPEN_CHUNK_UPDATE`. Until every
+    chunk is recorded the run starts nothing, and reads, closes and events are refused as
+    ``UnknownGroup``: a partial open is completed by a retry of the same open."""
 
     @workflow.init
     def __init__(self, spec: Json) -> None:
@@ -160,18 +187,23 @@ class EffectGroupWorkflow:
         self._wake: str = spec["wake"]
         self._declared: str = spec["disposition"]
         self._effective: str = spec["disposition"]
-        self._children: list[Json] = list(spec["children"])
+        children: list[Any] = list(spec["children"])
+        self._count: int = int(spec.get("count", len(children)))
+        self._chunks: list[list[Any]] = list(spec.get("chunks") or [])
+        self._digest: str | None = spec.get("digest")
+        self._recorded: set[int] = set()
+        self._children: list[Any] = [None] * self._count if self._chunks else children
+        self._complete = not self._chunks
         self._options: Json = dict(spec.get("options") or {})
         self._opener: str | None = spec.get("opener")
         self._settled: list[Json] = []
-        self._ledger = kit.RankLedger(len(self._children))  # first settlement wins
+        self._ledger = kit.RankLedger(self._count)  # first settlement wins
         self._events: dict[int, Any] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._activities: dict[int, workflow.ActivityHandle[Json]] = {}
         self._closed = False
         self._named = False
-        size = int(self._options.get("shard_size") or 0)
-        self._shard_size = size if 0 < size < len(self._children) else 0
+        self._shard_starts = shard_starts(spec, self._count)
         self._shards: list[asyncio.Task[Any]] = []
         self._sends: list[asyncio.Task[None]] = []
 
@@ -181,16 +213,18 @@ class EffectGroupWorkflow:
     async def run(self, spec: Json) -> Json:
         self._named = workflow.patched(NAMED_CHILDREN)
         self._show_progress()
-        if self._shard_size:
-            for start in range(0, len(self._children), self._shard_size):
-                self._shards.append(asyncio.create_task(self._run_shard(start)))
+        if not self._complete:
+            await workflow.wait_condition(lambda: self._complete)
+        if self._shard_starts:
+            for index in range(len(self._shard_starts)):
+                self._shards.append(asyncio.create_task(self._run_shard(index)))
         else:
-            for position in range(len(self._children)):
+            for position in range(self._count):
                 self._tasks[position] = asyncio.create_task(self._watch(position))
         await workflow.wait_condition(
             lambda: (
                 self._closed
-                and len(self._settled) == len(self._children)
+                and len(self._settled) == self._count
                 and workflow.all_handlers_finished()
                 and (not self._named or all(t.done() for t in self._tasks.values()))
                 and all(t.done() for t in self._shards)
@@ -207,7 +241,7 @@ class EffectGroupWorkflow:
                 start_to_close_timeout=timedelta(seconds=60),
                 retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
             )
-        return {
+        result = {
             "ranks": [s["replay_key"] for s in self._settled],
             "settled": [
                 {
@@ -220,6 +254,9 @@ class EffectGroupWorkflow:
                 for s in self._settled
             ],
         }
+        if len(json.dumps(result)) > RESULT_BYTES:  # a result is one payload (2 MiB)
+            result = {"order": [s["position"] for s in self._settled]}
+        return result
 
     async def _watch(self, position: int) -> None:
         child = self._children[position]
@@ -251,10 +288,13 @@ class EffectGroupWorkflow:
 
     # -- shards (a group wider than its shard size) ---------------------------------------
 
-    async def _run_shard(self, start: int) -> None:
-        """Run children ``start`` onward (one shard's worth) as a child workflow; their
-        settlements come back by :meth:`shard_settled`."""
-        chunk = self._children[start : start + self._shard_size]
+    async def _run_shard(self, index: int) -> None:
+        """Run shard ``index``'s children as a child workflow; their settlements come
+        back by :meth:`shard_settled`."""
+        starts = self._shard_starts
+        start = starts[index]
+        end = starts[index + 1] if index + 1 < len(starts) else self._count
+        chunk = self._children[start:end]
         await workflow.execute_child_workflow(
             SHARD_WORKFLOW_NAME,
             {
@@ -262,7 +302,7 @@ class EffectGroupWorkflow:
                 "children": [child["envelope"] for child in chunk],
                 "options": self._options,
             },
-            id=shard_id(self._key, start // self._shard_size),
+            id=shard_id(self._key, index),
         )
 
     @workflow.signal(name=SHARD_SETTLED)
@@ -277,7 +317,8 @@ class EffectGroupWorkflow:
         this workflow task."""
         by_shard: dict[int, list[int]] = {}
         for position in positions:
-            by_shard.setdefault(position // self._shard_size, []).append(position)
+            index = bisect.bisect_right(self._shard_starts, position) - 1
+            by_shard.setdefault(index, []).append(position)
         for index, held in by_shard.items():
             shard = workflow.get_external_workflow_handle(shard_id(self._key, index))
             self._sends.append(asyncio.create_task(shard.signal(signal, [held, *extra])))
@@ -308,10 +349,12 @@ class EffectGroupWorkflow:
         if not self._named:
             return
         state = f"closed ({self._effective})" if self._closed else "open"
+        if not self._complete:
+            state = f"opening ({len(self._recorded)}/{len(self._chunks)} chunks recorded)"
         workflow.set_current_details(
             f"effecthost group: wake {self._wake}, losers {self._declared}, "
-            f"{len(self._children)} children, settled {len(self._settled)}/"
-            f"{len(self._children)}, {state}"
+            f"{self._count} children, settled {len(self._settled)}/"
+            f"{self._count}, {state}"
         )
 
     def _settle(self, position: int, outcome: Json) -> None:
@@ -329,8 +372,8 @@ class EffectGroupWorkflow:
 
     def _cancel_unsettled(self) -> list[str]:
         cancelled: list[str] = []
-        if self._shard_size:
-            unsettled = [p for p in range(len(self._children)) if self._ledger.rank_of(p) is None]
+        if self._shard_starts:
+            unsettled = [p for p in range(self._count) if self._ledger.rank_of(p) is None]
             for position in unsettled:
                 self._settle(position, dict(_CANCELLED))
                 cancelled.append(self._children[position]["envelope"]["replay_key"])
@@ -351,31 +394,89 @@ class EffectGroupWorkflow:
 
     @workflow.update(name="open")
     async def open(self, fence: Json) -> Json:
+        """Returns the chunks still to record as ``[index, start, end]`` (a chunked
+        open, or a retry of one a caller left partial)."""
         if fence.get("opener"):
             self._opener = fence["opener"]
-        return {"settled": len(self._settled)}
+        missing = [
+            [i, chunk[0], chunk[1]]
+            for i, chunk in enumerate(self._chunks)
+            if i not in self._recorded
+        ]
+        return {"settled": len(self._settled), "missing": missing}
 
     @open.validator
     def _validate_open(self, fence: Json) -> None:
-        """The shape fence (G-13) and each child's hash (G-02). A refusal here leaves
-        nothing in history."""
-        offer = kit.Offer(
-            self._key, fence["count"], fence["wake"], fence["disposition"], fence["children"]
-        )
+        """The shape fence (G-13) and each child's hash (G-02); a chunked open (or a
+        group recorded in chunks) is fenced on the children's digest too, without naming
+        the position (the caller names it from :data:`PAIRS_QUERY`). A refusal here
+        leaves nothing in history."""
+        children = fence.get("children") or ()
+        offer = kit.Offer(self._key, fence["count"], fence["wake"], fence["disposition"], children)
         recorded = [
             kit.RecordedChild(p, c["envelope"]["replay_key"], c["hash"])
             for p, c in enumerate(self._children)
+            if c is not None
         ]
         try:
             kit.check_reopen(offer, self._record(), recorded)
         except EffectHostError as exc:
             raise _refusal(exc) from None
+        digest = fence.get("digest")
+        if digest is None and self._chunks:
+            digest = children_digest(children)
+        if digest is not None and digest != self._children_digest():
+            raise _refuse(
+                "ReplayMismatch",
+                f"group {self._key!r} is recorded with other children (replay keys or "
+                "envelope hashes)",
+                group_key=self._key,
+            )
+
+    def _children_digest(self) -> str:
+        if self._digest is None:
+            self._digest = children_digest(_pairs(self._children))
+        return self._digest
+
+    @workflow.update(name=OPEN_CHUNK_UPDATE)
+    async def open_chunk(self, index: int, entries: list[Json]) -> None:
+        """Record chunk ``index`` (a second copy is a no-op); the last one lets the run
+        start its children."""
+        if index in self._recorded:
+            return
+        start, end = self._chunks[index][0], self._chunks[index][1]
+        self._children[start:end] = entries
+        self._recorded.add(index)
+        self._complete = len(self._recorded) == len(self._chunks)
+        self._show_progress()
+
+    @open_chunk.validator
+    def _validate_open_chunk(self, index: int, entries: list[Json]) -> None:
+        """A chunk must be the one the manifest fenced: its positions and digest."""
+        if 0 <= index < len(self._chunks):
+            start, end, digest = self._chunks[index]
+            if len(entries) == end - start and children_digest(_pairs(entries)) == digest:
+                return
+        raise _refuse(
+            "ReplayMismatch",
+            f"chunk {index} of group {self._key!r} is not the chunk the group was opened with",
+            group_key=self._key,
+        )
+
+    def _require_complete(self) -> None:
+        """A group opened in chunks is recorded once every chunk is."""
+        if not self._complete:
+            raise _refuse(
+                "UnknownGroup",
+                f"group {self._key!r} is not recorded yet: its open has not completed",
+                group_key=self._key,
+            )
 
     def _record(self) -> kit.GroupRecord:
         """What this run knows of its group, as the kit's fences read it."""
         return kit.GroupRecord(
             self._key,
-            len(self._children),
+            self._count,
             self._wake,  # type: ignore[arg-type]
             self._declared,  # type: ignore[arg-type]
             self._effective,  # type: ignore[arg-type]
@@ -388,7 +489,7 @@ class EffectGroupWorkflow:
     def read(self, rank: int) -> Json:
         """Rank ``rank`` if recorded (queries add no history)."""
         return {
-            "shape": [len(self._children), self._wake, self._declared],
+            "shape": [self._count, self._wake, self._declared],
             "closed": self._closed,
             "effective": self._effective,
             "settlement": self._settled[rank - 1] if 0 < rank <= len(self._settled) else None,
@@ -405,6 +506,10 @@ class EffectGroupWorkflow:
             return self._batch(_rank_of(name, RANKS_QUERY))
         if name == SETTLED_QUERY:
             return list(self._settled)
+        if name.startswith(PAIRS_QUERY):
+            start = _rank_of(name, PAIRS_QUERY)
+            page = self._children[start : start + PAIRS_PAGE]
+            return [None if c is None else [c["envelope"]["replay_key"], c["hash"]] for c in page]
         raise ApplicationError(f"unknown query {name!r}", type="UnknownQuery")
 
     def _batch(self, after: int) -> Json:
@@ -418,7 +523,7 @@ class EffectGroupWorkflow:
                 break
             batch.append(settlement)
         return {
-            "shape": [len(self._children), self._wake, self._declared],
+            "shape": [self._count, self._wake, self._declared],
             "closed": self._closed,
             "effective": self._effective,
             "settlements": batch,
@@ -427,7 +532,7 @@ class EffectGroupWorkflow:
     @workflow.query(name="status")
     def status(self) -> Json:
         return {
-            "shape": [len(self._children), self._wake, self._declared],
+            "shape": [self._count, self._wake, self._declared],
             "closed": self._closed,
             "effective": self._effective,
             "opener": self._opener,
@@ -435,7 +540,7 @@ class EffectGroupWorkflow:
             "unsettled": [
                 {"position": p, "envelope": c["envelope"]}
                 for p, c in enumerate(self._children)
-                if self._ledger.rank_of(p) is None
+                if c is not None and self._ledger.rank_of(p) is None
             ],
         }
 
@@ -453,6 +558,7 @@ class EffectGroupWorkflow:
     def _validate_await_rank(self, rank: int) -> None:
         """The caller fenced its handle with a query; here the group is read again:
         ``GroupClosed``, then the cursor (R-2)."""
+        self._require_complete()
         record = self._record()
         claim = kit.HandleClaim(record.child_count, record.wake, record.declared, rank - 1)
         try:
@@ -526,6 +632,7 @@ class EffectGroupWorkflow:
     def _close_target(self, disposition: str | None, shape: list[Any] | None) -> str | None:
         """R-2's order for a close: the handle's shape (G-20), then a closed group is a
         no-op (``None``; R-4), then the narrowing."""
+        self._require_complete()
         claim = None if shape is None else kit.HandleClaim(shape[0], shape[1], shape[2])
         try:
             target = kit.check_close(self._key, claim, self._record(), disposition)
@@ -550,8 +657,8 @@ class EffectGroupWorkflow:
     @workflow.signal(name="close_signal")
     def close_signal(self, disposition: str | None) -> None:
         """Fallback when the run's update budget is spent; a widening is ignored, and so
-        is a close of a closed group (R-4)."""
-        if self._closed:
+        is a close of a closed group (R-4), and of a group not recorded yet."""
+        if self._closed or not self._complete:
             return
         try:
             target = kit.narrow(self._key, self._effective, disposition).value
@@ -578,15 +685,24 @@ class EffectGroupWorkflow:
                 self._events[position] = payload
                 reached += 1
                 targets.append(position)
-        if self._shard_size and targets:
+        if self._shard_starts and targets:
             self._send_to_shards(SHARD_EVENT, targets, payload)
         return reached
+
+    @deliver.validator
+    def _validate_deliver(self, name: str, payload: Any) -> None:
+        self._require_complete()
 
     @workflow.update(name="drain_cancel")
     async def drain_cancel(self, opener: str | None) -> list[str]:
         """Apply a declared CANCEL for a caller that is gone (G-29): only when still
         unclosed and still owned by the opener the drain judged gone."""
-        if self._closed or self._effective != "cancel" or self._opener != opener:
+        if (
+            self._closed
+            or not self._complete
+            or self._effective != "cancel"
+            or self._opener != opener
+        ):
             return []
         return self._cancel_unsettled()
 
