@@ -7,8 +7,9 @@ alone; see its docstring) with ``--out`` pointing into the results directory; th
 collects what each wrote, with its exit status and wall time, into one document
 (default ``benchmarks/results/bench.json``), which ``benchmarks/plot.py`` draws.
 ``--quick`` runs each with fewer rounds and smaller groups: a check that everything runs,
-not figures to quote. A script listed as optional is run when it exists. A benchmark that
-fails is recorded as failed and the others still run.
+not figures to quote. Each entry records the machine's load average before and after its
+benchmark (a shared machine moves the figures). A benchmark that fails is recorded as
+failed and the others still run.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Bench:
     script: str
     quick: list[str] = field(default_factory=list)
     default: bool = True
-    optional: bool = False  # run only when the script exists
+    args: list[str] = field(default_factory=list)  # always passed (a script's mode)
 
     @property
     def path(self) -> Path:
@@ -42,18 +43,21 @@ class Bench:
 
 SUITE = [
     Bench("memory", "memory_groups.py", ["--groups", "300"]),
-    Bench("host-cpu", "host_cpu.py", optional=True),
+    Bench("host-cpu", "host_cpu.py", ["--groups", "300", "--rounds", "1", "--wide", "1000"]),
     Bench(
         "sql",
         "sql_groups.py",
         ["--seconds", "1.5", "--callers", "1,16", "--big", "300", "--fsync", "on"],
     ),
-    Bench("sql-wake", "sql_wake.py", optional=True),
+    Bench("sql-wake", "sql_wake.py", ["--samples", "10"]),
     Bench("wide", "wide_groups.py", ["--quick"]),
     Bench("restate", "restate_groups.py", ["--groups", "9", "--runs", "3"]),
+    Bench("restate-wide", "restate_wide.py", ["--widths", "100,300"]),
     Bench("temporal", "temporal_groups.py", ["--rounds", "12", "--runs", "3"]),
+    Bench("temporal-wide", "temporal_wide.py", ["--widths", "100", "--rounds", "1"]),
     Bench("ceilings", "sql_ceilings.py", ["--seconds", "1.5", "--big", "300"], default=False),
     Bench("sealing", "sql_sealing.py", default=False),
+    Bench("restate-count", "restate_wide.py", default=False, args=["--count"]),
     Bench("temporal-claims", "temporal_replay_claims.py", ["--rounds", "5"], default=False),
 ]
 
@@ -67,29 +71,27 @@ def selected(only: list[str], skip: list[str]) -> list[Bench]:
     return [b for b in chosen if b.name not in skip]
 
 
-def quick_args(bench: Bench) -> list[str]:
-    """An optional script gets ``--quick`` when it says it takes one."""
-    if bench.quick or not bench.optional:
-        return bench.quick
-    return ["--quick"] if "--quick" in bench.path.read_text() else []
-
-
 def run_one(bench: Bench, quick: bool, results: Path, timeout: float | None) -> dict[str, Any]:
     if not bench.path.exists():
         return {"status": "missing", "script": bench.script}
     out = results / f"{bench.name}.json"
     out.unlink(missing_ok=True)
-    argv = [sys.executable, str(bench.path), "--out", str(out)]
+    argv = [sys.executable, str(bench.path), *bench.args, "--out", str(out)]
     if quick:
-        argv += quick_args(bench)
+        argv += bench.quick
     print(f"=== {bench.name}: {' '.join(argv[1:])}", flush=True)
     started = time.perf_counter()
-    entry: dict[str, Any] = {"script": bench.script, "argv": argv[2:]}
+    entry: dict[str, Any] = {
+        "script": bench.script,
+        "argv": argv[2:],
+        "loadavg_before": os.getloadavg(),
+    }
     try:
         code = subprocess.run(argv, cwd=HERE.parent, timeout=timeout, check=False).returncode
     except subprocess.TimeoutExpired:
         code = None
     entry["wall_s"] = round(time.perf_counter() - started, 1)
+    entry["loadavg_after"] = os.getloadavg()
     entry["status"] = "ok" if code == 0 else ("timeout" if code is None else f"exit {code}")
     if out.exists():
         entry["result"] = json.loads(out.read_text())
@@ -107,11 +109,8 @@ def main() -> None:
     options = parser.parse_args()
     if options.list:
         for b in SUITE:
-            notes = [
-                n for n, on in (("not by default", not b.default), ("optional", b.optional)) if on
-            ]
-            there = "" if b.path.exists() else "  (absent)"
-            print(f"{b.name:<16}{b.script:<28}{', '.join(notes)}{there}")
+            note = "" if b.default else "not by default"
+            print(f"{b.name:<16}{' '.join([b.script, *b.args]):<34}{note}")
         return
     split = [s for s in options.only.split(",") if s], [s for s in options.skip.split(",") if s]
     benches = selected(*split)
@@ -135,7 +134,7 @@ def main() -> None:
     for name, entry in document["benchmarks"].items():
         print(f"{name:<16}{entry['status']:<10}{entry.get('wall_s', '-')!s:>8} s")
     print(f"wrote {options.out}; draw it with: .venv/bin/python benchmarks/plot.py {options.out}")
-    if any(e["status"] not in ("ok", "missing") for e in document["benchmarks"].values()):
+    if any(e["status"] != "ok" for e in document["benchmarks"].values()):
         raise SystemExit(1)
 
 

@@ -196,7 +196,6 @@ class NullStore:
     wakes_across_processes = False
     change_poll = None
     input_errors: tuple[type[BaseException], ...] = ()
-    open_at_finalize: frozenset[str] = frozenset()
 
     def __init__(self) -> None:
         self.open_at_finalize: set[str] = set()

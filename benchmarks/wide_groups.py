@@ -7,7 +7,7 @@ For each tier, one ``all_`` group of a trivial tool per child, opened, consumed 
 by one caller. Every group runs in a fresh caller process (this file with ``--one``), so
 its peak RSS is that group's alone: the caller resets its high-water mark
 (``/proc/self/clear_refs``) after a 2-child warm-up group, runs the wide group, and
-reports its wall time and ``VmHWM``. µs per child = wall time ÷ children; caller bytes per
+reports its wall time and ``VmHWM``; each row records the load average after it. µs per child = wall time ÷ children; caller bytes per
 child = (peak RSS − RSS before the group) ÷ children. The children of the engine tiers
 run elsewhere (the Restate endpoint, the Temporal worker), so their caller RSS is the
 caller's share only.
@@ -299,6 +299,7 @@ async def main(options: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
                         if answers[-1]["status"] != "ok":
                             break
                     row = summarize(tier, width, answers)
+                    row["loadavg"] = os.getloadavg()
                     rows.append(row)
                     if row["status"] == "timeout":
                         gave_up = f"{width} children timed out"
