@@ -104,3 +104,53 @@ async def _batched(root: Path) -> None:
         lab.open("br.late")
         assert (await asyncio.wait_for(waiter, 30)).replay_key == "br.late"
         await opener.close_effect_group(handle)
+
+
+@pytest.mark.timeout(120)
+def test_more_waiting_readers_than_in_flight_updates(tmp_path: Path) -> None:
+    """G-44, R-4: every waiting read sends an update id of its own, so twelve readers
+    waiting at once exceed the run's ten in-flight updates; the server refuses the extra
+    ones (``RESOURCE_EXHAUSTED``), those wait by querying, and every reader gets rank 1."""
+    asyncio.run(_crowded(tmp_path))
+
+
+async def _crowded(root: Path) -> None:
+    async with running_host(root) as (host, lab):
+        assert host.client is not None
+        group = EffectGroup(
+            key="reads:group:crowd:0",
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[step("cr.late", result=1)],
+        )
+        opener = await host.controller()
+        handle = await opener.open_effect_group(group)
+        refused: list[RPCStatusCode] = []
+        two_refused = asyncio.Event()
+        readers = [
+            TemporalEffectHost(host.client, host.task_queue, host.resolver()) for _ in range(12)
+        ]
+        for reader in readers:
+            update = reader._update
+
+            async def noted(*args: Any, _update: Any = update, **kwargs: Any) -> Any:
+                try:
+                    return await _update(*args, **kwargs)
+                except RPCError as exc:
+                    refused.append(exc.status)
+                    if len(refused) == 2:
+                        two_refused.set()
+                    raise
+
+            reader._update = noted  # type: ignore[method-assign]
+        waiters = [
+            asyncio.ensure_future(r.await_next_settlement(handle.copy_cursor())) for r in readers
+        ]
+        await lab.wait_for("started", "cr.late", timeout=30)
+        await asyncio.wait_for(two_refused.wait(), 30)
+        assert refused == [RPCStatusCode.RESOURCE_EXHAUSTED] * 2
+        assert not any(w.done() for w in waiters)
+        lab.open("cr.late")
+        read = await asyncio.wait_for(asyncio.gather(*waiters), 30)
+        assert [s.replay_key for s in read] == ["cr.late"] * 12
+        await opener.close_effect_group(handle)

@@ -129,14 +129,12 @@ async def _signal_close(root: Path) -> None:
             assert group.key not in await opener.open_group_keys()
 
 
-@pytest.mark.xfail(strict=True, reason="a completed waiting update is served again by its id")
 @pytest.mark.timeout(120)
 def test_a_reopener_reading_a_rank_read_before_the_close(tmp_path: Path) -> None:
-    """R-4 (known gap, with the update close as with the signal): the waiting update of a
-    cursor has a deterministic id (G-44); once it has completed, the server answers a
-    later update of that id with the recorded outcome, without the validator. A
-    controller that reopened the group and reads that rank after another closed it is
-    served the old batch."""
+    """R-4: a controller that reopened the group and reads a rank another controller read
+    before closing it gets ``GroupClosed``. The server answers an update whose id it has
+    completed from the stored outcome, without the validator, so each waiting read sends
+    its own update id."""
     asyncio.run(_reread(tmp_path))
 
 

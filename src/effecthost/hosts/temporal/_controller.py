@@ -404,9 +404,10 @@ class TemporalEffectHost(WiredController):
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
         """Serve rank ``consumed + 1`` from the batch this controller read last, else
         read a batch: a query of the ranks recorded after the cursor, and when none is,
-        a waiting update with a deterministic id, so every caller waiting there (a fresh
-        process included) shares it (G-44). A group this controller opened and has not
-        closed skips the query: the update's validator applies the same fences.
+        a waiting update (G-44) with an id of its own: the server answers a repeated id
+        from the stored outcome without the validator, which would serve a closed group
+        (R-4). A group this controller opened and has not closed skips the query: the
+        update's validator applies the same fences.
 
         A batch holds recorded ranks only (G-15: they never change). A close through
         this controller drops its batch, so the next await reads the group again (R-4);

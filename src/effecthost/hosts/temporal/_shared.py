@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -92,15 +93,7 @@ INLINE_OUTCOME_BYTES = 256 * 1024
 activity as ``PayloadTooLarge`` failures rather than written into history; with one they
 go by reference above the policy's inline threshold (see docs/temporal.md)."""
 
-RANK_UPDATE_PREFIX = "rank-"
-
 BATCH_UPDATE_PREFIX = "ranks-after-"
-
-
-def rank_update_id(rank: int) -> str:
-    """The deterministic update id of the waiting read of ``rank`` (G-44): every caller
-    waiting on one rank shares one update, so a run spends at most one update per rank."""
-    return f"{RANK_UPDATE_PREFIX}{rank}"
 
 
 def error_details(**ids: Any) -> dict[str, Any]:
@@ -109,9 +102,12 @@ def error_details(**ids: Any) -> dict[str, Any]:
 
 
 def batch_update_id(after: int) -> str:
-    """The deterministic update id of the waiting batch read after rank ``after``: every
-    caller waiting there shares one update, so a run spends at most one per rank."""
-    return f"{BATCH_UPDATE_PREFIX}{after}"
+    """A fresh update id for one waiting read after rank ``after`` (its retries reuse it).
+
+    Never shared between reads: the server answers an update whose id it has completed
+    with the stored outcome, without the validator, so a shared id would serve a rank to
+    a read after the group closed (R-4)."""
+    return f"{BATCH_UPDATE_PREFIX}{after}-{uuid.uuid4().hex}"
 
 
 def shard_id(group_key: str, index: int) -> str:

@@ -24,7 +24,6 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
 
@@ -49,22 +48,13 @@ from effecthost.payloads import (
 
 require("temporal", "temporal", "temporalio")
 
-from temporalio.api.common.v1 import WorkflowExecution  # noqa: E402
-from temporalio.api.enums.v1 import UpdateWorkflowExecutionLifecycleStage  # noqa: E402
-from temporalio.api.update.v1 import UpdateRef, WaitPolicy  # noqa: E402
-from temporalio.api.workflowservice.v1 import (  # noqa: E402
-    GetSystemInfoRequest,
-    PollWorkflowExecutionUpdateRequest,
-)
+from temporalio.api.workflowservice.v1 import GetSystemInfoRequest  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 from temporalio.service import RPCError, RPCStatusCode  # noqa: E402
 
 from ._codec import CODEC_SCOPE  # noqa: E402
 from ._controller import TemporalEffectHost, _stored_form  # noqa: E402
-from ._shared import batch_update_id  # noqa: E402
-
-_ADMITTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ADMITTED
-_ACCEPTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ACCEPTED
+from ._shared import AWAIT_RANKS_UPDATE  # noqa: E402
 
 ADDRESS_ENV = "EFFECTHOST_TEMPORAL_ADDRESS"
 NAMESPACE_ENV = "EFFECTHOST_TEMPORAL_NAMESPACE"
@@ -342,26 +332,22 @@ class TemporalHostUnderTest(HostUnderTest):
         await controller.open_unresolved(group)
 
     async def awaiting(self, group_key: str, rank: int) -> bool:
-        """Whether the waiting update of ``rank`` is accepted by the group workflow (its
-        handler runs), asked of the server without waiting."""
+        """Whether a waiting read of ``rank`` is accepted by the group workflow (its
+        handler runs): an accepted ``await_ranks:<rank - 1>`` update in the run's history,
+        found by name since every read has an update id of its own."""
         assert self.client is not None
-        request = PollWorkflowExecutionUpdateRequest(
-            namespace=self.namespace,
-            update_ref=UpdateRef(
-                workflow_execution=WorkflowExecution(workflow_id=group_key),
-                update_id=batch_update_id(rank - 1),
-            ),
-            wait_policy=WaitPolicy(lifecycle_stage=_ADMITTED),
-        )
+        name = f"{AWAIT_RANKS_UPDATE}{rank - 1}"
         try:
-            answer = await self.client.workflow_service.poll_workflow_execution_update(
-                request, timeout=timedelta(seconds=2)
-            )
+            async for event in self.client.get_workflow_handle(group_key).fetch_history_events():
+                if event.HasField("workflow_execution_update_accepted_event_attributes"):
+                    accepted = event.workflow_execution_update_accepted_event_attributes
+                    if accepted.accepted_request.input.name == name:
+                        return True
         except RPCError as exc:
-            if exc.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.DEADLINE_EXCEEDED):
+            if exc.status == RPCStatusCode.NOT_FOUND:
                 return False
             raise
-        return bool(answer.stage >= _ACCEPTED)
+        return False
 
     async def aclose(self) -> None:
         for controller in self._controllers.values():
