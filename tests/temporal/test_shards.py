@@ -91,7 +91,7 @@ def test_event_delivered_before_the_shards_start_reaches_its_waiter(tmp_path: Pa
     admitted before any worker polls, so the run applies them in its first workflow task,
     before it starts a shard: the event must wait for its shard, not be signalled to a
     workflow that does not exist yet. One child per shard: an ``await_event`` child and a
-    gated tool call; the event takes rank 1."""
+    gated tool call; the event takes rank 1, and the run's history replays."""
     asyncio.run(_early_event(tmp_path))
 
 
@@ -133,6 +133,10 @@ async def _early_event(root: Path) -> None:
             await asyncio.wait_for(ctl.close_effect_group(handle), 30)
             await asyncio.wait_for(wf.result(), 30)
             await ctl.aclose()
+        replayed = await Replayer(
+            workflows=[EffectGroupWorkflow], workflow_runner=workflow_runner()
+        ).replay_workflow(await wf.fetch_history(), raise_on_replay_failure=False)
+        assert replayed.replay_failure is None, replayed.replay_failure
 
 
 async def _admitted(client: Client, key: str, update_id: str) -> None:
