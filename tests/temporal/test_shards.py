@@ -5,18 +5,30 @@ the same ranks (G-43, G-15)."""
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import UpdateWorkflowExecutionLifecycleStage
+from temporalio.api.update.v1 import UpdateRef, WaitPolicy
+from temporalio.api.workflowservice.v1 import PollWorkflowExecutionUpdateRequest
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer
 
-from effecthost.contract import EffectGroup, LoserPolicy, WakePolicy
+from effecthost.contract import EffectEnvelope, EffectGroup, EffectKind, LoserPolicy, WakePolicy
 from effecthost.hosts.temporal import EffectGroupWorkflow, TemporalEffectHost, workflow_runner
 from effecthost.hosts.temporal._shared import shard_id
+from effecthost.hosts.temporal._worker import create_worker
 
 from ._support import running_host, step
 from .test_replay import _Capture
+
+_ADMITTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ADMITTED
 
 
 @pytest.mark.timeout(120)
@@ -70,3 +82,87 @@ async def _sharded(root: Path) -> None:
         )
         rederived: Any = capture.results[0]
         assert rederived["ranks"] == expected
+
+
+@pytest.mark.timeout(120)
+def test_event_delivered_before_the_shards_start_reaches_its_waiter(tmp_path: Path) -> None:
+    """R-5, G-51: an event delivered to a sharded group before the shard holding its
+    waiter has started still settles that waiter. The open and the delivery are both
+    admitted before any worker polls, so the run applies them in its first workflow task,
+    before it starts a shard: the event must wait for its shard, not be signalled to a
+    workflow that does not exist yet. One child per shard: an ``await_event`` child and a
+    gated tool call; the event takes rank 1, and the run's history replays."""
+    asyncio.run(_early_event(tmp_path))
+
+
+async def _early_event(root: Path) -> None:
+    async with running_host(root) as (host, _lab):
+        client = host.client
+        assert client is not None
+        queue = f"{host.task_queue}-early"
+        ctl = TemporalEffectHost(client, queue, host.resolver(), shard_size=1)
+        group = EffectGroup(
+            key="shards:early-event:0",
+            wake=WakePolicy.FIRST,
+            disposition=LoserPolicy.CANCEL,
+            children=[
+                EffectEnvelope(replay_key="ev", kind=EffectKind.AWAIT_EVENT, name="go", input=None),
+                step("held"),
+            ],
+        )
+        opening = asyncio.create_task(ctl.open_effect_group(group))
+        wf = client.get_workflow_handle(group.key)
+        await _eventually(wf.describe)
+        delivering = asyncio.create_task(
+            wf.execute_update(
+                EffectGroupWorkflow.deliver,
+                args=["go", {"n": 1}],
+                id="early-event",
+            )
+        )
+        await _eventually(lambda: _admitted(client, group.key, "early-event"))
+        async with create_worker(client, queue, host.resolver()):
+            handle = await asyncio.wait_for(opening, 30)
+            assert await asyncio.wait_for(delivering, 30) == 1
+            try:
+                first = await asyncio.wait_for(ctl.await_next_settlement(handle), 20)
+            except TimeoutError:
+                pytest.fail("the event delivered before the shards started settled nothing")
+            assert (first.replay_key, first.rank) == ("ev", 1)
+            assert first.outcome.value == {"n": 1}
+            await asyncio.wait_for(ctl.close_effect_group(handle), 30)
+            await asyncio.wait_for(wf.result(), 30)
+            await ctl.aclose()
+        replayed = await Replayer(
+            workflows=[EffectGroupWorkflow], workflow_runner=workflow_runner()
+        ).replay_workflow(await wf.fetch_history(), raise_on_replay_failure=False)
+        assert replayed.replay_failure is None, replayed.replay_failure
+
+
+async def _admitted(client: Client, key: str, update_id: str) -> None:
+    """Returns once the server has admitted update ``update_id`` of ``key``."""
+    await client.workflow_service.poll_workflow_execution_update(
+        PollWorkflowExecutionUpdateRequest(
+            namespace=client.namespace,
+            update_ref=UpdateRef(
+                workflow_execution=WorkflowExecution(workflow_id=key), update_id=update_id
+            ),
+            wait_policy=WaitPolicy(lifecycle_stage=_ADMITTED),
+        ),
+        timeout=timedelta(seconds=2),
+    )
+
+
+async def _eventually(probe: Callable[[], Awaitable[Any]], bound: float = 30.0) -> None:
+    """Hang guard: ``probe`` retried (while it raises "not found") until it answers."""
+    deadline = time.monotonic() + bound
+    while True:
+        try:
+            await probe()
+            return
+        except RPCError as exc:
+            if exc.status not in (RPCStatusCode.NOT_FOUND, RPCStatusCode.DEADLINE_EXCEEDED):
+                raise
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.05)

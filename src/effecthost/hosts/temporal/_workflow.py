@@ -67,6 +67,11 @@ tool and position, wait for a cancelled loser's activity to end (so history show
 end) and report progress as current details. Runs recorded before keep ``child-N`` and
 replay unchanged."""
 
+SIGNAL_STARTED_SHARDS = "effecthost-signal-started-shards"
+"""Patch id: runs that record it send a shard its events and cancels only once the shard
+has started, so a signal is never sent to a shard workflow that does not exist yet (and
+lost). Runs recorded before keep sending at once and replay unchanged."""
+
 
 def assign_rank(settled: list[Json], settlement: Json) -> None:
     """The rank rule: a settlement takes the next rank in the order the workflow
@@ -205,6 +210,7 @@ class EffectGroupWorkflow:
         self._named = False
         self._shard_starts = shard_starts(spec, self._count)
         self._shards: list[asyncio.Task[Any]] = []
+        self._started_shards: set[int] = set()
         self._sends: list[asyncio.Task[None]] = []
 
     # -- run ----------------------------------------------------------------------------
@@ -295,15 +301,19 @@ class EffectGroupWorkflow:
         start = starts[index]
         end = starts[index + 1] if index + 1 < len(starts) else self._count
         chunk = self._children[start:end]
-        await workflow.execute_child_workflow(
-            SHARD_WORKFLOW_NAME,
-            {
-                "offset": start,
-                "children": [child["envelope"] for child in chunk],
-                "options": self._options,
-            },
-            id=shard_id(self._key, index),
-        )
+        try:
+            handle = await workflow.start_child_workflow(
+                SHARD_WORKFLOW_NAME,
+                {
+                    "offset": start,
+                    "children": [child["envelope"] for child in chunk],
+                    "options": self._options,
+                },
+                id=shard_id(self._key, index),
+            )
+        finally:
+            self._started_shards.add(index)  # a start that failed must not hold signals
+        await handle
 
     @workflow.signal(name=SHARD_SETTLED)
     def shard_settled(self, batch: list[list[Any]]) -> None:
@@ -314,14 +324,26 @@ class EffectGroupWorkflow:
 
     def _send_to_shards(self, signal: str, positions: list[int], *extra: Any) -> None:
         """``signal`` to each shard holding one of ``positions``; the commands go out in
-        this workflow task."""
+        this workflow task for the shards that have started, and as each other one starts
+        (R-5: an event delivered before its shard exists still reaches its waiter)."""
         by_shard: dict[int, list[int]] = {}
         for position in positions:
             index = bisect.bisect_right(self._shard_starts, position) - 1
             by_shard.setdefault(index, []).append(position)
+        if not by_shard:
+            return
+        after_start = workflow.patched(SIGNAL_STARTED_SHARDS)
         for index, held in by_shard.items():
-            shard = workflow.get_external_workflow_handle(shard_id(self._key, index))
-            self._sends.append(asyncio.create_task(shard.signal(signal, [held, *extra])))
+            send = self._signal_shard(index, signal, [held, *extra], after_start)
+            self._sends.append(asyncio.create_task(send))
+
+    async def _signal_shard(
+        self, index: int, signal: str, args: list[Any], after_start: bool
+    ) -> None:
+        if after_start and index not in self._started_shards:
+            await workflow.wait_condition(lambda: index in self._started_shards)
+        shard = workflow.get_external_workflow_handle(shard_id(self._key, index))
+        await shard.signal(signal, args)
 
     def _activity_options(self) -> Json:
         return activity_options(self._options)
