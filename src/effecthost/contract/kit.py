@@ -107,10 +107,15 @@ class GroupRecord:
     closed: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "wake", WakePolicy(self.wake))
-        object.__setattr__(self, "declared", LoserPolicy(self.declared))
-        effective = self.declared if self.effective is None else LoserPolicy(self.effective)
-        object.__setattr__(self, "effective", effective)
+        # Hosts build one record per read on the hot path: convert only stored strings.
+        if type(self.wake) is not WakePolicy:
+            object.__setattr__(self, "wake", WakePolicy(self.wake))
+        if type(self.declared) is not LoserPolicy:
+            object.__setattr__(self, "declared", LoserPolicy(self.declared))
+        if self.effective is None:
+            object.__setattr__(self, "effective", self.declared)
+        elif type(self.effective) is not LoserPolicy:
+            object.__setattr__(self, "effective", LoserPolicy(self.effective))
 
     @property
     def in_force(self) -> LoserPolicy:
