@@ -66,6 +66,7 @@ _FINALIZE_MANY_PLANNED = f"""CREATE OR REPLACE FUNCTION eh_finalize_many_planned
             n integer := coalesce(array_length(p_keys, 1), 0);
             seqs bigint[] := array_fill(NULL::bigint, ARRAY[n]);
             matched integer[];
+            matched_keys text[];
             groups text[];
             m integer;
             top bigint;
@@ -80,9 +81,10 @@ _FINALIZE_MANY_PLANNED = f"""CREATE OR REPLACE FUNCTION eh_finalize_many_planned
                        WITH ORDINALITY AS u(key, hash, fence, outcome, i)
                  WHERE c.replay_key = u.key AND c.envelope_hash = u.hash
                    AND c.lease_owner = p_owner AND c.fence = u.fence AND c.state = 'claimed'
-                RETURNING u.i, c.group_key)
-            SELECT array_agg(i ORDER BY i), array_agg(DISTINCT group_key)
-              INTO matched, groups FROM done;
+                RETURNING u.i, u.key, c.group_key)
+            SELECT array_agg(i ORDER BY i), array_agg(key ORDER BY i),
+                   array_agg(DISTINCT group_key)
+              INTO matched, matched_keys, groups FROM done;
             -- (2) no fenced update matched: nothing written, no counter bump
             m := coalesce(array_length(matched, 1), 0);
             IF m = 0 THEN
@@ -94,9 +96,11 @@ _FINALIZE_MANY_PLANNED = f"""CREATE OR REPLACE FUNCTION eh_finalize_many_planned
             -- (3) one bump for the m that matched; sequences in the order given
             UPDATE eh_groups SET counter = counter + m WHERE group_key = groups[1]
             RETURNING counter, watched INTO top, w;
+            -- joined on the matched keys themselves: a subscript of a text array walks
+            -- it from the start, once per row
             UPDATE eh_children c SET seq = top - m + r.k
-              FROM unnest(matched) WITH ORDINALITY AS r(i, k)
-             WHERE c.replay_key = p_keys[r.i];
+              FROM unnest(matched_keys) WITH ORDINALITY AS r(key, k)
+             WHERE c.replay_key = r.key;
             FOR k IN 1..m LOOP
                 seqs[matched[k]] := top - m + k;
             END LOOP;
