@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import socket
@@ -199,6 +198,7 @@ class SqlEffectHost(WiredController):
         self._pending: dict[str, list[tuple[_Driver, str, asyncio.Future[int | None]]]] = {}
         self._flushers: dict[str, asyncio.Task[None]] = {}
         self._ahead: dict[str, dict[int, RankRead]] = {}  # ranks read ahead, per group
+        self._last_record: tuple[GroupRow, kit.GroupRecord] | None = None
         # outcomes this host finalized in groups it owns, with the text it recorded: a
         # waiter that reads that very text back takes the outcome without decoding it
         self._written: dict[str, dict[str, tuple[str, Outcome]]] = {}
@@ -376,7 +376,7 @@ class SqlEffectHost(WiredController):
         self._require_wired(require_group(group).key)
         await self._ready()
         canonical = self._check_sizes(group)
-        hashes = [hashlib.sha256(data).hexdigest() for data in canonical]
+        hashes = [child.envelope_hash() for child in group.children]  # kept by the group
         specs = self._specs(group, canonical, hashes)
         executors: list[EffectExecutor | None] | None = None
 
@@ -432,11 +432,7 @@ class SqlEffectHost(WiredController):
         try:
             yield
         except self.store.input_errors as exc:
-            raise InvalidEnvelope(
-                f"the database refused a key or value of group {group_key!r} "
-                f"({type(exc).__name__})",
-                group_key=group_key,
-            ) from None
+            raise _refused(group_key, exc) from None
 
     def _check_sizes(self, group: EffectGroup) -> list[bytes]:
         """Every child's canonical bytes (encoded once per open), each within the limit."""
@@ -904,13 +900,20 @@ class SqlEffectHost(WiredController):
         return kit.Tombstone(group_key) if await self.store.retired(group_key) else None
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
-        with self._refusing_input(require_handle(handle).group_key):
+        key = require_handle(handle).group_key
+        try:
             return await self._await_next(handle)
+        except self.store.input_errors as exc:
+            raise _refused(key, exc) from None
 
     async def _await_next(self, handle: GroupHandle) -> Settlement:
         self._require_wired(handle.group_key)
         await self._ready()
         rank = handle.consumed + 1
+        ahead = self._ahead.get(handle.group_key)
+        if ahead is not None and rank in ahead:
+            # committed, and read by an earlier range scan: served without a waiter
+            return await self._serve(handle, rank, self._pop_ahead(handle.group_key, rank))
         adopt_at = time.monotonic() + self.renew_every
         while True:
             waiter = self._waiter(handle.group_key)  # taken before the read: no lost wake-up
@@ -925,22 +928,13 @@ class SqlEffectHost(WiredController):
                     continue
                 # rank n is sequence n: dense, commit-ordered sequences (see the module doc)
                 read = await self._read_rank(handle.group_key, rank)
-                known = (
-                    _known(read.group)
-                    if read is not None
-                    else await self._tombstone(handle.group_key)
-                )
-                kit.check_await(handle.group_key, handle, known)  # R-2's order
-                assert read is not None
+                if read is None:
+                    known = await self._tombstone(handle.group_key)
+                    kit.check_await(handle.group_key, handle, known)  # R-2's order
+                    raise AssertionError("unreachable: no record and no refusal")
                 if read.replay_key is not None and read.outcome is not None:
-                    assert read.position is not None
-                    # decoded before the handle advances: a refusal leaves it (G-49)
-                    outcome = await self._decode(
-                        handle.group_key, read.replay_key, read.position, rank, read.outcome
-                    )
-                    settlement = Settlement.recorded(rank, read.position, read.replay_key, outcome)
-                    handle.consumed = rank
-                    return settlement
+                    return await self._serve(handle, rank, read)
+                kit.check_await(handle.group_key, handle, self._record(read.group))
                 if time.monotonic() >= adopt_at:
                     adopt_at = time.monotonic() + self.renew_every
                     if await self._adopt(handle.group_key):
@@ -948,6 +942,30 @@ class SqlEffectHost(WiredController):
                 await self._sleep(waiter)
             finally:
                 self._forget(handle.group_key, waiter)
+
+    async def _serve(self, handle: GroupHandle, rank: int, read: RankRead) -> Settlement:
+        """Rank ``rank`` as ``read`` records it, once R-2's checks pass against the group
+        row read with it; decoded before the handle advances: a refusal leaves it
+        (G-49)."""
+        kit.check_await(handle.group_key, handle, self._record(read.group))  # R-2's order
+        assert read.replay_key is not None and read.outcome is not None
+        assert read.position is not None
+        outcome = await self._decode(
+            handle.group_key, read.replay_key, read.position, rank, read.outcome
+        )
+        settlement = Settlement.recorded(rank, read.position, read.replay_key, outcome)
+        handle.consumed = rank
+        return settlement
+
+    def _record(self, row: GroupRow) -> kit.GroupRecord:
+        """:func:`_known` of ``row``, kept for the last row: the ranks of one range scan
+        share their group row."""
+        last = self._last_record
+        if last is not None and last[0] is row:
+            return last[1]
+        record = _known(row)
+        self._last_record = (row, record)
+        return record
 
     async def _adopt(self, group_key: str) -> bool:
         """Take over the waited-on group's tool calls whose lease expired (G-33): a
@@ -990,11 +1008,8 @@ class SqlEffectHost(WiredController):
         else one range scan of up to :data:`READ_AHEAD` sequences. A settled rank never
         changes (G-15), so a rank read ahead is what a later point lookup would return;
         what was read ahead is dropped when the group closes."""
-        ahead = self._ahead.get(group_key)
-        if ahead is not None:
-            read = ahead.pop(rank, None)
-            if not ahead:
-                del self._ahead[group_key]
+        if group_key in self._ahead:
+            read = self._pop_ahead(group_key, rank)
             if read is not None:
                 return read
         if self.store.wakes_across_processes:
@@ -1013,6 +1028,13 @@ class SqlEffectHost(WiredController):
         read = reads.pop(rank, None) or RankRead(group, None, None, None)
         if reads and group.state == "open":
             self._ahead.setdefault(group_key, {}).update(reads)
+        return read
+
+    def _pop_ahead(self, group_key: str, rank: int) -> RankRead | None:
+        ahead = self._ahead[group_key]
+        read = ahead.pop(rank, None)
+        if not ahead:
+            del self._ahead[group_key]
         return read
 
     async def settlement_order(self, group_key: str) -> list[int]:
@@ -1209,6 +1231,15 @@ class SqlDrain(GroupDrain):
         while not stop.is_set():
             await self.run_pass()
             await _wait(stop, interval)
+
+
+def _refused(group_key: str, exc: BaseException) -> InvalidEnvelope:
+    """A value the database refused, named by its group only (the driver's message may
+    quote the value)."""
+    return InvalidEnvelope(
+        f"the database refused a key or value of group {group_key!r} ({type(exc).__name__})",
+        group_key=group_key,
+    )
 
 
 def _no_executor(row: ChildRow, why: str) -> NoExecutor:
