@@ -105,7 +105,7 @@ READ_AHEAD = 64
 the next call on that group (dropped when the group closes)."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Driver:
     """A child this host runs under a lease it holds."""
 
@@ -911,9 +911,11 @@ class SqlEffectHost(WiredController):
         await self._ready()
         rank = handle.consumed + 1
         ahead = self._ahead.get(handle.group_key)
-        if ahead is not None and rank in ahead:
+        read = ahead.get(rank) if ahead is not None else None
+        if read is not None:
             # committed, and read by an earlier range scan: served without a waiter
-            return await self._serve(handle, rank, self._pop_ahead(handle.group_key, rank))
+            self._pop_ahead(handle.group_key, rank)
+            return await self._serve(handle, rank, read)
         adopt_at = time.monotonic() + self.renew_every
         while True:
             waiter = self._waiter(handle.group_key)  # taken before the read: no lost wake-up

@@ -68,7 +68,7 @@ def _mark(sent: Sent | None) -> None:
         sent.mark()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GroupRow:
     """One row of the groups table."""
 
@@ -83,7 +83,7 @@ class GroupRow:
     closed_at: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ChildSpec:
     """A child row to insert at open."""
 
@@ -97,7 +97,7 @@ class ChildSpec:
     sleep_seconds: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ChildRow:
     """One row of the children table (the fields the host reads)."""
 
@@ -122,7 +122,7 @@ class ChildRow:
     owner_live: bool = False  # the group is open and its owner's claim is unexpired
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Expected:
     """A close's expectation of an open group (its handle's shape) and the disposition
     the close records on such a group. An open group's disposition in force is the
@@ -134,7 +134,7 @@ class Expected:
     target: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Finalize:
     """One child of a batched finalize: its fence (with the batch's lease owner) and its
     outcome."""
@@ -145,7 +145,7 @@ class Finalize:
     outcome: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Claim:
     """A lease won on a child: the fence token the finalize must match."""
 
@@ -156,7 +156,7 @@ class Claim:
     lease_expires: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Renewal:
     """A lease this owner still holds after a renewal."""
 
@@ -165,7 +165,7 @@ class Renewal:
     cancel_requested: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankRead:
     """The group row and, when recorded, the child holding sequence ``seq``."""
 
@@ -175,7 +175,7 @@ class RankRead:
     outcome: str | bytes | None  # bytes: a SQLite row that is not UTF-8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Opened:
     """What :meth:`Store.open_group` found or did."""
 
@@ -200,7 +200,7 @@ class ReplayKeyTaken(Exception):
         self.holder = holder
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OpenGroup:
     """An open group as ``open_groups`` lists it (G-30)."""
 
