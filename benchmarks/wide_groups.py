@@ -7,7 +7,10 @@ For each tier, one ``all_`` group of a trivial tool per child, opened, consumed 
 by one caller. Every group runs in a fresh caller process (this file with ``--one``), so
 its peak RSS is that group's alone: the caller resets its high-water mark
 (``/proc/self/clear_refs``) after a 2-child warm-up group, runs the wide group, and
-reports its wall time and ``VmHWM``; each row records the load average after it. µs per child = wall time ÷ children; caller bytes per
+reports its wall time, its CPU time (``process_time``) and ``VmHWM``; each row records the
+load average after it. µs per child = wall time ÷ children; CPU µs per child = the caller
+process's CPU time ÷ children (on SQLite it includes the database's own work, which runs
+in the caller; on the engine tiers it is the caller's share only); caller bytes per
 child = (peak RSS − RSS before the group) ÷ children. The children of the engine tiers
 run elsewhere (the Restate endpoint, the Temporal worker), so their caller RSS is the
 caller's share only.
@@ -144,18 +147,19 @@ async def one(tier: str, width: int, conf: dict[str, Any]) -> dict[str, Any]:
         gc.collect()
         reset = _reset_peak()
         before = _status_kb("VmRSS")
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         try:
             results = await all_(ctl, scope, calls)
         except EffectHostError as error:
             return {"status": "refused", "error": f"{type(error).__name__}: {error}"[:400]}
         except Exception as error:
             return {"status": "error", "error": f"{type(error).__name__}: {error}"[:400]}
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
         assert len(results) == width
         return {
             "status": "ok",
             "elapsed_s": elapsed,
+            "cpu_s": cpu,
             "rss_before_kb": before,
             "rss_peak_kb": _status_kb("VmHWM"),
             "peak_reset": reset,
@@ -261,11 +265,13 @@ def summarize(tier: str, width: int, answers: list[dict[str, Any]]) -> dict[str,
     if ok:
         us = [a["elapsed_s"] * 1e6 / width for a in ok]
         grown = [(a["rss_peak_kb"] - a["rss_before_kb"]) * 1024 / width for a in ok]
+        cpu = [a["cpu_s"] * 1e6 / width for a in ok]
         row.update(
             rounds=len(ok),
             us_per_child=statistics.median(us),
             us_min=min(us),
             us_max=max(us),
+            cpu_us_per_child=statistics.median(cpu),
             rss_peak_kb=statistics.median(a["rss_peak_kb"] for a in ok),
             bytes_per_child=statistics.median(grown),
         )
@@ -316,7 +322,10 @@ def _cell(row: dict[str, Any]) -> str:
 
 
 def table(document: dict[str, Any]) -> str:
-    header = f"{'tier':<10}{'children':>9}{'rounds':>7}{'µs/child':>10}{'(range)':>16}{'peak RSS MB':>13}{'B/child':>9}"
+    header = (
+        f"{'tier':<10}{'children':>9}{'rounds':>7}{'µs/child':>10}{'(range)':>16}"
+        f"{'CPU µs/child':>14}{'peak RSS MB':>13}{'B/child':>9}"
+    )
     lines = [
         f"python={document['python']}  cpus={document['cpus']}  load="
         + " ".join(f"{x:.1f}" for x in document["loadavg"]),
@@ -333,7 +342,8 @@ def table(document: dict[str, Any]) -> str:
         span = f"({row['us_min']:.0f}–{row['us_max']:.0f})"
         lines.append(
             f"{row['tier']:<10}{width:>9}{row['rounds']:>7}{row['us_per_child']:>10.0f}"
-            f"{span:>16}{row['rss_peak_kb'] / 1024:>13.1f}{row['bytes_per_child']:>9.0f}"
+            f"{span:>16}{row['cpu_us_per_child']:>14.0f}"
+            f"{row['rss_peak_kb'] / 1024:>13.1f}{row['bytes_per_child']:>9.0f}"
             + ("" if row["status"] == "ok" else f"  then {row['status']}")
         )
     return "\n".join(lines)
