@@ -14,7 +14,8 @@ Two figures, each the median and range of ``--rounds`` rounds:
 - Caller memory per child: the ``tracemalloc`` peak of one ``all_`` of ``--wide``
   children (building the calls, the group, the record, the tasks, the results), divided
   by the children. Capped at the contract's ``MAX_CHILDREN`` (the row says which width
-  ran).
+  ran). Twice: with the calls passed inline (``all_`` lets them go once the group is
+  built) and with the caller holding its list of calls until the group is done.
 
 ``--profile N`` also prints the N most expensive functions (cProfile, by own time) of the
 CPU workload; ``--memory-profile N`` the N largest allocation sites (tracemalloc, bytes
@@ -110,6 +111,14 @@ async def _wide(width: int) -> None:
     assert len(values) == width
 
 
+async def _wide_held(width: int) -> None:
+    """As :func:`_wide`, the caller keeping its calls until the group is done."""
+    host = MemoryEffectHost(_registry())
+    calls = [tool("echo", [j, "x"]) for j in range(width)]
+    values = await all_(host, _scope(), calls)
+    assert len(values) == len(calls)
+
+
 async def _native_wide(width: int) -> None:
     values = await asyncio.gather(*(_native_echo([j, "x"]) for j in range(width)))
     assert len(values) == width
@@ -134,9 +143,11 @@ def memory_rows(width: int, rounds: int) -> dict[str, Any]:
     ran = min(width, limits.MAX_CHILDREN)
     asyncio.run(_wide(ran))  # warm imports and caches
     per_child: list[float] = []
+    held: list[float] = []
     native: list[float] = []
     for _ in range(rounds):
         per_child.append(_peak_per_child(_wide(ran), ran))
+        held.append(_peak_per_child(_wide_held(ran), ran))
         native.append(_peak_per_child(_native_wide(ran), ran))
     return {
         "workload": f"all() of {ran}",
@@ -144,6 +155,7 @@ def memory_rows(width: int, rounds: int) -> dict[str, Any]:
         "width": ran,
         "rounds": rounds,
         "bytes_per_child": _spread(per_child),
+        "held_calls_bytes_per_child": _spread(held),
         "native_bytes_per_child": _spread(native),
     }
 
@@ -242,6 +254,7 @@ def table(document: dict[str, Any]) -> str:
         f"{'  native gather µs/child':<34}{_fmt(cpu['native_us_per_child']):>26}",
         f"{'  library µs/child':<34}{_fmt(cpu['library_us_per_child']):>26}",
         f"{'bytes/child, ' + mem['workload']:<34}{_fmt(mem['bytes_per_child'], 0):>26}",
+        f"{'  calls held by the caller':<34}{_fmt(mem['held_calls_bytes_per_child'], 0):>26}",
         f"{'  native gather bytes/child':<34}{_fmt(mem['native_bytes_per_child'], 0):>26}",
     ]
     if mem["width"] != mem["asked_width"]:

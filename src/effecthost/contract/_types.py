@@ -343,10 +343,11 @@ class EffectEnvelope(_Model):
 
     model_config = _FROZEN
     __slots__ = ("_hash", "_size")
-    """The canonical size and hash once computed (the envelope is frozen and its input
-    was normalised at construction): slots, not ``__dict__`` entries, because a sixth
-    entry doubles the dict's table, and neither the bytes nor a tuple are kept (a wide
-    group holds one envelope per child). Unset until first asked; a copy starts unset."""
+    """The canonical size and sha256 digest once computed (the envelope is frozen and its
+    input was normalised at construction): slots, not ``__dict__`` entries, because a
+    sixth entry doubles the dict's table; the raw digest, not its hex text, and neither
+    the bytes nor a tuple (a wide group holds one envelope per child). Unset until first
+    asked; a copy starts unset."""
 
     replay_key: str
     kind: str
@@ -393,7 +394,7 @@ class EffectEnvelope(_Model):
         )
         data = _compose(text, kind, name, replay_key, membership)
         _set_size(envelope, len(data))
-        _set_hash(envelope, hashlib.sha256(data).hexdigest())
+        _set_hash(envelope, hashlib.sha256(data).digest())
         return envelope
 
     def canonical_dict(self) -> dict[str, JsonValue]:
@@ -423,9 +424,9 @@ class EffectEnvelope(_Model):
         except Exception:  # e.g. built with ``model_construct``: the general encoder decides
             return _encode_canonical(self.canonical_dict())
 
-    def _remember(self) -> tuple[int, str]:
+    def _remember(self) -> tuple[int, bytes]:
         data = self.canonical_bytes()
-        size, digest = len(data), hashlib.sha256(data).hexdigest()
+        size, digest = len(data), hashlib.sha256(data).digest()
         _set_size(self, size)
         _set_hash(self, digest)
         return size, digest
@@ -440,9 +441,10 @@ class EffectEnvelope(_Model):
     def envelope_hash(self) -> str:
         """``sha256`` hex of :meth:`canonical_bytes`: the replay fence (G-01, G-02)."""
         try:
-            return _get_hash(self)  # type: ignore[no-any-return]
+            digest: bytes = _get_hash(self)
         except AttributeError:
-            return self._remember()[1]
+            digest = self._remember()[1]
+        return digest.hex()
 
     def with_membership(self, membership: GroupMembership | None) -> EffectEnvelope:
         """A copy with ``membership`` replaced."""
