@@ -222,7 +222,7 @@ class MemoryEffectHost(WiredController):
             wake=group.wake,
             declared=group.disposition,
             effective=group.disposition,
-            children=[_Child(child, position) for position, child in enumerate(group.children)],
+            children=[_Child(child, _position(child)) for child in group.children],
         )
         self._groups[group.key] = record
         self._replay_keys.update((child.replay_key, group.key) for child in group.children)
@@ -592,6 +592,14 @@ class _MemoryDrain(GroupDrain):
         return DrainReport(
             resumed=tuple(resumed), cancelled=tuple(cancelled), no_executor=tuple(missing)
         )
+
+
+def _position(envelope: EffectEnvelope) -> int:
+    """A grouped child's position: the membership's own number (the group stamped every
+    child), not another int object per child."""
+    membership = envelope.membership
+    assert membership is not None
+    return membership.position
 
 
 def _no_executor(record: _Group, child: _Child, why: str) -> NoExecutor:
