@@ -1,7 +1,7 @@
 """Host CPU and caller memory per child on the memory host.
 
     .venv/bin/python benchmarks/host_cpu.py [--groups 2000] [--width 8] [--rounds 3]
-        [--wide 10000] [--profile N] [--memory-profile N] [--out FILE]
+        [--wide 10000] [--scaling 1000,10000] [--profile N] [--memory-profile N] [--out FILE]
 
 Two figures, each the median and range of ``--rounds`` rounds:
 
@@ -14,7 +14,12 @@ Two figures, each the median and range of ``--rounds`` rounds:
 - Caller memory per child: the ``tracemalloc`` peak of one ``all_`` of ``--wide``
   children (building the calls, the group, the record, the tasks, the results), divided
   by the children. Capped at the contract's ``MAX_CHILDREN`` (the row says which width
-  ran).
+  ran). Twice: with the calls passed inline (``all_`` lets them go once the group is
+  built) and with the caller holding its list of calls until the group is done.
+
+``--scaling W1,W2,...`` adds the CPU per child of one ``all_`` of each width (calls built
+beforehand, widths alternating round by round), with the cyclic collector's share of it
+(``gc.callbacks``: time and passes by generation), and the widest ÷ narrowest ratio.
 
 ``--profile N`` also prints the N most expensive functions (cProfile, by own time) of the
 CPU workload; ``--memory-profile N`` the N largest allocation sites (tracemalloc, bytes
@@ -110,9 +115,84 @@ async def _wide(width: int) -> None:
     assert len(values) == width
 
 
+async def _wide_held(width: int) -> None:
+    """As :func:`_wide`, the caller keeping its calls until the group is done."""
+    host = MemoryEffectHost(_registry())
+    calls = [tool("echo", [j, "x"]) for j in range(width)]
+    values = await all_(host, _scope(), calls)
+    assert len(values) == len(calls)
+
+
 async def _native_wide(width: int) -> None:
     values = await asyncio.gather(*(_native_echo([j, "x"]) for j in range(width)))
     assert len(values) == width
+
+
+class _Collections:
+    """Counts and times the cyclic collector's passes, by generation (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+        else:
+            generation = info["generation"]
+            self.count[generation] += 1
+            self.seconds[generation] += time.process_time() - self._started
+
+
+def _one_wide_cpu(width: int) -> dict[str, Any]:
+    """CPU per child of one ``all_`` of ``width`` (calls built beforehand, as
+    ``wide_groups.py`` does), and the collector's share of it."""
+    host = MemoryEffectHost(_registry())
+    scope = _scope()
+    calls = [tool("echo", [j, "x"]) for j in range(width)]
+    collections = _Collections()
+
+    async def body() -> None:
+        await all_(host, scope, [tool("echo", [0, "warm"])])
+        gc.collect()
+        gc.callbacks.append(collections)
+        try:
+            started = time.process_time()
+            values = await all_(host, scope, calls)
+            elapsed = time.process_time() - started
+        finally:
+            gc.callbacks.remove(collections)
+        assert len(values) == width
+        seconds.append(elapsed)
+
+    seconds: list[float] = []
+    asyncio.run(body())
+    return {
+        "us_per_child": seconds[0] / width * 1e6,
+        "gc_us_per_child": sum(collections.seconds) / width * 1e6,
+        "collections": collections.count,
+    }
+
+
+def scaling_rows(widths: list[int], rounds: int) -> dict[str, Any]:
+    """CPU per child of one wide ``all_`` at each width, alternating widths round by
+    round; with the collector's share (its time and passes by generation)."""
+    widths = [min(w, limits.MAX_CHILDREN) for w in widths]
+    samples: dict[int, list[dict[str, Any]]] = {w: [] for w in widths}
+    _one_wide_cpu(min(widths))
+    for _ in range(rounds):
+        for width in widths:
+            samples[width].append(_one_wide_cpu(width))
+    rows = {
+        str(w): {
+            "us_per_child": _spread([s["us_per_child"] for s in got]),
+            "gc_us_per_child": _spread([s["gc_us_per_child"] for s in got]),
+            "collections": [s["collections"] for s in got],
+        }
+        for w, got in samples.items()
+    }
+    return {"rounds": rounds, "widths": rows}
 
 
 def _peak_per_child(body: Any, width: int) -> float:
@@ -134,9 +214,11 @@ def memory_rows(width: int, rounds: int) -> dict[str, Any]:
     ran = min(width, limits.MAX_CHILDREN)
     asyncio.run(_wide(ran))  # warm imports and caches
     per_child: list[float] = []
+    held: list[float] = []
     native: list[float] = []
     for _ in range(rounds):
         per_child.append(_peak_per_child(_wide(ran), ran))
+        held.append(_peak_per_child(_wide_held(ran), ran))
         native.append(_peak_per_child(_native_wide(ran), ran))
     return {
         "workload": f"all() of {ran}",
@@ -144,6 +226,7 @@ def memory_rows(width: int, rounds: int) -> dict[str, Any]:
         "width": ran,
         "rounds": rounds,
         "bytes_per_child": _spread(per_child),
+        "held_calls_bytes_per_child": _spread(held),
         "native_bytes_per_child": _spread(native),
     }
 
@@ -220,13 +303,20 @@ def _spread(samples: list[float]) -> dict[str, Any]:
 
 
 def measure(
-    groups: int = 2000, width: int = 8, rounds: int = 3, wide: int = 10_000
+    groups: int = 2000,
+    width: int = 8,
+    rounds: int = 3,
+    wide: int = 10_000,
+    scaling: list[int] | None = None,
 ) -> dict[str, Any]:
-    return {
+    document = {
         "python": platform.python_version(),
         "cpu": cpu_rows(groups, width, rounds),
         "memory": memory_rows(wide, rounds),
     }
+    if scaling:
+        document["scaling"] = scaling_rows(scaling, rounds)
+    return document
 
 
 def _fmt(spread: dict[str, Any], digits: int = 1) -> str:
@@ -242,15 +332,25 @@ def table(document: dict[str, Any]) -> str:
         f"{'  native gather µs/child':<34}{_fmt(cpu['native_us_per_child']):>26}",
         f"{'  library µs/child':<34}{_fmt(cpu['library_us_per_child']):>26}",
         f"{'bytes/child, ' + mem['workload']:<34}{_fmt(mem['bytes_per_child'], 0):>26}",
+        f"{'  calls held by the caller':<34}{_fmt(mem['held_calls_bytes_per_child'], 0):>26}",
         f"{'  native gather bytes/child':<34}{_fmt(mem['native_bytes_per_child'], 0):>26}",
     ]
     if mem["width"] != mem["asked_width"]:
         lines.append(f"(asked {mem['asked_width']} children; MAX_CHILDREN is {mem['width']})")
+    widths = document.get("scaling", {}).get("widths", {})
+    for w, row in widths.items():
+        label = f"CPU µs/child, one all() of {int(w):,}"
+        lines.append(f"{label:<34}{_fmt(row['us_per_child']):>26}")
+        lines.append(f"{'  of which the collector':<34}{_fmt(row['gc_us_per_child'], 2):>26}")
+    if len(widths) >= 2:
+        medians = [row["us_per_child"]["median"] for row in widths.values()]
+        lines.append(f"{'  widest ÷ narrowest (medians)':<34}{medians[-1] / medians[0]:>26.2f}")
     return "\n".join(lines)
 
 
 def main(options: argparse.Namespace) -> None:
-    document = measure(options.groups, options.width, options.rounds, options.wide)
+    scaling = [int(w) for w in options.scaling.split(",")] if options.scaling else None
+    document = measure(options.groups, options.width, options.rounds, options.wide, scaling)
     print(f"host=memory  python={document['python']}  rounds={options.rounds}")
     print(table(document))
     if options.profile:
@@ -269,6 +369,7 @@ if __name__ == "__main__":
     parser.add_argument("--width", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--wide", type=int, default=10_000)
+    parser.add_argument("--scaling", default="", metavar="W1,W2")
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     parser.add_argument("--memory-profile", type=int, default=0, metavar="N")
     parser.add_argument("--out")

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
@@ -330,3 +332,31 @@ async def test_g05_identical_combinator_calls_open_distinct_groups(
         Scope.from_json(scope.to_json()), calls, WakePolicy.FIRST, LoserPolicy.CANCEL
     )
     assert peek.key == next_group_key(scope, calls)
+
+
+class _Calls(list[Call]):
+    """A list of calls a test can hold a weak reference to."""
+
+
+@pytest.mark.parametrize("combinator", [race, any_, all_, all_settled])
+async def test_combinators_let_go_of_inline_calls_once_the_group_is_built(
+    combinator: Any,
+) -> None:
+    """G-01: the group holds its own copies of the calls' inputs, so a combinator keeps
+    the group, not the caller's list: calls passed inline are freed while the group runs
+    (a 10,000-child group would otherwise hold every call to its end)."""
+    seen: list[bool] = []
+    holder: list[weakref.ref[_Calls]] = []
+
+    async def probe(_: Any) -> str:
+        gc.collect()
+        seen.append(holder[0]() is None)
+        return "ok"
+
+    host = MemoryEffectHost(ToolRegistry({"probe": probe}))
+    calls = _Calls([tool("probe", 1), tool("probe", 2)])
+    holder.append(weakref.ref(calls))
+    running = combinator(host, Scope(scope_id="inline"), calls)
+    del calls
+    await within(running)
+    assert seen and all(seen)

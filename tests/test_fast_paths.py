@@ -5,8 +5,10 @@ definition (encode then decode; encode the canonical dict; validate the model)."
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import pickle
 from typing import Any
 
 import pytest
@@ -134,6 +136,27 @@ def test_g01_a_copy_does_not_keep_the_original_bytes() -> None:
     assert renamed.canonical_bytes() == canonical_json(renamed.canonical_dict())
     assert renamed != envelope
     assert envelope == EffectEnvelope(replay_key="r", kind="tool_call", name="a", input=1)
+
+
+def test_g01_copies_hash_their_own_fields() -> None:
+    """G-01: the size and hash an envelope remembers are not carried into a copy with
+    other fields; a plain copy, a deep copy and a pickled one hash as the original."""
+    envelope = EffectEnvelope(replay_key="r", kind="tool_call", name="a", input=[1])
+    digest, size = envelope.envelope_hash(), envelope.canonical_size()
+    renamed = envelope.model_copy(update={"input": [1, 2]})
+    fresh = EffectEnvelope(replay_key="r", kind="tool_call", name="a", input=[1, 2])
+    assert (renamed.envelope_hash(), renamed.canonical_size()) == (
+        fresh.envelope_hash(),
+        fresh.canonical_size(),
+    )
+    assert renamed.envelope_hash() != digest
+    for same in (
+        copy.copy(envelope),
+        copy.deepcopy(envelope),
+        pickle.loads(pickle.dumps(envelope)),
+    ):
+        assert same == envelope
+        assert (same.envelope_hash(), same.canonical_size()) == (digest, size)
 
 
 def _general_group(

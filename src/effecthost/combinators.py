@@ -366,6 +366,7 @@ async def race(
     if not calls:
         raise EmptyGroup("race([]) never settles; refused without touching a host")
     group = build_group(scope, calls, WakePolicy.FIRST, disposition)
+    del calls  # as in ``all_``
     async with _opened(controller, group) as handle:
         first = await controller.await_next_settlement(handle)
         await controller.close_effect_group(handle)
@@ -388,6 +389,7 @@ async def any_(
     if not calls:
         raise EmptyGroup("any([]) has no child that could succeed")
     group = build_group(scope, calls, WakePolicy.FIRST_SUCCESS, disposition)
+    del calls  # as in ``all_``
     failures: list[EffectFailed] = []
     async with _opened(controller, group) as handle:
         async for settlement in settlements(controller, handle):
@@ -412,6 +414,7 @@ async def all_(controller: EffectController, scope: Scope, calls: Sequence[Call]
     if not calls:
         return []
     group = build_group(scope, calls, WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION)
+    del calls  # the group holds its own copies: calls passed inline are freed while it runs
     values: dict[int, Any] = {}
     async with _opened(controller, group) as handle:
         while not handle.exhausted:  # ``settlements`` inlined: no generator step per child
@@ -422,7 +425,7 @@ async def all_(controller: EffectController, scope: Scope, calls: Sequence[Call]
                 raise EffectFailed(settlement, group.key)
             values[settlement.position] = outcome.value
         await controller.close_effect_group(handle)
-    return [values[position] for position in range(len(calls))]
+    return [values[position] for position in range(group.child_count)]
 
 
 async def all_settled(
@@ -432,12 +435,13 @@ async def all_settled(
     if not calls:
         return []
     group = build_group(scope, calls, WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION)
+    del calls  # as in ``all_``
     outcomes: dict[int, Outcome] = {}
     async with _opened(controller, group) as handle:
         async for settlement in settlements(controller, handle):
             outcomes[settlement.position] = settlement.outcome
         await controller.close_effect_group(handle)
-    return [outcomes[position] for position in range(len(calls))]
+    return [outcomes[position] for position in range(group.child_count)]
 
 
 async def with_deadline(

@@ -736,7 +736,9 @@ class CloseWaitsForLosersHost(MemoryEffectHost):
     async def close_effect_group(
         self, handle: GroupHandle, disposition: LoserPolicy | None = None
     ) -> None:
-        tasks = [t for (key, _), t in self._tasks.items() if key == handle.group_key]
+        record = self._groups.get(handle.group_key)
+        children = record.children if record is not None else []
+        tasks = [self._tasks[c] for c in children if c in self._tasks]
         await super().close_effect_group(handle, disposition)
         await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -762,7 +764,7 @@ class UnstartedLosersNeverSettleHost(MemoryEffectHost):
     def _cancel_ended(
         self, record: _Group, child: _Child, fence: int, task: asyncio.Task[None]
     ) -> None:
-        self._forget((record.key, child.replay_key), task)
+        self._forget(child, task)
 
 
 @mutant("G-52")
@@ -933,11 +935,7 @@ class EventNeedsALiveWaiterHost(MemoryEffectHost):
         record = self._groups.get(group_key)
         hidden = []
         if record is not None:
-            hidden = [
-                c
-                for c in record.children
-                if (group_key, c.replay_key) not in self._tasks and c.event is None
-            ]
+            hidden = [c for c in record.children if c not in self._tasks and c.event is None]
         for child in hidden:
             child.event = (None,)
         try:

@@ -342,6 +342,12 @@ class EffectEnvelope(_Model):
     """
 
     model_config = _FROZEN
+    __slots__ = ("_hash", "_size")
+    """The canonical size and sha256 digest once computed (the envelope is frozen and its
+    input was normalised at construction): slots, not ``__dict__`` entries, because a
+    sixth entry doubles the dict's table; the raw digest, not its hex text, and neither
+    the bytes nor a tuple (a wide group holds one envelope per child). Unset until first
+    asked; a copy starts unset."""
 
     replay_key: str
     kind: str
@@ -386,7 +392,9 @@ class EffectEnvelope(_Model):
                 "membership": membership,
             },
         )
-        envelope.__dict__[_CACHE] = _digest(_compose(text, kind, name, replay_key, membership))
+        data = _compose(text, kind, name, replay_key, membership)
+        _set_size(envelope, len(data))
+        _set_hash(envelope, hashlib.sha256(data).digest())
         return envelope
 
     def canonical_dict(self) -> dict[str, JsonValue]:
@@ -416,23 +424,27 @@ class EffectEnvelope(_Model):
         except Exception:  # e.g. built with ``model_construct``: the general encoder decides
             return _encode_canonical(self.canonical_dict())
 
-    def _digest(self) -> tuple[int, str]:
-        """The size and hash of the canonical bytes, computed once (the envelope is
-        frozen and its input was normalised at construction); the bytes themselves are
-        not kept (a wide group would hold them all)."""
-        fields = self.__dict__
-        cached: tuple[int, str] | None = fields.get(_CACHE)
-        if cached is None:
-            cached = fields[_CACHE] = _digest(self.canonical_bytes())
-        return cached
+    def _remember(self) -> tuple[int, bytes]:
+        data = self.canonical_bytes()
+        size, digest = len(data), hashlib.sha256(data).digest()
+        _set_size(self, size)
+        _set_hash(self, digest)
+        return size, digest
 
     def canonical_size(self) -> int:
         """``len(self.canonical_bytes())``."""
-        return self._digest()[0]
+        try:
+            return _get_size(self)  # type: ignore[no-any-return]
+        except AttributeError:
+            return self._remember()[0]
 
     def envelope_hash(self) -> str:
         """``sha256`` hex of :meth:`canonical_bytes`: the replay fence (G-01, G-02)."""
-        return self._digest()[1]
+        try:
+            digest: bytes = _get_hash(self)
+        except AttributeError:
+            digest = self._remember()[1]
+        return digest.hex()
 
     def with_membership(self, membership: GroupMembership | None) -> EffectEnvelope:
         """A copy with ``membership`` replaced."""
@@ -450,20 +462,11 @@ class EffectEnvelope(_Model):
             fields["replay_key"], fields["kind"], fields["name"], fields["input"], text, membership
         )
 
-    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
-        """As pydantic's, without the cached digest of the original."""
-        copied = super().model_copy(update=update, deep=deep)
-        copied.__dict__.pop(_CACHE, None)
-        return copied
 
-
-_CACHE = "_canonical"
-"""Where an envelope keeps its canonical size and hash: a ``__dict__`` entry that is no
-field (pydantic's equality, hash, dump and repr read the fields only)."""
-
-
-def _digest(data: bytes) -> tuple[int, str]:
-    return len(data), hashlib.sha256(data).hexdigest()
+_get_size = EffectEnvelope.__dict__["_size"].__get__
+_set_size = EffectEnvelope.__dict__["_size"].__set__
+_get_hash = EffectEnvelope.__dict__["_hash"].__get__
+_set_hash = EffectEnvelope.__dict__["_hash"].__set__
 
 
 def _compose(text: str, kind: str, name: str, replay_key: str, membership: Any) -> bytes:
@@ -825,7 +828,8 @@ def _as_value_error(check: Any, *args: Any) -> None:
 
 _BOUND = "_size_bound"
 """Where an outcome built by :meth:`Outcome.success` keeps an upper bound of its canonical
-size: a ``__dict__`` entry that is no field, like an envelope's ``_CACHE``."""
+size: a ``__dict__`` entry that is no field (pydantic's equality, hash, dump and repr read
+the fields only)."""
 _SUCCESS_FRAME = len('{"error":null,"status":"success","value":}')
 
 

@@ -56,10 +56,11 @@ DEFAULT_MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
 
 @dataclass(eq=False, slots=True)
 class _Child:
+    """One child's record. Its replay key and hash are read from the envelope, not copied:
+    a wide group holds one record per child."""
+
     envelope: EffectEnvelope
     position: int
-    hash: str
-    replay_key: str
     state: str = "pending"  # pending | running | settled
     fence: int = 0
     seq: int | None = None
@@ -69,6 +70,14 @@ class _Child:
     due_at: float | None = None
     event: tuple[Any] | None = None
     arrived: asyncio.Event | None = None  # made for an await_event child when it waits
+
+    @property
+    def replay_key(self) -> str:
+        return self.envelope.replay_key
+
+    @property
+    def hash(self) -> str:
+        return self.envelope.envelope_hash()
 
     @property
     def event_arrived(self) -> asyncio.Event:
@@ -140,7 +149,7 @@ class MemoryEffectHost(WiredController):
         self._groups: dict[str, _Group] = {}
         self._retired: dict[str, LoserPolicy] = {}
         self._replay_keys: dict[str, str] = {}  # replay key -> the group recording it
-        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._tasks: dict[_Child, asyncio.Task[None]] = {}  # keyed by the child: no key tuple each
         self._payloads = payloads
         self._encoded: dict[tuple[str, str, int], StoredOutcome] = {}
         self._deletions: set[asyncio.Task[None]] = set()
@@ -175,7 +184,7 @@ class MemoryEffectHost(WiredController):
         else:
             self._fence_reopen(record, group)
             for child in record.children:
-                if child.state != "settled" and (record.key, child.replay_key) not in self._tasks:
+                if child.state != "settled" and child not in self._tasks:
                     runner = self._resolve(child.envelope)
                     if runner is not None:
                         self._dispatch(record, child, runner)
@@ -213,10 +222,7 @@ class MemoryEffectHost(WiredController):
             wake=group.wake,
             declared=group.disposition,
             effective=group.disposition,
-            children=[
-                _Child(child, position, child.envelope_hash(), child.replay_key)
-                for position, child in enumerate(group.children)
-            ],
+            children=[_Child(child, _position(child)) for child in group.children],
         )
         self._groups[group.key] = record
         self._replay_keys.update((child.replay_key, group.key) for child in group.children)
@@ -245,7 +251,7 @@ class MemoryEffectHost(WiredController):
             loop = asyncio.get_running_loop()
             child.due_at = loop.time() + sleep_seconds(child.envelope)
         # named by the replay key itself: a name of its own would be another string per child
-        self._tasks[(record.key, child.replay_key)] = asyncio.get_running_loop().create_task(
+        self._tasks[child] = asyncio.get_running_loop().create_task(
             self._run_child(record, child, executor, child.fence), name=child.replay_key
         )
 
@@ -270,11 +276,11 @@ class MemoryEffectHost(WiredController):
             await self._deliver(record, child, fence, outcome)
         finally:
             if child.fence == fence:  # else a later dispatch owns the entry
-                self._tasks.pop((record.key, child.replay_key), None)
+                self._tasks.pop(child, None)
 
-    def _forget(self, task_key: tuple[str, str], task: object) -> None:
-        if self._tasks.get(task_key) is task:
-            del self._tasks[task_key]
+    def _forget(self, child: _Child, task: object) -> None:
+        if self._tasks.get(child) is task:
+            del self._tasks[child]
 
     def _cancel_ended(
         self, record: _Group, child: _Child, fence: int, task: asyncio.Task[None]
@@ -282,7 +288,7 @@ class MemoryEffectHost(WiredController):
         """A task a close cancelled has ended. One cancelled before its first step never
         ran :meth:`_run_child`: its cancelled terminal is recorded here, so it still
         takes a rank and the group can retire (G-27)."""
-        self._forget((record.key, child.replay_key), task)
+        self._forget(child, task)
         if task.cancelled() and child.state != "settled" and child.fence == fence:
             self._finalize(record, child, fence, Outcome.cancelled())
 
@@ -477,7 +483,7 @@ class MemoryEffectHost(WiredController):
     def _request_cancel(self, record: _Group, child: _Child) -> None:
         """One cancel per unsettled child; does not wait for it to stop (G-27)."""
         child.cancel_requested = True
-        task = self._tasks.get((record.key, child.replay_key))
+        task = self._tasks.get(child)
         if task is not None:
             task.cancel()
             fence = child.fence
@@ -531,9 +537,9 @@ class MemoryEffectHost(WiredController):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for task_key, task in list(self._tasks.items()):
+        for child, task in list(self._tasks.items()):
             if task.done():  # cancelled before it started: it never left on its own
-                self._forget(task_key, task)
+                self._forget(child, task)
         await asyncio.gather(*list(self._deletions), return_exceptions=True)
 
 
@@ -569,7 +575,7 @@ class _MemoryDrain(GroupDrain):
         missing: list[NoExecutor] = []
         for record in list(host._groups.values()):
             for child in record.children:
-                if child.state == "settled" or (record.key, child.replay_key) in host._tasks:
+                if child.state == "settled" or child in host._tasks:
                     continue
                 ids = (record.key, child.replay_key)
                 if host._resolver is None:
@@ -586,6 +592,14 @@ class _MemoryDrain(GroupDrain):
         return DrainReport(
             resumed=tuple(resumed), cancelled=tuple(cancelled), no_executor=tuple(missing)
         )
+
+
+def _position(envelope: EffectEnvelope) -> int:
+    """A grouped child's position: the membership's own number (the group stamped every
+    child), not another int object per child."""
+    membership = envelope.membership
+    assert membership is not None
+    return membership.position
 
 
 def _no_executor(record: _Group, child: _Child, why: str) -> NoExecutor:
