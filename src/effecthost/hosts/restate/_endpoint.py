@@ -278,6 +278,10 @@ def build_services(
             [{"envelope": e, "hash": h} for e, h in zip(envelopes, hashes, strict=True)],
         )
         ctx.set("counter", 0)
+        if req.get("waiter"):
+            # a caller inside Restate parks its read of rank 1 here, saving that read's
+            # own invocation; ``settle`` resolves it like any parked reader
+            ctx.set("waiters", {"1": [req["waiter"]]})
         targets: dict[str, str] = req.get("targets") or {}
         handles = []
         for position, envelope in enumerate(envelopes):
@@ -301,7 +305,7 @@ def build_services(
             )
         for rk, handle in handles:
             ctx.set(f"inv:{rk}", await handle.invocation_id())
-        return {"ok": True, "epoch": epoch, "reopened": False}
+        return {"ok": True, "epoch": epoch, "reopened": False, "parked": bool(req.get("waiter"))}
 
     @group.handler(state_preload=False)
     async def settle(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
