@@ -305,7 +305,7 @@ def build_services(
             )
         for rk, handle in handles:
             ctx.set(f"inv:{rk}", await handle.invocation_id())
-        return {"ok": True, "epoch": epoch, "reopened": False, "parked": bool(req.get("waiter"))}
+        return {"ok": True, "epoch": epoch, "reopened": False, "parked": req.get("waiter")}
 
     @group.handler(state_preload=False)
     async def settle(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:

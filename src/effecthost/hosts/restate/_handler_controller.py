@@ -54,17 +54,21 @@ class HandlerController(GroupObjectClient):
         """Create the awakeable of the read of rank 1 before the open: a first open parks
         it among the group's waiters, so that read costs no invocation of its own."""
         aid, answered = self._ctx.awakeable(type_hint=dict)
-        self._pending = (group.key, aid, answered)
+        self._opening()[aid] = answered
         return {"waiter": aid}
 
-    def _opened(self, group: EffectGroup, answer: dict[str, Any]) -> None:
-        """Keep the parked read of rank 1 for a handle of this group's shape (a reopen
-        parks nothing: the caller restores its own cursor)."""
-        pending, self._pending = getattr(self, "_pending", None), None
-        if pending is None or not answer.get("parked"):
-            return  # a reopen, or an endpoint of an earlier release, parked nothing
-        handle = group.handle()
-        self._parked()[_shape(handle)] = pending[2]
+    def _opened(self, group: EffectGroup, body: dict[str, Any], answer: dict[str, Any]) -> None:
+        """Keep the read of rank 1 the open parked, for a handle of this group's shape (a
+        reopen, or an endpoint of an earlier release, parks nothing: the caller restores
+        its own cursor)."""
+        answered = self._opening().pop(body["waiter"], None)
+        if answered is not None and answer.get("parked") == body["waiter"]:
+            self._parked()[_shape(group.handle())] = answered
+
+    def _opening(self) -> dict[str, Any]:
+        if not hasattr(self, "_opening_reads"):
+            self._opening_reads: dict[str, Any] = {}
+        return self._opening_reads
 
     def _parked(self) -> dict[tuple[Any, ...], Any]:
         if not hasattr(self, "_parked_reads"):
