@@ -350,6 +350,60 @@ async def test_R6_a_replay_key_is_held_by_one_group_until_it_closes(stack: Stack
     await ctl.close_effect_group(reopened)
 
 
+async def test_R6_keys_of_one_prefix_are_claimed_in_one_call(stack: Stack) -> None:
+    """R-6, R-2: replay keys of the form ``{prefix}:{n}`` (what the combinators give a
+    group's children) are claimed on one object per prefix, in one call per open; a
+    first open reusing one of them is ``ReplayMismatch`` naming both group keys and the
+    child, also when another child cannot be resolved, and leaves no claim behind; the
+    keys are free once the holder closes."""
+    ctl = stack.controller
+
+    def group(name: str, keys: list[str], *extra: EffectEnvelope) -> EffectGroup:
+        return EffectGroup(
+            key=group_key("r6p", name, 0),
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[*extra, *(_step(k, gate=False) for k in keys)],
+        )
+
+    one = group("one", ["r6p.a:0", "r6p.a:1", "r6p.a:2"])
+    two = group("two", ["r6p.b:0", "r6p.a:2"])
+    unresolvable = EffectEnvelope(
+        replay_key="r6p.c:0", kind=EffectKind.TOOL_CALL, name=UNROUTABLE, input=None
+    )
+    three = group("three", ["r6p.a:1"], unresolvable)
+    handle = await ctl.open_effect_group(one)
+    claims = await ctl.query(
+        f"SELECT target_handler_name AS h, target_service_key AS k FROM sys_invocation "
+        f"WHERE target_service_name = '{REPLAY_KEY}' AND target_service_key LIKE 'r6p.%'"
+    )
+    assert claims == [{"h": "claim_keys", "k": "r6p.a"}]
+    with pytest.raises(ReplayMismatch) as refused:
+        await ctl.open_effect_group(two)
+    assert one.key in str(refused.value) and two.key in str(refused.value)
+    assert (refused.value.replay_key, refused.value.position) == ("r6p.a:2", 1)
+    with pytest.raises(ReplayMismatch) as refused:
+        await ctl.open_effect_group(three)
+    assert (refused.value.replay_key, refused.value.position) == ("r6p.a:1", 1)
+    assert await group_state(ctl, two.key) == {}
+
+    deadline = time.monotonic() + TIMEOUT
+    sql = f"SELECT key FROM state WHERE service_name = '{REPLAY_KEY}' AND service_key = 'r6p.b'"
+    rows = await ctl.query(sql)
+    while rows and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # the release is one-way: polling an engine fact
+        rows = await ctl.query(sql)
+    assert rows == [], "a refused open kept a claim"
+    assert stack.lab.count("started", "r6p.b:0") == 0
+
+    for _ in range(3):
+        await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    await ctl.close_effect_group(handle)
+    reopened = await ctl.open_effect_group(two)
+    await asyncio.wait_for(ctl.await_next_settlement(reopened), TIMEOUT)
+    await ctl.close_effect_group(reopened)
+
+
 async def test_R6_a_closed_groups_replay_keys_are_free_as_soon_as_close_returns(
     stack: Stack,
 ) -> None:

@@ -57,6 +57,7 @@ from ._wire import (
     PAYLOAD,
     REPLAY_KEY,
     child_headers,
+    claim_bucket,
     error,
     idempotency_key,
 )
@@ -185,6 +186,91 @@ def build_services(
     async def holder(ctx: restate.ObjectSharedContext) -> str | None:
         return await live_holder(ctx, await _get(ctx, "holder"))
 
+    # The keys of the form ``{prefix}:{n}`` are held by the object keyed ``prefix``
+    # (``claim_bucket``), under ``holder:{replay key}``: one call claims all of them.
+
+    async def live_holders(
+        ctx: Any, keys: list[str], group_key: str | None = None
+    ) -> list[str | None]:
+        """For each key of this object, the group other than ``group_key`` holding it
+        (``None``: none does); a closed holder is asked once, whatever it held."""
+        reads = _reads(ctx, *(f"holder:{rk}" for rk in keys))
+        held = [await read for read in reads]
+        alive: dict[str, str | None] = {}
+        answer: list[str | None] = []
+        for entry in held:
+            if entry is None or entry["group_key"] == group_key:
+                answer.append(None)
+                continue
+            other = entry["group_key"]
+            if other not in alive:
+                alive[other] = await live_holder(ctx, entry)
+            answer.append(alive[other])
+        return answer
+
+    @replay.handler(state_preload=False)
+    async def claim_keys(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
+        """``claim`` for several keys of this object at once, all or none: the keys
+        another live group holds are answered with their holders and nothing is taken."""
+        keys: list[str] = req["keys"]
+        holders = await live_holders(ctx, keys, req["group_key"])
+        refused = [
+            {"replay_key": rk, "holder": other}
+            for rk, other in zip(keys, holders, strict=True)
+            if other is not None
+        ]
+        if refused:
+            return {"ok": False, "refused": refused}
+        for rk in keys:
+            ctx.set(f"holder:{rk}", {"group_key": req["group_key"], "token": req["token"]})
+        return {"ok": True}
+
+    @replay.handler(state_preload=False)
+    async def release_keys(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+        """``release`` for several keys of this object."""
+        token = {"group_key": req["group_key"], "token": req["token"]}
+        reads = _reads(ctx, *(f"holder:{rk}" for rk in req["keys"]))
+        for rk, read in zip(req["keys"], reads, strict=True):
+            if await read == token:
+                ctx.clear(f"holder:{rk}")
+
+    @replay.handler(kind="shared", state_preload=False)
+    async def holders(ctx: restate.ObjectSharedContext, keys: list[str]) -> list[str | None]:
+        return await live_holders(ctx, keys)
+
+    def claim_calls(ctx: Any, key: str, envelopes: list[dict[str, Any]], body: Any) -> list[Any]:
+        """The claims (``body`` given) or the holder reads (``body`` ``None``) of a group's
+        replay keys, issued together: one call per key of its own object and one per
+        object holding keys of the form ``{prefix}:{n}``. Each entry: the
+        ``(position, replay key)`` it covers, its bucket (``None``: a key's own object),
+        the call."""
+        singles: list[tuple[int, str]] = []
+        buckets: dict[str, list[tuple[int, str]]] = {}
+        for position, envelope in enumerate(envelopes):
+            rk = envelope["replay_key"]
+            bucket = claim_bucket(rk)
+            if bucket is None:
+                singles.append((position, rk))
+            else:
+                buckets.setdefault(bucket, []).append((position, rk))
+        calls: list[Any] = []
+        for position, rk in singles:
+            call = (
+                ctx.object_call(holder, rk, None)
+                if body is None
+                else ctx.object_call(claim, rk, body)
+            )
+            calls.append(([(position, rk)], None, call))
+        for bucket, entries in buckets.items():
+            keys = [rk for _, rk in entries]
+            call = (
+                ctx.object_call(holders, bucket, keys)
+                if body is None
+                else ctx.object_call(claim_keys, bucket, {**body, "keys": keys})
+            )
+            calls.append((entries, bucket, call))
+        return calls
+
     def replay_mismatch(key: str, position: int, rk: str, holder: str) -> dict[str, Any]:
         return _refusal(kit.replay_key_taken(key, position, rk, holder))
 
@@ -244,22 +330,27 @@ def build_services(
         epoch = str(ctx.uuid())
         # R-6: claim every child's replay key before anything of the group is recorded
         # (the calls go out together); a refused open releases what it claimed.
-        calls = [
-            ctx.object_call(claim, e["replay_key"], {"group_key": key, "token": epoch})
-            for e in envelopes
-        ]
-        claimed: list[str] = []
-        refusal: dict[str, Any] | None = None
-        for position, (envelope, call) in enumerate(zip(envelopes, calls, strict=True)):
+        body = {"group_key": key, "token": epoch}
+        taken: list[tuple[str | None, list[str]]] = []
+        refused: list[tuple[int, str, str]] = []
+        for entries, bucket, call in claim_calls(ctx, key, envelopes, body):
             answer = await call
             if answer["ok"]:
-                claimed.append(envelope["replay_key"])
-            elif refusal is None:
-                refusal = replay_mismatch(key, position, envelope["replay_key"], answer["holder"])
-        if refusal is not None:
-            for rk in claimed:
-                ctx.object_send(release, rk, {"group_key": key, "token": epoch})
-            return refusal
+                taken.append((bucket, [rk for _, rk in entries]))
+            elif bucket is None:
+                refused.append((*entries[0], answer["holder"]))
+            else:
+                at = {rk: p for p, rk in entries}
+                refused += [
+                    (at[r["replay_key"]], r["replay_key"], r["holder"]) for r in answer["refused"]
+                ]
+        if refused:
+            for bucket, keys in taken:
+                if bucket is None:
+                    ctx.object_send(release, keys[0], body)
+                else:
+                    ctx.object_send(release_keys, bucket, {**body, "keys": keys})
+            return replay_mismatch(key, *min(refused))
         ctx.set(
             "shape",
             {
@@ -489,12 +580,16 @@ def build_services(
         a first open is refused for a child it cannot resolve (R-2: ``ReplayMismatch``
         comes first)."""
         key = ctx.key()
-        calls = [ctx.object_call(holder, rk, None) for rk in req["replay_keys"]]
-        for position, (rk, call) in enumerate(zip(req["replay_keys"], calls, strict=True)):
-            held = await call
-            if held is not None and held != key:
-                return replay_mismatch(key, position, rk, held)
-        return {"ok": True}
+        envelopes = [{"replay_key": rk} for rk in req["replay_keys"]]
+        held: list[tuple[int, str, str]] = []
+        for entries, bucket, call in claim_calls(ctx, key, envelopes, None):
+            answer = await call
+            for (position, rk), other in zip(
+                entries, [answer] if bucket is None else answer, strict=True
+            ):
+                if other is not None and other != key:
+                    held.append((position, rk, other))
+        return replay_mismatch(key, *min(held)) if held else {"ok": True}
 
     @group.handler()
     async def close(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
