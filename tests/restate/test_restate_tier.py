@@ -404,6 +404,36 @@ async def test_R6_keys_of_one_prefix_are_claimed_in_one_call(stack: Stack) -> No
     await ctl.close_effect_group(reopened)
 
 
+async def test_R6_concurrent_opens_sharing_a_prefixed_key_record_one_group(stack: Stack) -> None:
+    """R-6: first opens of different groups racing for one replay key of the form
+    ``{prefix}:{n}`` (each group with a key of its own beside it): exactly one is recorded,
+    the others are ``ReplayMismatch``, and no child of a refused group runs."""
+    ctl = stack.controller
+    groups = [
+        EffectGroup(
+            key=group_key("r6q", f"g{i}", 0),
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[_step(f"r6q.own{i}:0", gate=False), _step("r6q.shared:0", gate=False)],
+        )
+        for i in range(4)
+    ]
+    answers = await asyncio.wait_for(
+        asyncio.gather(*(ctl.open_effect_group(g) for g in groups), return_exceptions=True),
+        TIMEOUT,
+    )
+    opened = [i for i, a in enumerate(answers) if not isinstance(a, BaseException)]
+    assert len(opened) == 1, answers
+    assert all(isinstance(a, ReplayMismatch) for i, a in enumerate(answers) if i not in opened)
+    handle = answers[opened[0]]
+    assert isinstance(handle, GroupHandle)
+    for _ in range(2):
+        await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    await ctl.close_effect_group(handle)
+    for i in range(4):
+        assert stack.lab.count("started", f"r6q.own{i}:0") == (1 if i in opened else 0)
+
+
 async def test_R6_a_closed_groups_replay_keys_are_free_as_soon_as_close_returns(
     stack: Stack,
 ) -> None:
