@@ -523,7 +523,7 @@ async def test_G37_a_reused_replay_key_runs_as_a_new_invocation(stack: Stack) ->
             children=[_step("g37.reused", gate=False, result=name)],
         )
         handle = await ctl.open_effect_group(group)
-        invocations.append((await group_state(ctl, group.key))["inv:g37.reused"])
+        invocations.append(json.loads((await group_state(ctl, group.key))["invs"])[0])
         assert len(set(invocations)) == len(invocations), "attached to the finished child"
         results.append(await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT))
         await ctl.close_effect_group(handle)

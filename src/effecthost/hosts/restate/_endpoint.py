@@ -14,7 +14,8 @@ Group object state (keyed by group key), beside nothing else:
   :class:`~effecthost.payloads.StoredOutcome` the child encoded (inline, sealed or a
   reference into the policy's store), never the plaintext of a sealed outcome (G-47);
 - ``settled:{replay_key}`` → rank (the state-level dedup);
-- ``inv:{replay_key}`` → the child's invocation id (for the cancels of G-41);
+- ``invs`` → the children's invocation ids in position order (for the cancels of G-41;
+  groups of earlier releases keep one ``inv:{replay_key}`` per child instead);
 - ``waiters`` → rank → awakeable ids of parked readers; ``evw:``/``evp:`` for events;
 - after close, only ``tombstone`` (so a late read is ``GroupClosed``, not a hang).
 
@@ -111,10 +112,11 @@ async def _cancel_unsettled(ctx: Any) -> list[str]:
     """One cancel per unsettled child's invocation, not awaited (G-27, G-41); the
     replay keys it cancelled."""
     cancelled: list[str] = []
-    for entry in await _get(ctx, "children") or []:
+    invocations = await _get(ctx, "invs")  # position order; ``inv:{rk}`` before it
+    for position, entry in enumerate(await _get(ctx, "children") or []):
         rk = entry["envelope"]["replay_key"]
         if await _get(ctx, f"settled:{rk}") is None:
-            invocation = await _get(ctx, f"inv:{rk}")
+            invocation = invocations[position] if invocations else await _get(ctx, f"inv:{rk}")
             if invocation:
                 ctx.cancel_invocation(invocation)
                 cancelled.append(rk)
@@ -394,8 +396,7 @@ def build_services(
                     ),
                 )
             )
-        for rk, handle in handles:
-            ctx.set(f"inv:{rk}", await handle.invocation_id())
+        ctx.set("invs", [await handle.invocation_id() for _, handle in handles])
         return {"ok": True, "epoch": epoch, "reopened": False, "parked": req.get("waiter")}
 
     @group.handler(state_preload=False)

@@ -107,6 +107,9 @@ class RestateInspector:
             for name, value in state.items()
             if name.startswith("inv:") and isinstance(value, str)
         }
+        listed = state.get("invs") or []  # position order (``inv:{rk}`` before it)
+        for entry, invocation in zip(state.get("children") or [], listed, strict=False):
+            invocations[entry["envelope"]["replay_key"]] = invocation
         created: dict[str, float] = {}
         completed: dict[str, float] = {}
         if invocations:
