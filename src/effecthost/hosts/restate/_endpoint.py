@@ -20,8 +20,10 @@ Group object state (keyed by group key), beside nothing else:
 - after close, only ``tombstone`` (so a late read is ``GroupClosed``, not a hang).
 
 Replay-key object state (keyed by replay key): ``holder`` → ``{group_key, token}``, the
-group that claimed the key (R-6). A first open claims every child's key before it
-records anything and releases what it claimed when a claim is refused. Close releases
+group that claimed the key (R-6); keyed by a prefix (``claim_bucket``): one
+``holder:{replay_key}`` per key ``{prefix}:{n}``, so a combinator's open claims its
+children's keys in one call. A first open claims every child's key before it records
+anything and releases what it claimed when a claim is refused. Close releases
 nothing: a claim of a key whose holder has closed (its tombstone) takes the key over, so
 retiring a group costs no invocation per child.
 
