@@ -523,12 +523,53 @@ async def test_G37_a_reused_replay_key_runs_as_a_new_invocation(stack: Stack) ->
             children=[_step("g37.reused", gate=False, result=name)],
         )
         handle = await ctl.open_effect_group(group)
-        invocations.append(json.loads((await group_state(ctl, group.key))["invs"])[0])
-        assert len(set(invocations)) == len(invocations), "attached to the finished child"
         results.append(await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT))
         await ctl.close_effect_group(handle)
+        found = await ctl.query(
+            f"SELECT id FROM sys_invocation WHERE target_service_name = '{CHILD}' "
+            "AND idempotency_key LIKE '%g37.reused%'"
+        )
+        invocations.extend(row["id"] for row in found if row["id"] not in invocations)
+        assert len(invocations) == len(results), "attached to the finished child"
     assert [s.outcome.value for s in results] == ["first", "second"]
     assert stack.lab.count("started", "g37.reused") == 2
+
+
+async def test_G26_G27_a_run_to_completion_group_narrowed_at_close_cancels_its_child(
+    stack: Stack,
+) -> None:
+    """G-26, G-27, G-30: a group declaring ``RUN_TO_COMPLETION`` keeps no invocation ids
+    at open; a close narrowing it to ``CANCEL`` finds the running child's invocation by
+    its idempotency key and cancels that one (it does not run again), and inspection
+    still shows when each child began and settled."""
+    from effecthost.hosts.restate._inspect import RestateInspector
+
+    ctl = stack.controller
+    group = EffectGroup(
+        key=group_key("g27", "narrowed", 0),
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[_step("g27.quick", gate=False), _step("g27.held")],
+    )
+    handle = await ctl.open_effect_group(group)
+    await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    await stack.lab.wait_for("started", "g27.held", 1, TIMEOUT)
+    assert "invs" not in await group_state(ctl, group.key)
+    inspector = RestateInspector(stack.local.admin_url)
+    try:
+        _, children = await inspector.group(group.key)
+    finally:
+        await inspector.aclose()
+    assert [c.started_at is not None for c in children] == [True, True]
+    assert [c.settled_at is not None for c in children if c.rank] == [True]
+    await ctl.close_effect_group(handle, LoserPolicy.CANCEL)
+    await stack.lab.wait_for("cancelled", "g27.held", 1, TIMEOUT)
+    found = await ctl.query(
+        f"SELECT id FROM sys_invocation WHERE target_service_name = '{CHILD}' "
+        "AND idempotency_key LIKE '%g27.held%'"
+    )
+    assert len(found) == 1
+    assert stack.lab.count("started", "g27.held") == 1
 
 
 async def test_G38_a_duplicate_settlement_takes_no_rank(stack: Stack) -> None:

@@ -110,21 +110,6 @@ def _known(key: str, shape: dict[str, Any]) -> kit.GroupRecord:
     )
 
 
-async def _cancel_unsettled(ctx: Any) -> list[str]:
-    """One cancel per unsettled child's invocation, not awaited (G-27, G-41); the
-    replay keys it cancelled."""
-    cancelled: list[str] = []
-    invocations = await _get(ctx, "invs")  # position order; ``inv:{rk}`` before it
-    for position, entry in enumerate(await _get(ctx, "children") or []):
-        rk = entry["envelope"]["replay_key"]
-        if await _get(ctx, f"settled:{rk}") is None:
-            invocation = invocations[position] if invocations else await _get(ctx, f"inv:{rk}")
-            if invocation:
-                ctx.cancel_invocation(invocation)
-                cancelled.append(rk)
-    return cancelled
-
-
 def _claim(req: dict[str, Any], consumed: int = 0) -> kit.HandleClaim:
     return kit.HandleClaim(req["child_count"], req["wake"], req["disposition"], consumed)
 
@@ -299,6 +284,55 @@ def build_services(
 
     # -- group object -----------------------------------------------------------------
 
+    def child_request(
+        key: str, epoch: str, position: int, envelope: dict[str, Any], target: str | None
+    ) -> tuple[dict[str, Any], str, dict[str, str]]:
+        """A child's ``run`` request, idempotency key and headers (G-37)."""
+        body = {
+            "group_key": key,
+            "epoch": epoch,
+            "position": position,
+            "envelope": envelope,
+            "target": target,
+        }
+        rk = envelope["replay_key"]
+        return (
+            body,
+            idempotency_key(envelope["name"], position, rk, epoch),
+            child_headers(key, position, envelope),
+        )
+
+    async def cancel_unsettled(ctx: restate.ObjectContext) -> list[str]:
+        """One cancel per unsettled child's invocation, not awaited (G-27, G-41); the
+        replay keys it cancelled. A group that declared ``RUN_TO_COMPLETION`` did not
+        wait for its children's invocation ids at open: they are asked for here, by
+        sending each unsettled child again under its idempotency key, which answers
+        with the id of the invocation already holding that key (it does not run again)."""
+        shape = await _get(ctx, "shape")
+        listed = await _get(ctx, "invs")  # position order; ``inv:{rk}`` before it
+        unsettled: list[tuple[int, dict[str, Any], str | None]] = []
+        for position, entry in enumerate(await _get(ctx, "children") or []):
+            envelope = entry["envelope"]
+            rk = envelope["replay_key"]
+            if await _get(ctx, f"settled:{rk}") is None:
+                known = listed[position] if listed else await _get(ctx, f"inv:{rk}")
+                unsettled.append((position, envelope, known))
+        targets: dict[str, str] = await _get(ctx, "targets") or {}
+        asked: dict[int, Any] = {}
+        for position, envelope, known in unsettled:
+            if known is None:
+                body, idem, headers = child_request(
+                    ctx.key(), shape["epoch"], position, envelope, targets.get(str(position))
+                )
+                sent = ctx.service_send(run, body, idempotency_key=idem, headers=headers)
+                asked[position] = sent.invocation_id()
+        cancelled: list[str] = []
+        for position, envelope, known in unsettled:
+            invocation = known if known is not None else await asked[position]
+            ctx.cancel_invocation(invocation)
+            cancelled.append(envelope["replay_key"])
+        return cancelled
+
     @group.handler()
     async def open(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
         key = ctx.key()
@@ -378,27 +412,19 @@ def build_services(
             # own invocation; ``settle`` resolves it like any parked reader
             ctx.set("waiters", {"1": [req["waiter"]]})
         targets: dict[str, str] = req.get("targets") or {}
+        if targets:
+            ctx.set("targets", targets)  # a cancel may send a routed child again
         handles = []
         for position, envelope in enumerate(envelopes):
-            rk = envelope["replay_key"]
-            handles.append(
-                (
-                    rk,
-                    ctx.service_send(
-                        run,
-                        {
-                            "group_key": key,
-                            "epoch": epoch,
-                            "position": position,
-                            "envelope": envelope,
-                            "target": targets.get(str(position)),
-                        },
-                        idempotency_key=idempotency_key(envelope["name"], position, rk, epoch),
-                        headers=child_headers(key, position, envelope),
-                    ),
-                )
+            body, idem, headers = child_request(
+                key, epoch, position, envelope, targets.get(str(position))
             )
-        ctx.set("invs", [await handle.invocation_id() for _, handle in handles])
+            handles.append(ctx.service_send(run, body, idempotency_key=idem, headers=headers))
+        if req["disposition"] == LoserPolicy.CANCEL.value:
+            # likely to cancel: keep the ids now (waiting for them holds the group's lock
+            # while its children start, so a group that runs its losers to completion
+            # asks for them only if a close narrows it to CANCEL)
+            ctx.set("invs", [await handle.invocation_id() for handle in handles])
         return {"ok": True, "epoch": epoch, "reopened": False, "parked": req.get("waiter")}
 
     @group.handler(state_preload=False)
@@ -607,7 +633,7 @@ def build_services(
             return {"ok": True}
         shape = await _get(ctx, "shape")
         target = policy.value
-        cancelled = await _cancel_unsettled(ctx) if target == LoserPolicy.CANCEL.value else []
+        cancelled = await cancel_unsettled(ctx) if target == LoserPolicy.CANCEL.value else []
         waiters = await _get(ctx, "waiters") or {}
         for aids in waiters.values():
             for aid in aids:
@@ -632,7 +658,7 @@ def build_services(
             and shape.get("owner") == req.get("owner")
             and shape.get("incarnation") != req.get("incarnation")
         ):
-            cancelled = await _cancel_unsettled(ctx)
+            cancelled = await cancel_unsettled(ctx)
         return {"cancelled": cancelled}
 
     @group.handler()
