@@ -14,8 +14,10 @@ Group object state (keyed by group key), beside nothing else:
   :class:`~effecthost.payloads.StoredOutcome` the child encoded (inline, sealed or a
   reference into the policy's store), never the plaintext of a sealed outcome (G-47);
 - ``settled:{replay_key}`` → rank (the state-level dedup);
-- ``invs`` → the children's invocation ids in position order (for the cancels of G-41;
-  groups of earlier releases keep one ``inv:{replay_key}`` per child instead);
+- ``invs`` → the children's invocation ids in position order, for a group declaring
+  ``CANCEL`` (the cancels of G-41; groups of earlier releases keep one
+  ``inv:{replay_key}`` per child instead; a ``RUN_TO_COMPLETION`` group finds them by
+  idempotency key if a close narrows it); ``targets`` for routed children;
 - ``waiters`` → rank → awakeable ids of parked readers; ``evw:``/``evp:`` for events;
 - after close, only ``tombstone`` (so a late read is ``GroupClosed``, not a hang).
 
