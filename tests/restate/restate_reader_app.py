@@ -10,6 +10,7 @@ from typing import Any
 
 import restate
 
+from effecthost.combinators import Scope, race, tool
 from effecthost.contract import (
     EffectEnvelope,
     EffectGroup,
@@ -86,6 +87,13 @@ async def read_all(ctx: restate.Context, req: dict[str, Any]) -> dict[str, Any]:
     except EffectHostError as exc:
         answer["closed"] = _refused(exc)
     return answer
+
+
+@reader.handler()
+async def race_two(ctx: restate.Context, req: dict[str, Any]) -> Any:
+    """A 2-child ``race`` of echo tools, as a caller inside Restate runs it."""
+    controller = HandlerController(ctx, tools, owner="reader")
+    return await race(controller, Scope(scope_id=str(req["scope"])), [tool(ECHO, 1), tool(ECHO, 2)])
 
 
 if __name__ == "__main__":

@@ -350,6 +350,90 @@ async def test_R6_a_replay_key_is_held_by_one_group_until_it_closes(stack: Stack
     await ctl.close_effect_group(reopened)
 
 
+async def test_R6_keys_of_one_prefix_are_claimed_in_one_call(stack: Stack) -> None:
+    """R-6, R-2: replay keys of the form ``{prefix}:{n}`` (what the combinators give a
+    group's children) are claimed on one object per prefix, in one call per open; a
+    first open reusing one of them is ``ReplayMismatch`` naming both group keys and the
+    child, also when another child cannot be resolved, and leaves no claim behind; the
+    keys are free once the holder closes."""
+    ctl = stack.controller
+
+    def group(name: str, keys: list[str], *extra: EffectEnvelope) -> EffectGroup:
+        return EffectGroup(
+            key=group_key("r6p", name, 0),
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[*extra, *(_step(k, gate=False) for k in keys)],
+        )
+
+    one = group("one", ["r6p.a:0", "r6p.a:1", "r6p.a:2"])
+    two = group("two", ["r6p.b:0", "r6p.a:2"])
+    unresolvable = EffectEnvelope(
+        replay_key="r6p.c:0", kind=EffectKind.TOOL_CALL, name=UNROUTABLE, input=None
+    )
+    three = group("three", ["r6p.a:1"], unresolvable)
+    handle = await ctl.open_effect_group(one)
+    claims = await ctl.query(
+        f"SELECT target_handler_name AS h, target_service_key AS k FROM sys_invocation "
+        f"WHERE target_service_name = '{REPLAY_KEY}' AND target_service_key LIKE 'r6p.%'"
+    )
+    assert claims == [{"h": "claim_keys", "k": "r6p.a"}]
+    with pytest.raises(ReplayMismatch) as refused:
+        await ctl.open_effect_group(two)
+    assert one.key in str(refused.value) and two.key in str(refused.value)
+    assert (refused.value.replay_key, refused.value.position) == ("r6p.a:2", 1)
+    with pytest.raises(ReplayMismatch) as refused:
+        await ctl.open_effect_group(three)
+    assert (refused.value.replay_key, refused.value.position) == ("r6p.a:1", 1)
+    assert await group_state(ctl, two.key) == {}
+
+    deadline = time.monotonic() + TIMEOUT
+    sql = f"SELECT key FROM state WHERE service_name = '{REPLAY_KEY}' AND service_key = 'r6p.b'"
+    rows = await ctl.query(sql)
+    while rows and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # the release is one-way: polling an engine fact
+        rows = await ctl.query(sql)
+    assert rows == [], "a refused open kept a claim"
+    assert stack.lab.count("started", "r6p.b:0") == 0
+
+    for _ in range(3):
+        await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    await ctl.close_effect_group(handle)
+    reopened = await ctl.open_effect_group(two)
+    await asyncio.wait_for(ctl.await_next_settlement(reopened), TIMEOUT)
+    await ctl.close_effect_group(reopened)
+
+
+async def test_R6_concurrent_opens_sharing_a_prefixed_key_record_one_group(stack: Stack) -> None:
+    """R-6: first opens of different groups racing for one replay key of the form
+    ``{prefix}:{n}`` (each group with a key of its own beside it): exactly one is recorded,
+    the others are ``ReplayMismatch``, and no child of a refused group runs."""
+    ctl = stack.controller
+    groups = [
+        EffectGroup(
+            key=group_key("r6q", f"g{i}", 0),
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[_step(f"r6q.own{i}:0", gate=False), _step("r6q.shared:0", gate=False)],
+        )
+        for i in range(4)
+    ]
+    answers = await asyncio.wait_for(
+        asyncio.gather(*(ctl.open_effect_group(g) for g in groups), return_exceptions=True),
+        TIMEOUT,
+    )
+    opened = [i for i, a in enumerate(answers) if not isinstance(a, BaseException)]
+    assert len(opened) == 1, answers
+    assert all(isinstance(a, ReplayMismatch) for i, a in enumerate(answers) if i not in opened)
+    handle = answers[opened[0]]
+    assert isinstance(handle, GroupHandle)
+    for _ in range(2):
+        await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    await ctl.close_effect_group(handle)
+    for i in range(4):
+        assert stack.lab.count("started", f"r6q.own{i}:0") == (1 if i in opened else 0)
+
+
 async def test_R6_a_closed_groups_replay_keys_are_free_as_soon_as_close_returns(
     stack: Stack,
 ) -> None:
@@ -439,12 +523,53 @@ async def test_G37_a_reused_replay_key_runs_as_a_new_invocation(stack: Stack) ->
             children=[_step("g37.reused", gate=False, result=name)],
         )
         handle = await ctl.open_effect_group(group)
-        invocations.append((await group_state(ctl, group.key))["inv:g37.reused"])
-        assert len(set(invocations)) == len(invocations), "attached to the finished child"
         results.append(await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT))
         await ctl.close_effect_group(handle)
+        found = await ctl.query(
+            f"SELECT id FROM sys_invocation WHERE target_service_name = '{CHILD}' "
+            "AND idempotency_key LIKE '%g37.reused%'"
+        )
+        invocations.extend(row["id"] for row in found if row["id"] not in invocations)
+        assert len(invocations) == len(results), "attached to the finished child"
     assert [s.outcome.value for s in results] == ["first", "second"]
     assert stack.lab.count("started", "g37.reused") == 2
+
+
+async def test_G26_G27_a_run_to_completion_group_narrowed_at_close_cancels_its_child(
+    stack: Stack,
+) -> None:
+    """G-26, G-27, G-30: a group declaring ``RUN_TO_COMPLETION`` keeps no invocation ids
+    at open; a close narrowing it to ``CANCEL`` finds the running child's invocation by
+    its idempotency key and cancels that one (it does not run again), and inspection
+    still shows when each child began and settled."""
+    from effecthost.hosts.restate._inspect import RestateInspector
+
+    ctl = stack.controller
+    group = EffectGroup(
+        key=group_key("g27", "narrowed", 0),
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[_step("g27.quick", gate=False), _step("g27.held")],
+    )
+    handle = await ctl.open_effect_group(group)
+    await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    await stack.lab.wait_for("started", "g27.held", 1, TIMEOUT)
+    assert "invs" not in await group_state(ctl, group.key)
+    inspector = RestateInspector(stack.local.admin_url)
+    try:
+        _, children = await inspector.group(group.key)
+    finally:
+        await inspector.aclose()
+    assert [c.started_at is not None for c in children] == [True, True]
+    assert [c.settled_at is not None for c in children if c.rank] == [True]
+    await ctl.close_effect_group(handle, LoserPolicy.CANCEL)
+    await stack.lab.wait_for("cancelled", "g27.held", 1, TIMEOUT)
+    found = await ctl.query(
+        f"SELECT id FROM sys_invocation WHERE target_service_name = '{CHILD}' "
+        "AND idempotency_key LIKE '%g27.held%'"
+    )
+    assert len(found) == 1
+    assert stack.lab.count("started", "g27.held") == 1
 
 
 async def test_G38_a_duplicate_settlement_takes_no_rank(stack: Stack) -> None:

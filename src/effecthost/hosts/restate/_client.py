@@ -133,9 +133,19 @@ class GroupObjectClient(WiredController):
             "targets": {str(p): t for p, t in targets.items()},
             "owner": self.owner,
             "incarnation": self._incarnation(),
+            **self._first_waiter(group),
         }
-        _raise_refusal(await self._call(group.key, "open", body))
+        answer = await self._call(group.key, "open", body)
+        self._opened(group, body, answer)
+        _raise_refusal(answer)
         return group.handle()
+
+    def _first_waiter(self, group: EffectGroup) -> dict[str, Any]:
+        """Extra fields of the open's request (a caller parking its first read there)."""
+        return {}
+
+    def _opened(self, group: EffectGroup, body: dict[str, Any], answer: dict[str, Any]) -> None:
+        """The open of ``body`` was answered ``answer`` (perhaps a refusal)."""
 
     async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
         return await self._open(require_group(group), {})

@@ -14,13 +14,18 @@ Group object state (keyed by group key), beside nothing else:
   :class:`~effecthost.payloads.StoredOutcome` the child encoded (inline, sealed or a
   reference into the policy's store), never the plaintext of a sealed outcome (G-47);
 - ``settled:{replay_key}`` → rank (the state-level dedup);
-- ``inv:{replay_key}`` → the child's invocation id (for the cancels of G-41);
+- ``invs`` → the children's invocation ids in position order, for a group declaring
+  ``CANCEL`` (the cancels of G-41; groups of earlier releases keep one
+  ``inv:{replay_key}`` per child instead; a ``RUN_TO_COMPLETION`` group finds them by
+  idempotency key if a close narrows it); ``targets`` for routed children;
 - ``waiters`` → rank → awakeable ids of parked readers; ``evw:``/``evp:`` for events;
 - after close, only ``tombstone`` (so a late read is ``GroupClosed``, not a hang).
 
 Replay-key object state (keyed by replay key): ``holder`` → ``{group_key, token}``, the
-group that claimed the key (R-6). A first open claims every child's key before it
-records anything and releases what it claimed when a claim is refused. Close releases
+group that claimed the key (R-6); keyed by a prefix (``claim_bucket``): one
+``holder:{replay_key}`` per key ``{prefix}:{n}``, so a combinator's open claims its
+children's keys in one call. A first open claims every child's key before it records
+anything and releases what it claimed when a claim is refused. Close releases
 nothing: a claim of a key whose holder has closed (its tombstone) takes the key over, so
 retiring a group costs no invocation per child.
 
@@ -57,6 +62,7 @@ from ._wire import (
     PAYLOAD,
     REPLAY_KEY,
     child_headers,
+    claim_bucket,
     error,
     idempotency_key,
 )
@@ -104,20 +110,6 @@ def _known(key: str, shape: dict[str, Any]) -> kit.GroupRecord:
     return kit.GroupRecord(
         key, shape["child_count"], shape["wake"], shape["declared"], shape["effective"]
     )
-
-
-async def _cancel_unsettled(ctx: Any) -> list[str]:
-    """One cancel per unsettled child's invocation, not awaited (G-27, G-41); the
-    replay keys it cancelled."""
-    cancelled: list[str] = []
-    for entry in await _get(ctx, "children") or []:
-        rk = entry["envelope"]["replay_key"]
-        if await _get(ctx, f"settled:{rk}") is None:
-            invocation = await _get(ctx, f"inv:{rk}")
-            if invocation:
-                ctx.cancel_invocation(invocation)
-                cancelled.append(rk)
-    return cancelled
 
 
 def _claim(req: dict[str, Any], consumed: int = 0) -> kit.HandleClaim:
@@ -185,6 +177,91 @@ def build_services(
     async def holder(ctx: restate.ObjectSharedContext) -> str | None:
         return await live_holder(ctx, await _get(ctx, "holder"))
 
+    # The keys of the form ``{prefix}:{n}`` are held by the object keyed ``prefix``
+    # (``claim_bucket``), under ``holder:{replay key}``: one call claims all of them.
+
+    async def live_holders(
+        ctx: Any, keys: list[str], group_key: str | None = None
+    ) -> list[str | None]:
+        """For each key of this object, the group other than ``group_key`` holding it
+        (``None``: none does); a closed holder is asked once, whatever it held."""
+        reads = _reads(ctx, *(f"holder:{rk}" for rk in keys))
+        held = [await read for read in reads]
+        alive: dict[str, str | None] = {}
+        answer: list[str | None] = []
+        for entry in held:
+            if entry is None or entry["group_key"] == group_key:
+                answer.append(None)
+                continue
+            other = entry["group_key"]
+            if other not in alive:
+                alive[other] = await live_holder(ctx, entry)
+            answer.append(alive[other])
+        return answer
+
+    @replay.handler(state_preload=False)
+    async def claim_keys(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
+        """``claim`` for several keys of this object at once, all or none: the keys
+        another live group holds are answered with their holders and nothing is taken."""
+        keys: list[str] = req["keys"]
+        holders = await live_holders(ctx, keys, req["group_key"])
+        refused = [
+            {"replay_key": rk, "holder": other}
+            for rk, other in zip(keys, holders, strict=True)
+            if other is not None
+        ]
+        if refused:
+            return {"ok": False, "refused": refused}
+        for rk in keys:
+            ctx.set(f"holder:{rk}", {"group_key": req["group_key"], "token": req["token"]})
+        return {"ok": True}
+
+    @replay.handler(state_preload=False)
+    async def release_keys(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+        """``release`` for several keys of this object."""
+        token = {"group_key": req["group_key"], "token": req["token"]}
+        reads = _reads(ctx, *(f"holder:{rk}" for rk in req["keys"]))
+        for rk, read in zip(req["keys"], reads, strict=True):
+            if await read == token:
+                ctx.clear(f"holder:{rk}")
+
+    @replay.handler(kind="shared", state_preload=False)
+    async def holders(ctx: restate.ObjectSharedContext, keys: list[str]) -> list[str | None]:
+        return await live_holders(ctx, keys)
+
+    def claim_calls(ctx: Any, key: str, envelopes: list[dict[str, Any]], body: Any) -> list[Any]:
+        """The claims (``body`` given) or the holder reads (``body`` ``None``) of a group's
+        replay keys, issued together: one call per key of its own object and one per
+        object holding keys of the form ``{prefix}:{n}``. Each entry: the
+        ``(position, replay key)`` it covers, its bucket (``None``: a key's own object),
+        the call."""
+        singles: list[tuple[int, str]] = []
+        buckets: dict[str, list[tuple[int, str]]] = {}
+        for position, envelope in enumerate(envelopes):
+            rk = envelope["replay_key"]
+            bucket = claim_bucket(rk)
+            if bucket is None:
+                singles.append((position, rk))
+            else:
+                buckets.setdefault(bucket, []).append((position, rk))
+        calls: list[Any] = []
+        for position, rk in singles:
+            call = (
+                ctx.object_call(holder, rk, None)
+                if body is None
+                else ctx.object_call(claim, rk, body)
+            )
+            calls.append(([(position, rk)], None, call))
+        for bucket, entries in buckets.items():
+            keys = [rk for _, rk in entries]
+            call = (
+                ctx.object_call(holders, bucket, keys)
+                if body is None
+                else ctx.object_call(claim_keys, bucket, {**body, "keys": keys})
+            )
+            calls.append((entries, bucket, call))
+        return calls
+
     def replay_mismatch(key: str, position: int, rk: str, holder: str) -> dict[str, Any]:
         return _refusal(kit.replay_key_taken(key, position, rk, holder))
 
@@ -208,6 +285,55 @@ def build_services(
             await store.delete_group(group_key)
 
     # -- group object -----------------------------------------------------------------
+
+    def child_request(
+        key: str, epoch: str, position: int, envelope: dict[str, Any], target: str | None
+    ) -> tuple[dict[str, Any], str, dict[str, str]]:
+        """A child's ``run`` request, idempotency key and headers (G-37)."""
+        body = {
+            "group_key": key,
+            "epoch": epoch,
+            "position": position,
+            "envelope": envelope,
+            "target": target,
+        }
+        rk = envelope["replay_key"]
+        return (
+            body,
+            idempotency_key(envelope["name"], position, rk, epoch),
+            child_headers(key, position, envelope),
+        )
+
+    async def cancel_unsettled(ctx: restate.ObjectContext) -> list[str]:
+        """One cancel per unsettled child's invocation, not awaited (G-27, G-41); the
+        replay keys it cancelled. A group that declared ``RUN_TO_COMPLETION`` did not
+        wait for its children's invocation ids at open: they are asked for here, by
+        sending each unsettled child again under its idempotency key, which answers
+        with the id of the invocation already holding that key (it does not run again)."""
+        shape = await _get(ctx, "shape")
+        listed = await _get(ctx, "invs")  # position order; ``inv:{rk}`` before it
+        unsettled: list[tuple[int, dict[str, Any], str | None]] = []
+        for position, entry in enumerate(await _get(ctx, "children") or []):
+            envelope = entry["envelope"]
+            rk = envelope["replay_key"]
+            if await _get(ctx, f"settled:{rk}") is None:
+                known = listed[position] if listed else await _get(ctx, f"inv:{rk}")
+                unsettled.append((position, envelope, known))
+        targets: dict[str, str] = await _get(ctx, "targets") or {}
+        asked: dict[int, Any] = {}
+        for position, envelope, known in unsettled:
+            if known is None:
+                body, idem, headers = child_request(
+                    ctx.key(), shape["epoch"], position, envelope, targets.get(str(position))
+                )
+                sent = ctx.service_send(run, body, idempotency_key=idem, headers=headers)
+                asked[position] = sent.invocation_id()
+        cancelled: list[str] = []
+        for position, envelope, known in unsettled:
+            invocation = known if known is not None else await asked[position]
+            ctx.cancel_invocation(invocation)
+            cancelled.append(envelope["replay_key"])
+        return cancelled
 
     @group.handler()
     async def open(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
@@ -244,22 +370,27 @@ def build_services(
         epoch = str(ctx.uuid())
         # R-6: claim every child's replay key before anything of the group is recorded
         # (the calls go out together); a refused open releases what it claimed.
-        calls = [
-            ctx.object_call(claim, e["replay_key"], {"group_key": key, "token": epoch})
-            for e in envelopes
-        ]
-        claimed: list[str] = []
-        refusal: dict[str, Any] | None = None
-        for position, (envelope, call) in enumerate(zip(envelopes, calls, strict=True)):
+        body = {"group_key": key, "token": epoch}
+        taken: list[tuple[str | None, list[str]]] = []
+        refused: list[tuple[int, str, str]] = []
+        for entries, bucket, call in claim_calls(ctx, key, envelopes, body):
             answer = await call
             if answer["ok"]:
-                claimed.append(envelope["replay_key"])
-            elif refusal is None:
-                refusal = replay_mismatch(key, position, envelope["replay_key"], answer["holder"])
-        if refusal is not None:
-            for rk in claimed:
-                ctx.object_send(release, rk, {"group_key": key, "token": epoch})
-            return refusal
+                taken.append((bucket, [rk for _, rk in entries]))
+            elif bucket is None:
+                refused.append((*entries[0], answer["holder"]))
+            else:
+                at = {rk: p for p, rk in entries}
+                refused += [
+                    (at[r["replay_key"]], r["replay_key"], r["holder"]) for r in answer["refused"]
+                ]
+        if refused:
+            for bucket, keys in taken:
+                if bucket is None:
+                    ctx.object_send(release, keys[0], body)
+                else:
+                    ctx.object_send(release_keys, bucket, {**body, "keys": keys})
+            return replay_mismatch(key, *min(refused))
         ctx.set(
             "shape",
             {
@@ -278,30 +409,25 @@ def build_services(
             [{"envelope": e, "hash": h} for e, h in zip(envelopes, hashes, strict=True)],
         )
         ctx.set("counter", 0)
+        if req.get("waiter"):
+            # a caller inside Restate parks its read of rank 1 here, saving that read's
+            # own invocation; ``settle`` resolves it like any parked reader
+            ctx.set("waiters", {"1": [req["waiter"]]})
         targets: dict[str, str] = req.get("targets") or {}
+        if targets:
+            ctx.set("targets", targets)  # a cancel may send a routed child again
         handles = []
         for position, envelope in enumerate(envelopes):
-            rk = envelope["replay_key"]
-            handles.append(
-                (
-                    rk,
-                    ctx.service_send(
-                        run,
-                        {
-                            "group_key": key,
-                            "epoch": epoch,
-                            "position": position,
-                            "envelope": envelope,
-                            "target": targets.get(str(position)),
-                        },
-                        idempotency_key=idempotency_key(envelope["name"], position, rk, epoch),
-                        headers=child_headers(key, position, envelope),
-                    ),
-                )
+            body, idem, headers = child_request(
+                key, epoch, position, envelope, targets.get(str(position))
             )
-        for rk, handle in handles:
-            ctx.set(f"inv:{rk}", await handle.invocation_id())
-        return {"ok": True, "epoch": epoch, "reopened": False}
+            handles.append(ctx.service_send(run, body, idempotency_key=idem, headers=headers))
+        if req["disposition"] == LoserPolicy.CANCEL.value:
+            # likely to cancel: keep the ids now (waiting for them holds the group's lock
+            # while its children start, so a group that runs its losers to completion
+            # asks for them only if a close narrows it to CANCEL)
+            ctx.set("invs", [await handle.invocation_id() for handle in handles])
+        return {"ok": True, "epoch": epoch, "reopened": False, "parked": req.get("waiter")}
 
     @group.handler(state_preload=False)
     async def settle(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
@@ -485,12 +611,16 @@ def build_services(
         a first open is refused for a child it cannot resolve (R-2: ``ReplayMismatch``
         comes first)."""
         key = ctx.key()
-        calls = [ctx.object_call(holder, rk, None) for rk in req["replay_keys"]]
-        for position, (rk, call) in enumerate(zip(req["replay_keys"], calls, strict=True)):
-            held = await call
-            if held is not None and held != key:
-                return replay_mismatch(key, position, rk, held)
-        return {"ok": True}
+        envelopes = [{"replay_key": rk} for rk in req["replay_keys"]]
+        held: list[tuple[int, str, str]] = []
+        for entries, bucket, call in claim_calls(ctx, key, envelopes, None):
+            answer = await call
+            for (position, rk), other in zip(
+                entries, [answer] if bucket is None else answer, strict=True
+            ):
+                if other is not None and other != key:
+                    held.append((position, rk, other))
+        return replay_mismatch(key, *min(held)) if held else {"ok": True}
 
     @group.handler()
     async def close(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
@@ -505,7 +635,7 @@ def build_services(
             return {"ok": True}
         shape = await _get(ctx, "shape")
         target = policy.value
-        cancelled = await _cancel_unsettled(ctx) if target == LoserPolicy.CANCEL.value else []
+        cancelled = await cancel_unsettled(ctx) if target == LoserPolicy.CANCEL.value else []
         waiters = await _get(ctx, "waiters") or {}
         for aids in waiters.values():
             for aid in aids:
@@ -530,7 +660,7 @@ def build_services(
             and shape.get("owner") == req.get("owner")
             and shape.get("incarnation") != req.get("incarnation")
         ):
-            cancelled = await _cancel_unsettled(ctx)
+            cancelled = await cancel_unsettled(ctx)
         return {"cancelled": cancelled}
 
     @group.handler()

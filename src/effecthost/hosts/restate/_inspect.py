@@ -22,7 +22,7 @@ from effecthost._inspect import (
 )
 from effecthost.hosts import require
 
-from ._wire import GROUP
+from ._wire import CHILD, GROUP, idempotency_key
 
 _GROUP_KEYS = "('shape', 'counter')"
 
@@ -89,6 +89,28 @@ class RestateInspector:
             if "shape" in found
         ]
 
+    async def _by_idempotency_key(self, state: dict[str, Any], known: set[str]) -> dict[str, str]:
+        """The invocation ids of the children whose group keeps none (it declared
+        ``RUN_TO_COMPLETION``), found by their idempotency keys (G-37)."""
+        epoch = (state.get("shape") or {}).get("epoch")
+        wanted: dict[str, str] = {}
+        for position, entry in enumerate(state.get("children") or []):
+            envelope = entry["envelope"]
+            rk = envelope["replay_key"]
+            if epoch and rk not in known:
+                wanted[idempotency_key(envelope["name"], position, rk, epoch)] = rk
+        if not wanted:
+            return {}
+        found = await self._query(
+            "SELECT id, idempotency_key FROM sys_invocation WHERE target_service_name = "
+            f"{_text(CHILD)} AND idempotency_key IN ({', '.join(map(_text, wanted))})"
+        )
+        return {
+            wanted[r["idempotency_key"]]: r["id"]
+            for r in found
+            if r.get("idempotency_key") in wanted
+        }
+
     async def group(self, group_key: str) -> tuple[GroupRow, list[ChildRow]]:
         rows = await self._query(
             "SELECT key, value_utf8 FROM state "
@@ -107,6 +129,10 @@ class RestateInspector:
             for name, value in state.items()
             if name.startswith("inv:") and isinstance(value, str)
         }
+        listed = state.get("invs") or []  # position order (``inv:{rk}`` before it)
+        for entry, invocation in zip(state.get("children") or [], listed, strict=False):
+            invocations[entry["envelope"]["replay_key"]] = invocation
+        invocations.update(await self._by_idempotency_key(state, set(invocations)))
         created: dict[str, float] = {}
         completed: dict[str, float] = {}
         if invocations:

@@ -29,7 +29,7 @@ GROUP_HANDLERS = (
 )
 CHILD_HANDLERS = ("run",)
 PAYLOAD_HANDLERS = ("put", "get", "clear")
-REPLAY_KEY_HANDLERS = ("claim", "release", "holder")
+REPLAY_KEY_HANDLERS = ("claim", "release", "holder", "claim_keys", "release_keys", "holders")
 
 REQUIRED_HANDLERS: dict[str, tuple[str, ...]] = {
     GROUP: GROUP_HANDLERS,
@@ -56,6 +56,18 @@ def idempotency_key(tool: str, position: int, replay_key: str, epoch: str) -> st
     """
     short = epoch.replace("-", "")[:16]
     return _escaped(f"{tool}:{position}:{replay_key}:{short}")
+
+
+def claim_bucket(replay_key: str) -> str | None:
+    """The replay-key object that holds the claim of a key of the form ``{prefix}:{n}``
+    (what the combinators give the children of a group: ``{group key}:{position}``): the
+    one keyed by ``prefix``, so one open claims a group's keys in one call (R-6). A
+    function of the key alone, so every claim of a key meets on one object. ``None``: the
+    key has an object of its own (keyed by the key itself)."""
+    prefix, sep, tail = replay_key.rpartition(":")
+    if sep and prefix and tail.isascii() and tail.isdigit():
+        return prefix
+    return None
 
 
 def _escaped(text: str) -> str:
