@@ -749,6 +749,7 @@ class EffectShardWorkflow:
         self._activities: dict[int, workflow.ActivityHandle[Json]] = {}
         self._outbox: list[list[Any]] = []
         self._cancelled: set[int] = set()
+        self._ended = 0
         self._finished = False
 
     @workflow.run
@@ -760,7 +761,8 @@ class EffectShardWorkflow:
             asyncio.create_task(self._watch(index)) for index in range(len(self._children))
         ]
         reporter = asyncio.create_task(self._report(group))
-        await workflow.wait_condition(lambda: all(task.done() for task in self._tasks))
+        # A counter, not a scan of the tasks: the condition is checked on every activation.
+        await workflow.wait_condition(lambda: self._ended == len(self._tasks))
         self._finished = True
         await reporter
         return len(self._children)
@@ -804,6 +806,8 @@ class EffectShardWorkflow:
             outcome = dict(_CANCELLED)
         except ActivityError as exc:
             outcome = _failure(exc)
+        finally:
+            self._ended += 1
         self._outbox.append([position, outcome])
 
     @workflow.signal(name=SHARD_CANCEL)
