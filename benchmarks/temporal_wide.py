@@ -1,12 +1,13 @@
 """Temporal wide groups: µs per child of one ``all_`` group, by width and shard size.
 
     .venv/bin/python benchmarks/temporal_wide.py [--widths 100,1000] [--rounds 3]
-        [--shard-sizes default,100]
+        [--shard-sizes default,1000]
 
 Starts a dev server and the tier's worker (as ``temporal_groups.py`` does) and runs one
 group at a time: ``all_`` over ``n`` trivial tool calls, through a controller per shard
-size (``default``: ``SHARD_CHILDREN``; a group up to that many runs in one workflow),
-alternating which goes first each round. A group over one workflow input (about 4,000 of
+size (``default``: a group up to ``SHARD_CHILDREN`` runs in one workflow, a wider one
+in shards of ``WIDE_SHARD_CHILDREN``; a number ``s``: a group wider than ``s`` in shards
+of ``s``), alternating which goes first each round. A group over one workflow input (about 4,000 of
 these children) opens in chunks. Each row also gives the group's history event count (a
 run may hold 51,200), its open time, and the CPU the dev server and the worker spent per
 child (Linux ``/proc``; less noisy than wall time on a shared machine, and the server's
@@ -46,7 +47,11 @@ async def run(
     widths: list[int], rounds: int, work_dir: Path, shard_sizes: list[int | None]
 ) -> dict[str, Any]:
     from effecthost.combinators import Scope, all_, tool
-    from effecthost.hosts.temporal import SHARD_CHILDREN, TemporalEffectHost
+    from effecthost.hosts.temporal import (
+        SHARD_CHILDREN,
+        WIDE_SHARD_CHILDREN,
+        TemporalEffectHost,
+    )
     from effecthost.hosts.temporal.testing import DevServer
 
     server = DevServer(work_dir / "temporal")
@@ -67,8 +72,8 @@ async def run(
                 return handle
 
         hosts = {
-            f"shards of {size or SHARD_CHILDREN}": Timed(
-                client, queue, bench_tools(), shard_size=size or SHARD_CHILDREN
+            (f"shards of {size}" if size else "default"): Timed(
+                client, queue, bench_tools(), shard_size=size
             )
             for size in shard_sizes
         }
@@ -135,7 +140,12 @@ async def run(
         if worker is not None:
             await worker.terminate()
         await server.stop()
-    return {"rounds": rounds, "shard_children": SHARD_CHILDREN, "rows": rows}
+    return {
+        "rounds": rounds,
+        "shard_children": SHARD_CHILDREN,
+        "wide_shard_children": WIDE_SHARD_CHILDREN,
+        "rows": rows,
+    }
 
 
 def cli() -> None:
@@ -146,8 +156,8 @@ def cli() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--shard-sizes",
-        default="default,100",
-        help="controllers to compare, by shard size (default: SHARD_CHILDREN)",
+        default="default,1000",
+        help="controllers to compare, by shard size (default: the controller's default)",
     )
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "temporal_wide.json"

@@ -27,8 +27,15 @@ SHARD_EVENT = "shard_event"
 """Signal a group sends a shard: ``[positions, payload]``, an event for those children."""
 
 SHARD_CHILDREN = 1000
-"""Children per shard: a group wider than this runs its children in shards of this
-many (each a child workflow), so no run holds more pending activities than a shard."""
+"""Widest group run in one workflow by default; a wider group runs its children in
+shards of :data:`WIDE_SHARD_CHILDREN` (each a child workflow), so no run holds more
+pending activities than a shard."""
+
+WIDE_SHARD_CHILDREN = 100
+"""Children per shard of a group wider than :data:`SHARD_CHILDREN` (by default). Small
+shards keep a wide group's cost per child flat: every workflow task of a run costs the
+server in proportion to the activities pending in it, and a shard sees a workflow task
+per few completions (measured in docs/temporal.md, "Limits")."""
 
 CHILD_ACTIVITY = "effecthost.child"
 """The one activity type every ``tool_call`` child runs as."""
