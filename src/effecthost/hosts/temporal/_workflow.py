@@ -760,12 +760,17 @@ class EffectShardWorkflow:
         self._tasks = [
             asyncio.create_task(self._watch(index)) for index in range(len(self._children))
         ]
+        for task in self._tasks:
+            task.add_done_callback(self._watcher_ended)
         reporter = asyncio.create_task(self._report(group))
         # A counter, not a scan of the tasks: the condition is checked on every activation.
         await workflow.wait_condition(lambda: self._ended == len(self._tasks))
         self._finished = True
         await reporter
         return len(self._children)
+
+    def _watcher_ended(self, _task: asyncio.Task[None]) -> None:
+        self._ended += 1
 
     async def _report(self, group: workflow.ExternalWorkflowHandle[Any]) -> None:
         while True:
@@ -806,8 +811,6 @@ class EffectShardWorkflow:
             outcome = dict(_CANCELLED)
         except ActivityError as exc:
             outcome = _failure(exc)
-        finally:
-            self._ended += 1
         self._outbox.append([position, outcome])
 
     @workflow.signal(name=SHARD_CANCEL)
