@@ -749,7 +749,6 @@ class EffectShardWorkflow:
         self._activities: dict[int, workflow.ActivityHandle[Json]] = {}
         self._outbox: list[list[Any]] = []
         self._cancelled: set[int] = set()
-        self._ended = 0
         self._finished = False
 
     @workflow.run
@@ -760,17 +759,11 @@ class EffectShardWorkflow:
         self._tasks = [
             asyncio.create_task(self._watch(index)) for index in range(len(self._children))
         ]
-        for task in self._tasks:
-            task.add_done_callback(self._watcher_ended)
         reporter = asyncio.create_task(self._report(group))
-        # A counter, not a scan of the tasks: the condition is checked on every activation.
-        await workflow.wait_condition(lambda: self._ended == len(self._tasks))
+        await workflow.wait_condition(lambda: all(task.done() for task in self._tasks))
         self._finished = True
         await reporter
         return len(self._children)
-
-    def _watcher_ended(self, _task: asyncio.Task[None]) -> None:
-        self._ended += 1
 
     async def _report(self, group: workflow.ExternalWorkflowHandle[Any]) -> None:
         while True:
