@@ -1,7 +1,7 @@
 """Temporal wide groups: µs per child of one ``all_`` group, by width and shard size.
 
     .venv/bin/python benchmarks/temporal_wide.py [--widths 100,1000] [--rounds 3]
-        [--shard-sizes default,1000]
+        [--shard-sizes default,100]
 
 Starts a dev server and the tier's worker (as ``temporal_groups.py`` does) and runs one
 group at a time: ``all_`` over ``n`` trivial tool calls, through a controller per shard
@@ -156,7 +156,7 @@ def cli() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--shard-sizes",
-        default="default,1000",
+        default="default,100",
         help="controllers to compare, by shard size (default: the controller's default)",
     )
     parser.add_argument(

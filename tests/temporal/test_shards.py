@@ -48,11 +48,11 @@ def _wide(count: int) -> EffectGroup:
 
 
 def test_default_shards_of_a_wide_group_are_small() -> None:
-    """G-43 (cost per child flat with width): by default a group of up to
-    ``SHARD_CHILDREN`` runs in one workflow and a wider one in shards of
-    ``WIDE_SHARD_CHILDREN`` (a shard's workflow tasks cost the server in proportion to
-    its pending activities); an explicit ``shard_size`` keeps cutting at that size. The
-    start input lists the shards, as the run reads them."""
+    """G-43: by default a group of up to ``SHARD_CHILDREN`` runs in one workflow and a
+    wider one in shards of ``WIDE_SHARD_CHILDREN`` (its own constant: the shard size that
+    keeps a wide group's cost per child flat is not the widest group one run holds); an
+    explicit ``shard_size`` keeps cutting at that size. The start input lists the
+    shards, as the run reads them."""
     ctl = TemporalEffectHost(object(), "plan")  # type: ignore[arg-type]  # plans only
     narrow = ctl._group_spec(_wide(SHARD_CHILDREN))
     assert shard_starts(narrow, SHARD_CHILDREN) == []
