@@ -47,7 +47,7 @@ def _wide(count: int) -> EffectGroup:
     )
 
 
-def test_default_shards_of_a_wide_group_are_small() -> None:
+def test_wide_group_shards_are_listed_in_the_start_input() -> None:
     """G-43: by default a group of up to ``SHARD_CHILDREN`` runs in one workflow and a
     wider one in shards of ``WIDE_SHARD_CHILDREN`` (its own constant: the shard size that
     keeps a wide group's cost per child flat is not the widest group one run holds); an
