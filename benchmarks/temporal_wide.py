@@ -1,14 +1,18 @@
 """Temporal wide groups: µs per child of one ``all_`` group, by width and shard size.
 
     .venv/bin/python benchmarks/temporal_wide.py [--widths 100,1000] [--rounds 3]
+        [--shard-sizes default,100]
 
 Starts a dev server and the tier's worker (as ``temporal_groups.py`` does) and runs one
-group at a time: ``all_`` over ``n`` trivial tool calls, through a controller with the
-default shard size (a group up to ``SHARD_CHILDREN`` runs in one workflow) and one with
-shards of 100 children (the path of wider groups). A group over one workflow input
-(about 4,000 of these children) opens in chunks. Each row also gives the group's history
-event count (a run may hold 51,200) and its open time. Prints a table and writes JSON
-(``--out``, default benchmarks/results/temporal_wide.json).
+group at a time: ``all_`` over ``n`` trivial tool calls, through a controller per shard
+size (``default``: a group up to ``SHARD_CHILDREN`` runs in one workflow, a wider one
+in shards of ``WIDE_SHARD_CHILDREN``; a number ``s``: a group wider than ``s`` in shards
+of ``s``), alternating which goes first each round. A group over one workflow input (about 4,000 of
+these children) opens in chunks. Each row also gives the group's history event count (a
+run may hold 51,200), its open time, and the CPU the dev server and the worker spent per
+child (Linux ``/proc``; less noisy than wall time on a shared machine, and the server's
+is most of the cost). Prints a table and writes JSON (``--out``, default
+benchmarks/results/temporal_wide.json).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -29,9 +34,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from temporal_groups import WORK, bench_tools, bench_worker
 
 
-async def run(widths: list[int], rounds: int, work_dir: Path) -> dict[str, Any]:
+def _cpu_seconds(pid: int | None) -> float:
+    """User and system CPU of process ``pid`` (0 where ``/proc`` is not available)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+async def run(
+    widths: list[int], rounds: int, work_dir: Path, shard_sizes: list[int | None]
+) -> dict[str, Any]:
     from effecthost.combinators import Scope, all_, tool
-    from effecthost.hosts.temporal import SHARD_CHILDREN, TemporalEffectHost
+    from effecthost.hosts.temporal import (
+        SHARD_CHILDREN,
+        WIDE_SHARD_CHILDREN,
+        TemporalEffectHost,
+    )
     from effecthost.hosts.temporal.testing import DevServer
 
     server = DevServer(work_dir / "temporal")
@@ -52,52 +72,80 @@ async def run(widths: list[int], rounds: int, work_dir: Path) -> dict[str, Any]:
                 return handle
 
         hosts = {
-            f"shards of {SHARD_CHILDREN}": Timed(client, queue, bench_tools()),
-            "shards of 100": Timed(client, queue, bench_tools(), shard_size=100),
+            (f"shards of {size}" if size else "default"): Timed(
+                client, queue, bench_tools(), shard_size=size
+            )
+            for size in shard_sizes
         }
+        pids = (
+            server.process.pid if server.process else None,
+            worker.process.pid if worker.process else None,
+        )
         scope = Scope(scope_id=f"wide-{uuid.uuid4().hex[:8]}")
-        for n in widths:
-            calls = [tool(WORK, i) for i in range(n)]
-            samples: dict[str, list[float]] = {name: [] for name in hosts}
-            opens: dict[str, list[float]] = {name: [] for name in hosts}
-            events: dict[str, int] = {}
-            for i in range(rounds):
-                names = list(hosts)
-                for name in names[i % 2 :] + names[: i % 2]:
+        # Rounds outermost, so every width and controller sees the same load drift.
+        cells = [(n, name) for n in widths for name in hosts]
+        samples: dict[tuple[int, str], list[float]] = {cell: [] for cell in cells}
+        opens: dict[tuple[int, str], list[float]] = {cell: [] for cell in cells}
+        cpu: dict[tuple[int, str], list[tuple[float, float]]] = {cell: [] for cell in cells}
+        events: dict[tuple[int, str], int] = {}
+        loads: dict[tuple[int, str], list[float]] = {cell: [] for cell in cells}
+        names = list(hosts)
+        for i in range(rounds):
+            for n in widths:
+                calls = [tool(WORK, j) for j in range(n)]
+                for name in names[i % len(names) :] + names[: i % len(names)]:
+                    c0 = [_cpu_seconds(pid) for pid in pids]
                     t0 = time.perf_counter()
                     values = await all_(hosts[name], scope, calls)
-                    samples[name].append(time.perf_counter() - t0)
+                    samples[n, name].append(time.perf_counter() - t0)
+                    c1 = [_cpu_seconds(pid) for pid in pids]
+                    cpu[n, name].append((c1[0] - c0[0], c1[1] - c0[1]))
+                    loads[n, name].append(os.getloadavg()[0])
                     assert values == list(range(n))
                     key, open_time = opened[-1]
-                    opens[name].append(open_time)
+                    opens[n, name].append(open_time)
                     history = await client.get_workflow_handle(key).fetch_history()
-                    events[name] = len(history.events)
-            for name, times in samples.items():
-                per_child = [t * 1e6 / n for t in times]
-                rows.append(
-                    {
-                        "children": n,
-                        "controller": name,
-                        "us_per_child_median": statistics.median(per_child),
-                        "us_per_child_range": [min(per_child), max(per_child)],
-                        "open_seconds_median": statistics.median(opens[name]),
-                        "group_history_events": events[name],
-                    }
-                )
-                print(
-                    f"{n:>7} children  {name:<18} µs/child median "
-                    f"{statistics.median(per_child):>8.0f}  range "
-                    f"{min(per_child):.0f}–{max(per_child):.0f}  open "
-                    f"{statistics.median(opens[name]):.2f} s  history {events[name]} events",
-                    flush=True,
-                )
+                    events[n, name] = len(history.events)
+        for n, name in cells:
+            per_child = [t * 1e6 / n for t in samples[n, name]]
+            server_cpu = statistics.median(c[0] for c in cpu[n, name]) * 1e6 / n
+            worker_cpu = statistics.median(c[1] for c in cpu[n, name]) * 1e6 / n
+            load = [min(loads[n, name]), max(loads[n, name])]
+            rows.append(
+                {
+                    "children": n,
+                    "controller": name,
+                    "us_per_child_median": statistics.median(per_child),
+                    "us_per_child_range": [min(per_child), max(per_child)],
+                    "us_per_child": per_child,
+                    "open_seconds_median": statistics.median(opens[n, name]),
+                    "group_history_events": events[n, name],
+                    "server_cpu_us_per_child_median": server_cpu,
+                    "worker_cpu_us_per_child_median": worker_cpu,
+                    "load_average_range": load,
+                }
+            )
+            print(
+                f"{n:>7} children  {name:<18} µs/child median "
+                f"{statistics.median(per_child):>8.0f}  range "
+                f"{min(per_child):.0f}–{max(per_child):.0f}  open "
+                f"{statistics.median(opens[n, name]):.2f} s  history {events[n, name]} events  "
+                f"cpu/child server {server_cpu:.0f} µs worker {worker_cpu:.0f} µs  "
+                f"load {load[0]:.1f}–{load[1]:.1f}",
+                flush=True,
+            )
         for host in hosts.values():
             await host.aclose()
     finally:
         if worker is not None:
             await worker.terminate()
         await server.stop()
-    return {"rounds": rounds, "rows": rows}
+    return {
+        "rounds": rounds,
+        "shard_children": SHARD_CHILDREN,
+        "wide_shard_children": WIDE_SHARD_CHILDREN,
+        "rows": rows,
+    }
 
 
 def cli() -> None:
@@ -107,13 +155,19 @@ def cli() -> None:
     parser.add_argument("--widths", default="100,1000")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
+        "--shard-sizes",
+        default="default,100",
+        help="controllers to compare, by shard size (default: the controller's default)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "temporal_wide.json"
     )
     options = parser.parse_args()
     widths = [int(w) for w in options.widths.split(",")]
+    sizes = [None if s == "default" else int(s) for s in options.shard_sizes.split(",")]
     try:
         with tempfile.TemporaryDirectory(prefix="effecthost-wide-") as tmp:
-            document = asyncio.run(run(widths, options.rounds, Path(tmp)))
+            document = asyncio.run(run(widths, options.rounds, Path(tmp), sizes))
     finally:
         release_temporal_runtime()
     options.out.parent.mkdir(parents=True, exist_ok=True)

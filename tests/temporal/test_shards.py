@@ -21,14 +21,53 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer
 
 from effecthost.contract import EffectEnvelope, EffectGroup, EffectKind, LoserPolicy, WakePolicy
-from effecthost.hosts.temporal import EffectGroupWorkflow, TemporalEffectHost, workflow_runner
+from effecthost.hosts.temporal import (
+    SHARD_CHILDREN,
+    WIDE_SHARD_CHILDREN,
+    EffectGroupWorkflow,
+    TemporalEffectHost,
+    workflow_runner,
+)
 from effecthost.hosts.temporal._shared import shard_id
 from effecthost.hosts.temporal._worker import create_worker
+from effecthost.hosts.temporal._workflow import shard_starts
 
 from ._support import running_host, step
 from .test_replay import _Capture
 
 _ADMITTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ADMITTED
+
+
+def _wide(count: int) -> EffectGroup:
+    return EffectGroup(
+        key=f"shards:plan:{count}",
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.CANCEL,
+        children=[step(f"p.{i}") for i in range(count)],
+    )
+
+
+def test_wide_group_shards_are_listed_in_the_start_input() -> None:
+    """G-43: by default a group of up to ``SHARD_CHILDREN`` runs in one workflow and a
+    wider one in shards of ``WIDE_SHARD_CHILDREN`` (its own constant: the shard size that
+    keeps a wide group's cost per child flat is not the widest group one run holds); an
+    explicit ``shard_size`` keeps cutting at that size. The start input lists the
+    shards, as the run reads them."""
+    ctl = TemporalEffectHost(object(), "plan")  # type: ignore[arg-type]  # plans only
+    narrow = ctl._group_spec(_wide(SHARD_CHILDREN))
+    assert shard_starts(narrow, SHARD_CHILDREN) == []
+    count = SHARD_CHILDREN + 1
+    wide = ctl._group_spec(_wide(count))
+    assert shard_starts(wide, count) == list(range(0, count, WIDE_SHARD_CHILDREN))
+    chunked = TemporalEffectHost(object(), "plan", chunk_bytes=200_000)
+    spec = chunked._group_spec(_wide(count))
+    starts = spec["shards"]
+    assert spec["chunks"]
+    assert max(b - a for a, b in zip(starts, [*starts[1:], count], strict=True)) <= (
+        WIDE_SHARD_CHILDREN
+    )
+    explicit = TemporalEffectHost(object(), "plan", shard_size=3)
+    assert shard_starts(explicit._group_spec(_wide(7)), 7) == [0, 3, 6]
 
 
 @pytest.mark.timeout(120)

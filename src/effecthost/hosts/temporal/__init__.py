@@ -33,6 +33,7 @@ from ._shared import (  # noqa: E402
     MAX_CHILDREN,
     MAX_SPEC_BYTES,
     SHARD_CHILDREN,
+    WIDE_SHARD_CHILDREN,
     WORKFLOW_NAME,
 )
 from ._worker import ChildActivities, create_worker, run_worker, workflow_runner  # noqa: E402
@@ -46,6 +47,7 @@ __all__ = [
     "MAX_CHILDREN",
     "MAX_SPEC_BYTES",
     "SHARD_CHILDREN",
+    "WIDE_SHARD_CHILDREN",
     "WORKFLOW_NAME",
     "ChildActivities",
     "EffectGroupWorkflow",

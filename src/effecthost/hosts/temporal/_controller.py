@@ -80,6 +80,7 @@ from ._shared import (  # noqa: E402
     RANKS_QUERY,
     SETTLED_QUERY,
     SHARD_CHILDREN,
+    WIDE_SHARD_CHILDREN,
     WORKFLOW_NAME,
     batch_update_id,
     children_digest,
@@ -130,7 +131,9 @@ class TemporalEffectHost(WiredController):
     A group wider than ``shard_size`` children runs them in shards of that many, each a
     child workflow of the group's run reporting settlements to it; the group's run
     assigns the ranks as it records the reports (G-43). No run then holds more pending
-    activities than one shard.
+    activities than one shard. By default (``shard_size=None``) a group of up to
+    ``SHARD_CHILDREN`` runs in one workflow and a wider one in shards of
+    ``WIDE_SHARD_CHILDREN``.
 
     A group whose encoded children exceed ``chunk_bytes`` (one workflow input may be at
     most 2 MiB) opens in chunks: the run starts with the shape and the children's digests,
@@ -150,7 +153,7 @@ class TemporalEffectHost(WiredController):
         payloads: PayloadPolicy | None = None,
         keys: KeyStore | None = None,
         test_hooks: bool = False,
-        shard_size: int = SHARD_CHILDREN,
+        shard_size: int | None = None,
         chunk_bytes: int = MAX_SPEC_BYTES,
     ) -> None:
         if keys is not None:
@@ -173,9 +176,12 @@ class TemporalEffectHost(WiredController):
             self._options["payloads"] = True
         if test_hooks:
             self._options["test_hooks"] = True
-        if shard_size < 1:
+        if shard_size is not None and shard_size < 1:
             raise ValueError("shard_size must be at least 1")
-        self._options["shard_size"] = shard_size
+        # Recorded: the widest group one run holds (a run started without its shards
+        # listed derives them from it); the shards' size is the controller's own.
+        self._options["shard_size"] = shard_size or SHARD_CHILDREN
+        self._shard = shard_size or WIDE_SHARD_CHILDREN
         if not 0 < chunk_bytes <= MAX_SPEC_BYTES:
             raise ValueError(f"chunk_bytes must be between 1 and {MAX_SPEC_BYTES}")
         self._chunk_bytes = chunk_bytes
@@ -358,9 +364,12 @@ class TemporalEffectHost(WiredController):
             "disposition": group.disposition.value,
             "opener": self.incarnation,
         }
+        wide = group.child_count > int(self._options["shard_size"])
         sizes = [len(json.dumps(e)) + 2 for e in entries]
         if sum(sizes) + 1024 <= self._chunk_bytes:
             fence["children"] = _pairs(entries)
+            if wide:
+                spec["shards"] = list(range(0, group.child_count, self._shard))
             return _Plan(spec, fence, entries)
         limit = self._chunk_bytes - 1024
         cuts = _cut(sizes, limit, len(sizes))
@@ -368,7 +377,7 @@ class TemporalEffectHost(WiredController):
             [lo, hi, children_digest(_pairs(entries[lo:hi]))]
             for lo, hi in zip(cuts, [*cuts[1:], len(entries)], strict=True)
         ]
-        shards = _cut(sizes, limit, int(self._options["shard_size"]))
+        shards = _cut(sizes, limit, self._shard if wide else group.child_count)
         digest = children_digest(_pairs(entries))
         spec.update(
             children=[], count=group.child_count, chunks=chunks, digest=digest, shards=shards
