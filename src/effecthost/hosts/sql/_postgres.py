@@ -1261,23 +1261,13 @@ class PostgresStore(Store):
         try:
             before_create()
         except Exception:
-            return await self._open_read_first(
-                group_key,
-                wake,
-                disposition,
-                child_count,
-                specs,
-                owner,
-                ttl,
-                before_create,
-                reopen,
-                sent,
+            pass
+        else:
+            opened = await self._eh_open(
+                group_key, wake, disposition, child_count, specs, owner, ttl, sent
             )
-        opened = await self._eh_open(
-            group_key, wake, disposition, child_count, specs, owner, ttl, sent
-        )
-        if opened is not None:
-            return opened
+            if opened is not None:
+                return opened
         return await self._open_read_first(
             group_key,
             wake,
