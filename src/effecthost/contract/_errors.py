@@ -40,6 +40,7 @@ class RuntimeErrorCode(StrEnum):
     ALL_EFFECTS_FAILED = "all_effects_failed"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     STORE_REFUSED = "store_refused"
+    ENGINE_UNAVAILABLE = "engine_unavailable"
 
 
 class EffectHostError(Exception):
@@ -223,3 +224,30 @@ class StoreRefused(EffectHostError):
     schema version, a locked or unreadable database) before writing anything to it."""
 
     code = RuntimeErrorCode.STORE_REFUSED
+
+
+class EngineUnavailable(EffectHostError):
+    """An open, close or ``deliver_event`` could not reach its engine, worker, endpoint or
+    database within the bound the host is configured with (R-12).
+
+    The call may or may not have committed before the outage: retrying it is safe (an
+    open is fenced as a reopen, a close as a no-op). Awaits never raise this: they wait.
+
+    Attributes:
+        tried_for: seconds spent retrying before giving up.
+        operation: ``"open"``, ``"close"``, ``"deliver_event"`` or another call's name.
+    """
+
+    code = RuntimeErrorCode.ENGINE_UNAVAILABLE
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        group_key: str | None = None,
+        operation: str | None = None,
+        tried_for: float = 0.0,
+    ) -> None:
+        super().__init__(message, group_key=group_key)
+        self.operation = operation
+        self.tried_for = tried_for

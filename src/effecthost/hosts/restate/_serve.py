@@ -65,22 +65,49 @@ def on_stop_signals(loop: asyncio.AbstractEventLoop, callback: Callable[[], None
         loop.add_signal_handler(signal.SIGTERM, callback)
 
 
+NO_REQUEST_CAP = 2**62
+"""hypercorn's ``keep_alive_max_requests`` for an endpoint: in effect, no cap."""
+
+IDLE_CONNECTION = 300.0
+"""Seconds an idle HTTP/2 connection from Restate stays open (hypercorn's default is 5)."""
+
+
+def endpoint_config(bind: str, *, grace: float = DEFAULT_GRACE) -> Any:
+    """The hypercorn config an endpoint is served with.
+
+    Restate sends every invocation of a deployment over one long-lived HTTP/2 connection.
+    hypercorn's defaults suit browsers, not that: after ``keep_alive_max_requests`` (1,000)
+    requests it sends GOAWAY and drops the replies still owed on the connection, so the
+    request that crossed the cap hung until Restate noticed the dead connection (34–43 s)
+    and every later call to the same object queued behind it. The cap is lifted, and an
+    idle connection is kept for :data:`IDLE_CONNECTION` seconds instead of 5 so a wide
+    group's bursts do not reconnect. Restate bounds what it sends on one connection itself.
+    """
+    hypercorn_config = require("restate", "restate", "hypercorn.config")[0]
+    config = hypercorn_config.Config()
+    config.bind = [bind]
+    config.accesslog = None
+    config.graceful_timeout = grace
+    config.keep_alive_max_requests = NO_REQUEST_CAP
+    config.keep_alive_timeout = IDLE_CONNECTION
+    return config
+
+
+async def serve_config(app: Any, config: Any, stop: asyncio.Event) -> None:
+    """Serve ``app`` with ``config`` until ``stop`` is set."""
+    hypercorn_asyncio = require("restate", "restate", "hypercorn.asyncio")[0]
+    await hypercorn_asyncio.serve(app, config, shutdown_trigger=stop.wait)
+
+
 async def serve(app: Any, bind: str, *, grace: float = DEFAULT_GRACE) -> None:
     """Serve ``app`` (h2c) on ``bind`` until SIGTERM or SIGINT, then stop within about
     ``grace`` seconds: invocations still running then are cut off and re-invoked by
     Restate on the next endpoint. What still holds the process :data:`FORCE_AFTER`
     seconds later (a tool's thread) is left behind by ``os._exit(0)``; a
     second signal exits at once."""
-    hypercorn_config, hypercorn_asyncio = require(
-        "restate", "restate", "hypercorn.config", "hypercorn.asyncio"
-    )
-    config = hypercorn_config.Config()
-    config.bind = [bind]
-    config.accesslog = None
-    config.graceful_timeout = grace
     stop = asyncio.Event()
     on_stop_signals(asyncio.get_running_loop(), Stopper(stop.set, grace))
-    await hypercorn_asyncio.serve(app, config, shutdown_trigger=stop.wait)
+    await serve_config(app, endpoint_config(bind, grace=grace), stop)
 
 
 def main(argv: list[str] | None = None) -> None:
