@@ -244,10 +244,10 @@ class EngineUnavailable(EffectHostError):
         self,
         message: str,
         *,
-        group_key: str | None = None,
         operation: str | None = None,
         tried_for: float = 0.0,
+        **ids: Any,
     ) -> None:
-        super().__init__(message, group_key=group_key)
+        super().__init__(message, **ids)
         self.operation = operation
         self.tried_for = tried_for
