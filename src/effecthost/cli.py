@@ -10,6 +10,7 @@ import inspect
 import json
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Iterator, Sequence
 from enum import IntEnum
@@ -41,6 +42,10 @@ class ExitCode(IntEnum):
     ENGINE_MISSING = 16
     UNKNOWN_GROUP = 17
     NOT_LOOPBACK = 18
+    CLOBBER = 19
+    WRITE_FAILED = 20
+    FACTORY = 21
+    FACTORY_TIMEOUT = 22
 
 
 async def _load_controller(spec: str) -> EffectController:
@@ -192,10 +197,12 @@ def _refusals(where: str) -> Iterator[None]:
     import sqlite3
 
     from effecthost.hosts import MissingExtra
-    from effecthost.hosts.sql import DatabaseRefused, SchemaVersionError
+    from effecthost.hosts.sql import DatabaseRefused, SchemaVersionError, SealedDeployment
 
     try:
         yield
+    except SealedDeployment as exc:
+        raise _sealed_refusal(exc.where) from None
     except DatabaseRefused as exc:
         raise Refused(ExitCode[exc.problem.name.replace("-", "_")], exc.message) from None
     except SchemaVersionError as exc:
@@ -410,8 +417,10 @@ def _inspect(args: argparse.Namespace) -> int:
     from effecthost import _inspect as shown
     from effecthost.hosts import MissingExtra
 
-    if args.html and args.group is None:
+    if args.html is not None and args.group is None:
         raise Refused(ExitCode.USAGE, "--html draws one group: give --group KEY")
+    if args.html is not None:
+        _writable_page(args.html, args.force)  # before anything is read
 
     async def main() -> int:
         inspector = await _inspector(args)
@@ -422,12 +431,12 @@ def _inspect(args: argparse.Namespace) -> int:
                 print(f"{len(groups)} open group(s)", file=sys.stderr)
             else:
                 group, children = await inspector.group(args.group)
-                if args.html:
+                if args.html is not None:
                     from effecthost._timeline import render_timeline
 
                     page = render_timeline(group, children)
-                    await asyncio.to_thread(Path(args.html).write_text, page, "utf-8")
-                    print(f"wrote {args.html}", file=sys.stderr)
+                    await asyncio.to_thread(_write_page, args.html, page, args.force)
+                    print(f"wrote {_shown(args.html, 400)}", file=sys.stderr)
                 elif args.json:
                     print(shown.group_json(group, children))
                 else:
@@ -439,17 +448,133 @@ def _inspect(args: argparse.Namespace) -> int:
         return ExitCode.OK
 
     try:
-        return asyncio.run(main())
+        with _no_side_files(args):
+            return asyncio.run(main())
     except shown.UnknownGroupKey as exc:
-        raise Refused(ExitCode.UNKNOWN_GROUP, f"no open group {exc.group_key!r}") from None
+        raise Refused(
+            ExitCode.UNKNOWN_GROUP, f"no open group {_shown(repr(exc.group_key))}"
+        ) from None
     except shown.TierUnreachable as exc:
         raise Refused(ExitCode.UNREACHABLE, str(exc)) from None
     except MissingExtra as exc:
         raise Refused(ExitCode.ENGINE_MISSING, str(exc)) from None
 
 
+def _writable_page(name: str, force: bool) -> Path:
+    """The path ``--html`` may write: refused (one line, its own exit code) when it is
+    empty, a directory or a special file, or a file that is not a page ``--html`` wrote
+    (unless ``force``), or its directory is missing."""
+    from effecthost._timeline import PAGE_PREFIX
+
+    if not name:
+        raise Refused(ExitCode.USAGE, "--html needs a file name")
+    path = Path(name)
+    shown = _shown(name)
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        if not path.parent.is_dir():
+            raise Refused(ExitCode.WRITE_FAILED, f"{shown}: no such directory") from None
+        return path
+    except OSError as exc:
+        raise Refused(ExitCode.WRITE_FAILED, f"{shown}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise Refused(ExitCode.NOT_A_FILE, f"{shown}: not a file (a directory)")
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        raise Refused(ExitCode.NOT_A_FILE, f"{shown}: not a file (a special file)")
+    if force:
+        return path
+    try:
+        with open(path, "rb") as f:
+            ours = stat.S_ISREG(st.st_mode) and f.read(len(PAGE_PREFIX.encode())) == (
+                PAGE_PREFIX.encode()
+            )
+    except OSError:
+        ours = False
+    if not ours:
+        raise Refused(
+            ExitCode.CLOBBER,
+            f"{shown}: exists and is not a page inspect --html wrote (--force replaces it)",
+        )
+    return path
+
+
+def _write_page(name: str, page: str, force: bool) -> None:
+    """Write ``page`` to ``name`` atomically (a temporary file beside it, renamed over
+    it): a failed write leaves the old file, or none, never half a page."""
+    import tempfile
+
+    path = _writable_page(name, force)
+    shown = _shown(name)
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(page.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise Refused(
+            ExitCode.WRITE_FAILED, f"{shown}: cannot write the page ({exc.strerror or exc})"
+        ) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def _no_side_files(args: argparse.Namespace) -> Iterator[None]:
+    """Leave no ``-wal``/``-shm`` file beside a SQLite database that had none: a
+    read-only connection to a WAL database creates them and cannot remove them, so
+    afterwards a plain connection is opened and closed, which removes them when it is
+    the last one (another process still using the database keeps them, as it should)."""
+    if not getattr(args, "sqlite", None):
+        yield
+        return
+    path = Path(args.sqlite)
+    sides = [Path(f"{path}-wal"), Path(f"{path}-shm")]
+    had = any(side.exists() for side in sides)
+    try:
+        yield
+    finally:
+        if not had and any(side.exists() for side in sides):
+            _release_side_files(path)
+
+
+def _release_side_files(path: Path) -> None:
+    import sqlite3
+    import urllib.parse
+
+    with contextlib.suppress(sqlite3.Error, OSError):
+        conn = sqlite3.connect(
+            f"file:{urllib.parse.quote(str(path.absolute()))}?mode=rw",
+            uri=True,
+            timeout=0,
+            isolation_level=None,
+        )
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            conn.close()
+
+
 def _ui(args: argparse.Namespace) -> int:
     """Serve every open group's timeline on a loopback address until interrupted."""
+    from effecthost import _timeline
+
+    try:
+        _timeline.loopback_address(args.bind)
+    except _timeline.NotLoopback as exc:
+        raise Refused(ExitCode.NOT_LOOPBACK, str(exc)) from None
+    with _no_side_files(args):
+        return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
     import signal
     import threading
 
@@ -457,10 +582,6 @@ def _ui(args: argparse.Namespace) -> int:
     from effecthost import _timeline
     from effecthost.hosts import MissingExtra
 
-    try:
-        _timeline.loopback_address(args.bind)
-    except _timeline.NotLoopback as exc:
-        raise Refused(ExitCode.NOT_LOOPBACK, str(exc)) from None
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="effecthost-ui", daemon=True)
     thread.start()
@@ -491,18 +612,20 @@ def _ui(args: argparse.Namespace) -> int:
 
         signal.signal(signal.SIGTERM, stop)
         try:
-            server.serve_forever()
+            server.serve_forever(poll_interval=0.2)
         except KeyboardInterrupt:
             pass
         finally:
             server.server_close()
     finally:
+        # bounded: a stop is due within a second, whatever a client or a read is doing
         if inspector is not None:
             with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(inspector.aclose(), loop).result(30)
+                asyncio.run_coroutine_threadsafe(inspector.aclose(), loop).result(0.5)
         loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
+        thread.join(0.3)
+        if not thread.is_alive():
+            loop.close()
     return ExitCode.OK
 
 
@@ -540,19 +663,22 @@ async def _sql_drain_host(args: argparse.Namespace, resolver: GroupExecutors | N
     with _refusals(_where(args)):
         try:
             await _start(store, args)
-            if (policy is None or policy.sealer is None) and await store.records_sealed():
-                raise Refused(
-                    ExitCode.SEALED,
-                    f"{_where(args)}: the database holds sealed outcomes; give the drain "
-                    "its payload settings (--keys DIR, and --payload-dir DIR if the hosts "
-                    "store payloads in files)",
-                )
+            if (policy is None or policy.sealer is None) and await store.deployment_sealed():
+                raise _sealed_refusal(_where(args))
         finally:
             await store.aclose()
         # a fresh store: the one above only checked the database
         host = SqlEffectHost(_store(args, read_only=False), resolver, payloads=policy)
         await host.start()
     return host
+
+
+def _sealed_refusal(where: str) -> Refused:
+    return Refused(
+        ExitCode.SEALED,
+        f"{where}: a sealed deployment; give the drain its payload settings (--keys DIR, "
+        "and --payload-dir DIR if the hosts store payloads in files)",
+    )
 
 
 class _DrainLog:
@@ -666,7 +792,8 @@ def _drain(args: argparse.Namespace) -> int:
             await _close(controller)
 
     try:
-        return asyncio.run(main())
+        with _no_side_files(args):
+            return asyncio.run(main())
     except KeyboardInterrupt:
         return 130
 
@@ -742,7 +869,13 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_.add_argument(
         "--html",
         metavar="FILE",
-        help="with --group: write the group's timeline as a self-contained HTML page",
+        help="with --group: write the group's timeline as a self-contained HTML page "
+        "(atomically; an existing file is replaced only if it is such a page)",
+    )
+    inspect_.add_argument(
+        "--force",
+        action="store_true",
+        help="with --html: replace an existing file that is not a page --html wrote",
     )
     inspect_.set_defaults(run=_inspect)
 
@@ -760,9 +893,18 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument(
         "--bind", default="127.0.0.1", help="a loopback address or name (default 127.0.0.1)"
     )
-    ui.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks one)")
     ui.add_argument(
-        "--refresh", type=int, default=5, metavar="SECONDS", help="page reload interval (0: none)"
+        "--port",
+        type=_bounded_int("port", 0, 65535),
+        default=8765,
+        help="port (default 8765; 0 picks one)",
+    )
+    ui.add_argument(
+        "--refresh",
+        type=_bounded_int("refresh", 0, 86400),
+        default=5,
+        metavar="SECONDS",
+        help="page reload interval (0: none)",
     )
     ui.set_defaults(run=_ui)
 
@@ -831,10 +973,14 @@ EXIT_CODES = {
     ExitCode.LOCKED: "locked by another writer for longer than --lock-timeout",
     ExitCode.BAD_DSN: "a malformed PostgreSQL DSN",
     ExitCode.UNREACHABLE: "PostgreSQL, Restate or Temporal unreachable or refusing",
-    ExitCode.SEALED: "drain: sealed outcomes recorded, but no --keys given",
+    ExitCode.SEALED: "drain: a sealed deployment, but no --keys given",
     ExitCode.ENGINE_MISSING: "an engine binary or an extra is not installed",
     ExitCode.UNKNOWN_GROUP: "inspect --group: no open group of that key",
     ExitCode.NOT_LOOPBACK: "ui --bind: not a loopback address",
+    ExitCode.CLOBBER: "inspect --html: the file is not a page --html wrote (see --force)",
+    ExitCode.WRITE_FAILED: "inspect --html: the page cannot be written (directory, disk…)",
+    ExitCode.FACTORY: "conformance: the factory cannot be loaded, fails or gives no host",
+    ExitCode.FACTORY_TIMEOUT: "conformance: the factory gave no host within --factory-timeout",
 }
 
 
@@ -844,6 +990,31 @@ def exit_code_help() -> str:
     for code, meaning in EXIT_CODES.items():
         lines.append(f"  {code.value:>2}  {code.name.lower().replace('_', '-'):<15} {meaning}")
     return "\n".join(lines)
+
+
+def _bounded_int(what: str, low: int, high: int) -> Any:
+    """An argparse type: an integer from ``low`` to ``high``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text) if len(text) <= 20 else None
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{what} must be an integer from {low} to {high}, not {_shown(repr(text), 40)}"
+            )
+        return value
+
+    return parse
+
+
+def _shown(value: Any, limit: int = 200) -> str:
+    """An input echoed in a message: control characters escaped, at most ``limit``
+    characters of it."""
+    from effecthost._inspect import shorten
+
+    return shorten(value, limit)
 
 
 def _host_options(parser: argparse.ArgumentParser, *, engines: bool = False) -> None:
