@@ -17,6 +17,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, TextIO
 
+from effecthost._inspect import safe_text
 from effecthost.contract import EffectController, GroupExecutors
 
 
@@ -52,7 +53,7 @@ async def _load_controller(spec: str) -> EffectController:
     """``MODULE:ATTR`` naming a controller, or a callable (sync or async) returning one."""
     module_name, sep, attribute = spec.partition(":")
     if not sep:
-        raise SystemExit(f"effecthost: host must be given as MODULE:ATTR, got {spec!r}")
+        raise SystemExit(f"effecthost: host must be given as MODULE:ATTR, got {_shown(repr(spec))}")
     target = getattr(importlib.import_module(module_name), attribute)
     made = target if isinstance(target, EffectController) else target()
     if inspect.isawaitable(made):
@@ -67,21 +68,26 @@ def _conformance(args: argparse.Namespace) -> int:
         Check,
         CheckResult,
         all_checks,
-        load_factory,
         matches,
         run_suite,
     )
     from effecthost.conformance._reports import write_json, write_junit
 
-    if args.explain:
+    if args.explain is not None:
         from effecthost.conformance import UnknownRule, explain
 
+        if len(args.explain) > 40:
+            raise Refused(
+                ExitCode.USAGE,
+                f"unknown rule id {_shown(repr(args.explain), 40)}: ids are like G-20 or R-4",
+            )
         try:
             print(explain(args.explain))
-        except UnknownRule as exc:
-            print(f"effecthost: {exc}", file=sys.stderr)
-            return 2
+        except (UnknownRule, ValueError) as exc:
+            raise Refused(ExitCode.USAGE, _shown(str(exc).splitlines()[0], 300)) from None
         return 0
+    if args.k is not None:
+        _check_selection(args.k)
     if args.list:
         for check in all_checks():
             if matches(args.k, check):
@@ -92,7 +98,7 @@ def _conformance(args: argparse.Namespace) -> int:
         return 0
     from effecthost.hosts import EngineMissing, MissingExtra
 
-    factory = load_factory(args.factory)
+    factory = _guarded_factory(args.factory, args.factory_timeout)
     width = max(len(c.node_name) for c in all_checks())
     progress = _Progress(sys.stdout)
     failures = 0
@@ -103,7 +109,7 @@ def _conformance(args: argparse.Namespace) -> int:
         mark = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP"}[result.status]
         line = f"{mark}  {result.check.node_name:<{width}}  {result.seconds:6.2f}s"
         if result.reason:
-            line += f"  {result.reason.splitlines()[0]}"
+            line += f"  {safe_text((result.reason.splitlines() or [''])[0])}"
         progress.line(line)
 
     def running(number: int, total: int, check: Check) -> None:
@@ -132,8 +138,10 @@ def _conformance(args: argparse.Namespace) -> int:
                 on_kept=keep,
             )
         )
+    except FactoryProblem as exc:
+        raise Refused(exc.code, str(exc)) from None
     except (EngineMissing, MissingExtra) as exc:
-        raise Refused(ExitCode.ENGINE_MISSING, f"{args.factory}: {exc}") from None
+        raise Refused(ExitCode.ENGINE_MISSING, f"{_shown(args.factory)}: {exc}") from None
     finally:
         progress.status("")
         if report is None and kept:
@@ -146,13 +154,116 @@ def _conformance(args: argparse.Namespace) -> int:
     if failed:
         print()
         for result in failed:
-            print(f"FAILED {result.check.node_name}: {result.failure_text()}")
+            text = "\n".join(safe_text(line) for line in result.failure_text().splitlines())
+            print(f"FAILED {result.check.node_name}: {text}")
     print()
     print(report.table())
     if kept:
         print()
         print("\n".join(kept))
     return 0 if report.ok else 1
+
+
+def _check_selection(expression: str) -> None:
+    """Refuse a ``-k`` expression the selection cannot parse, in one line."""
+    from effecthost.conformance import all_checks, matches
+
+    if len(expression) > 1000:
+        raise Refused(ExitCode.USAGE, f"-k: expression too long ({len(expression)} characters)")
+    try:
+        for check in all_checks()[:1]:
+            matches(expression, check)
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
+        raise Refused(
+            ExitCode.USAGE,
+            f"-k: cannot parse {_shown(repr(expression), 200)} (words, and, or, not, parentheses)",
+        ) from None
+
+
+class FactoryProblem(Exception):
+    """The conformance factory could not give a host: :class:`Refused` once caught."""
+
+    def __init__(self, code: ExitCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _problem(exc: BaseException) -> str:
+    first = (str(exc).splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _guarded_factory(spec: str, timeout: float) -> Any:
+    """The factory named by ``spec``, loaded now and wrapped so that whatever it does
+    wrong — raises, exits, hangs past ``timeout`` seconds, returns something that is not
+    a host — is one line naming it and the problem, with exit ``factory`` or
+    ``factory-timeout``. A factory that blocks its thread is stopped by a watchdog: the
+    process prints that line and exits."""
+    import threading
+
+    from effecthost.conformance import HostUnderTest
+    from effecthost.hosts import EngineMissing, MissingExtra
+
+    name = _shown(spec)
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise Refused(ExitCode.USAGE, f"factory must be given as MODULE:FACTORY, got {name}")
+    try:
+        module = importlib.import_module(module_name)
+    except (Exception, SystemExit) as exc:
+        raise Refused(
+            ExitCode.FACTORY, f"factory {name}: cannot import its module ({_shown(_problem(exc))})"
+        ) from None
+    target = getattr(module, attribute, None)
+    if target is None or not callable(target):
+        what = "has no such attribute" if target is None else "is not callable"
+        raise Refused(ExitCode.FACTORY, f"factory {name}: {what}")
+
+    async def call(env: Any) -> Any:
+        def overdue() -> None:
+            print(
+                f"effecthost: factory {name}: gave no host within {timeout:g} s "
+                "(see --factory-timeout); stopped",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(ExitCode.FACTORY_TIMEOUT)
+
+        watchdog = threading.Timer(timeout + 5.0, overdue)  # a factory blocking its thread
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            made = target(env)
+            if inspect.isawaitable(made):
+                made = await asyncio.wait_for(made, timeout)
+        except (EngineMissing, MissingExtra):
+            raise
+        except TimeoutError:
+            raise FactoryProblem(
+                ExitCode.FACTORY_TIMEOUT,
+                f"factory {name}: gave no host within {timeout:g} s (see --factory-timeout)",
+            ) from None
+        except SystemExit as exc:
+            raise FactoryProblem(
+                ExitCode.FACTORY, f"factory {name}: called sys.exit({_shown(exc.code, 40)})"
+            ) from None
+        except Exception as exc:
+            raise FactoryProblem(
+                ExitCode.FACTORY, f"factory {name}: raised {_shown(_problem(exc))}"
+            ) from None
+        finally:
+            watchdog.cancel()
+        if not isinstance(made, HostUnderTest):
+            if hasattr(made, "aclose") and inspect.iscoroutinefunction(made.aclose):
+                with contextlib.suppress(Exception):
+                    await made.aclose()
+            raise FactoryProblem(
+                ExitCode.FACTORY,
+                f"factory {name}: returned {_shown(type(made).__name__, 80)}, not a HostUnderTest",
+            )
+        return made
+
+    return call
 
 
 class _Progress:
@@ -720,7 +831,7 @@ class _DrainLog:
         for kind, children in touched.items():
             for group_key, replay_key in children:
                 self._emit(
-                    f"  {kind.replace('_', ' ')}: {group_key} {replay_key}",
+                    f"  {kind.replace('_', ' ')}: {safe_text(group_key)} {safe_text(replay_key)}",
                     {
                         "event": kind,
                         "pass": self.passes,
@@ -801,7 +912,9 @@ def _drain(args: argparse.Namespace) -> int:
 def _load_resolver(spec: str) -> GroupExecutors:
     module_name, sep, attribute = spec.partition(":")
     if not sep:
-        raise SystemExit(f"effecthost: resolver must be given as MODULE:ATTR, got {spec!r}")
+        raise SystemExit(
+            f"effecthost: resolver must be given as MODULE:ATTR, got {_shown(repr(spec))}"
+        )
     target = getattr(importlib.import_module(module_name), attribute)
     made = target if isinstance(target, GroupExecutors) else target()
     if not isinstance(made, GroupExecutors):
@@ -822,7 +935,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     conformance = commands.add_parser(
-        "conformance", help="run the conformance suite against a host factory"
+        "conformance",
+        help="run the conformance suite against a host factory",
+        epilog=exit_code_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     conformance.add_argument("factory", nargs="?", metavar="MODULE:FACTORY")
     conformance.add_argument("-k", metavar="EXPR", help="select checks (ids, names; and/or/not)")
@@ -833,6 +949,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--explain",
         metavar="ID",
         help="print obligation (G-20) or ruling (R-4) ID of docs/spec.md and the checks citing it",
+    )
+    conformance.add_argument(
+        "--factory-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long the factory may take to give a host (default 600)",
     )
     conformance.add_argument(
         "--keep",
@@ -1056,7 +1179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.run(args)
     except Refused as refused:
-        print(f"effecthost: {refused}", file=sys.stderr)
+        print(f"effecthost: {_shown(str(refused), 1000)}", file=sys.stderr)
         return refused.code
     finally:
         _release_runtimes()
