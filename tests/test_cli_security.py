@@ -308,7 +308,9 @@ def test_html_turns_every_filesystem_problem_into_one_line(
     db = effecthost_db(tmp_path / "db.sqlite3")
     name = target.format(tmp=tmp_path)
     for force in ([], ["--force"]):
-        run = cli("inspect", "--sqlite", str(db), "--group", "cli:hostile:0", "--html", name, *force)
+        run = cli(
+            "inspect", "--sqlite", str(db), "--group", "cli:hostile:0", "--html", name, *force
+        )
         assert_one_line_refusal(run, code, word)
 
 
