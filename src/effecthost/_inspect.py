@@ -97,8 +97,8 @@ def in_rank_order(children: Sequence[ChildRow]) -> list[ChildRow]:
         odd = not (rank is None or _integer(rank)) or not _integer(position)
         return (
             odd,
-            c.rank is None,
-            rank if _integer(rank) else 0,  # type: ignore[arg-type]
+            rank is None,
+            rank if isinstance(rank, int) and _integer(rank) else 0,
             position if _integer(position) else 0,
         )
 
