@@ -144,3 +144,55 @@ async def test_a_database_of_the_previous_release_is_inferred_from_its_rows(
             await late.open_effect_group(_group())
     finally:
         await late.aclose()
+
+
+async def test_a_plaintext_close_in_a_sealed_deployment_records_no_cancelled_outcome(
+    substrate: Substrate,
+) -> None:
+    """G-48, issue 21: a plaintext host closing a group ``CANCEL`` in a sealed deployment
+    records the cancel request (the close succeeds) but no plaintext cancelled outcome; a
+    sealing host's drain then cancels the child and retires the group."""
+    import asyncio
+
+    never = asyncio.Event()
+
+    async def hold(value: Any) -> Any:
+        await never.wait()
+
+    keys = InMemoryKeyStore()
+    policy = PayloadPolicy(sealer=AesGcmSealer(keys))
+
+    def host(payloads: PayloadPolicy | None) -> SqlEffectHost:
+        return SqlEffectHost(
+            substrate.make_store(), ToolRegistry({"hold": hold}), lease_ttl=0.6,
+            renew_every=0.1, poll_interval=0.05, payloads=payloads,
+        )  # fmt: skip
+
+    key = f"dep{secrets.token_hex(4)}:group:g:0"
+    group = EffectGroup(
+        key=key,
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.CANCEL,
+        children=[EffectEnvelope(replay_key=f"{key}:0", kind="tool_call", name="hold", input=1)],
+    )
+    opener = host(policy)
+    handle = await opener.open_effect_group(group)
+    await opener.abandon()
+    plain = host(None)
+    sealing = host(policy)
+    try:
+        for _ in range(200):  # the abandoned lease expires on the database clock
+            rows = await substrate.sql("SELECT lease_expires FROM eh_children", ())
+            await plain.start()
+            now = await plain.store.now()
+            if all(r[0] is None or r[0] < now for r in rows):
+                break
+            await asyncio.sleep(0.05)  # waiting for an external clock, not ordering
+        await plain.close_effect_group(handle)
+        assert await _outcomes(substrate) == [(None,)]
+        report = await sealing.drain().run_pass()
+        assert [tuple(c) for c in report.cancelled] == [(key, f"{key}:0")]
+        assert await _outcomes(substrate) == []  # settled, sealed, and the group retired
+    finally:
+        await plain.aclose()
+        await sealing.aclose()

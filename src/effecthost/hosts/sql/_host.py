@@ -239,8 +239,9 @@ class SqlEffectHost(WiredController):
             SchemaVersionError: the database records another schema version.
         A host without a sealer on a sealed deployment starts (it reads, and a sealed
         outcome it cannot open is :class:`SealedPayloadUnreadable`) but writes no outcome:
-        its opens, drain passes, events and cancellations raise
-        :class:`SealedDeployment`.
+        its opens, drain passes and event deliveries raise :class:`SealedDeployment`, and
+        its close records the cancel requests but leaves the cancelled outcomes to a
+        sealing writer.
         """
         if self._started:
             return
@@ -1144,7 +1145,8 @@ class SqlEffectHost(WiredController):
             if driver is not None:
                 driver.cancel_requested = True
                 self._cancel_driver(driver)
-            elif row.lease_expired:
+            elif row.lease_expired and not self._plaintext_refused:
+                # (in a sealed deployment without a sealer: a sealing drain settles it)
                 await self._settle_free(
                     group_key, row.replay_key, row.position, Outcome.cancelled()
                 )

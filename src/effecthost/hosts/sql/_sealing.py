@@ -1,13 +1,14 @@
 """A deployment's sealing, recorded before any outcome is written (G-48).
 
-A host with a sealing payload policy records, when it starts, that the database is
-sealed (``eh_sealing``, a one-row table created then), before it opens a group. From
-then on a writer without a sealer — a host, ``effecthost drain`` — refuses to record an
-outcome (an open, a drain pass, an event, a cancellation), whether or not a sealed
-outcome exists yet, so no plaintext is recorded beside ciphertext, whichever process
-settles a child. It still starts and reads (a sealed outcome it cannot open is
-``SealedPayloadUnreadable``). A database of an earlier release has no such table: it
-counts as sealed when it holds a sealed outcome.
+A host with a sealing payload policy records, when it starts and before it opens a
+group, that the database is sealed (``eh_sealing``, a one-row table; a host without a
+sealer records "plaintext" there, and a sealing host turns it to sealed for good). From
+then on a writer without a sealer (a host, ``effecthost drain``) records no outcome there,
+whether or not a sealed outcome exists yet, whichever process settles a child: its opens,
+drain passes and event deliveries raise :class:`SealedDeployment`, its close leaves the
+cancelled outcomes to a sealing writer. It still starts and reads (a sealed outcome it
+cannot open is ``SealedPayloadUnreadable``). A database of an earlier release has no
+record: it counts as sealed when it holds a sealed outcome, and gets its record then.
 """
 
 from __future__ import annotations
