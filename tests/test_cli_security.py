@@ -27,7 +27,6 @@ from test_cli_hostile import (
     cli,
     effecthost_db,
     snapshot,
-    stored_outcome,
 )
 
 from effecthost.cli import ExitCode
@@ -85,6 +84,18 @@ async def _dead_opener(
 SECRET = "plaintext-canary-21"
 
 
+def stored_outcome(path: Path, replay_key: str) -> str | None:
+    """A read that leaves no ``-wal``/``-shm`` (a read-only connection would)."""
+    conn = sqlite3.connect(path)
+    try:
+        row = conn.execute(
+            "SELECT outcome FROM eh_children WHERE replay_key = ?", (replay_key,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else row[0]
+
+
 def rollback_journal(path: Path) -> None:
     """Everything in the one file, no ``-wal``/``-shm`` beside it."""
     conn = sqlite3.connect(path, isolation_level=None)
@@ -97,7 +108,7 @@ def wait_for_expired_leases(path: Path) -> None:
     state this test only waits for)."""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        conn = sqlite3.connect(path)  # read-write: its close removes any -wal/-shm
         try:
             live = conn.execute(
                 "SELECT count(*) FROM eh_children WHERE lease_expires >= "
@@ -114,14 +125,19 @@ def wait_for_expired_leases(path: Path) -> None:
 # -- 1. a sealed deployment never gets plaintext -------------------------------------------
 
 
-def test_drain_refuses_a_sealed_deployment_in_which_nothing_has_settled(tmp_path: Path) -> None:
+@pytest.mark.parametrize("journal", ["DELETE", "WAL"])
+def test_drain_refuses_a_sealed_deployment_in_which_nothing_has_settled(
+    tmp_path: Path, journal: str
+) -> None:
     """G-48, issue 21: a sealing host dies before any child settles; a drain without
     ``--keys`` is refused (exit ``sealed``, one line) and records nothing, the file as it
     was and nothing beside it; with the keys the child is recorded sealed."""
     db, keys = tmp_path / "sealed.sqlite3", tmp_path / "keys"
     keys.mkdir()
     asyncio.run(_dead_opener(db, "sec:sealed:0", sealed=keys))
-    rollback_journal(db)
+    if journal == "DELETE":
+        rollback_journal(db)
+    assert side_files(db) == []
     wait_for_expired_leases(db)
     before = snapshot(db)
     run = cli("drain", "--sqlite", str(db), "--once", "--resolver", "cli_tools:registry")

@@ -98,6 +98,8 @@ def _conformance(args: argparse.Namespace) -> int:
         return 0
     from effecthost.hosts import EngineMissing, MissingExtra
 
+    if not 0 < args.factory_timeout < 1e9:
+        raise Refused(ExitCode.USAGE, "--factory-timeout must be a positive number of seconds")
     factory = _guarded_factory(args.factory, args.factory_timeout)
     width = max(len(c.node_name) for c in all_checks())
     progress = _Progress(sys.stdout)
