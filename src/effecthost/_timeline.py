@@ -701,6 +701,7 @@ class UiServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
+    request_queue_size = 128  # a burst of connections is accepted, not retried by the client
 
     def __init__(
         self, address: tuple[str, int], answer: Callable[[Request], tuple[int, str]]

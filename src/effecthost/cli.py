@@ -54,13 +54,27 @@ async def _load_controller(spec: str) -> EffectController:
     module_name, sep, attribute = spec.partition(":")
     if not sep:
         raise SystemExit(f"effecthost: host must be given as MODULE:ATTR, got {_shown(repr(spec))}")
-    target = getattr(importlib.import_module(module_name), attribute)
+    target = _named(module_name, attribute, spec)
     made = target if isinstance(target, EffectController) else target()
     if inspect.isawaitable(made):
         made = await made
     if not isinstance(made, EffectController):
-        raise SystemExit(f"effecthost: {spec} did not give an EffectController")
+        raise SystemExit(f"effecthost: {_shown(spec)} did not give an EffectController")
     return made
+
+
+def _named(module_name: str, attribute: str, spec: str) -> Any:
+    """``module_name.attribute``; a module that cannot be imported or a missing attribute
+    is a one-line usage refusal."""
+    try:
+        module = importlib.import_module(module_name)
+    except (Exception, SystemExit) as exc:
+        raise Refused(
+            ExitCode.USAGE, f"{_shown(spec)}: cannot import its module ({_shown(_problem(exc))})"
+        ) from None
+    if not hasattr(module, attribute):
+        raise Refused(ExitCode.USAGE, f"{_shown(spec)}: no such attribute")
+    return getattr(module, attribute)
 
 
 def _conformance(args: argparse.Namespace) -> int:
@@ -738,9 +752,9 @@ def _serve(args: argparse.Namespace) -> int:
         # bounded: a stop is due within a second, whatever a client or a read is doing
         if inspector is not None:
             with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(inspector.aclose(), loop).result(0.5)
+                asyncio.run_coroutine_threadsafe(inspector.aclose(), loop).result(0.3)
         loop.call_soon_threadsafe(loop.stop)
-        thread.join(0.3)
+        thread.join(0.2)
         if not thread.is_alive():
             loop.close()
     return ExitCode.OK
@@ -929,10 +943,10 @@ def _load_resolver(spec: str) -> GroupExecutors:
         raise SystemExit(
             f"effecthost: resolver must be given as MODULE:ATTR, got {_shown(repr(spec))}"
         )
-    target = getattr(importlib.import_module(module_name), attribute)
+    target = _named(module_name, attribute, spec)
     made = target if isinstance(target, GroupExecutors) else target()
     if not isinstance(made, GroupExecutors):
-        raise SystemExit(f"effecthost: {spec} did not give a GroupExecutors resolver")
+        raise SystemExit(f"effecthost: {_shown(spec)} did not give a GroupExecutors resolver")
     return made
 
 
