@@ -205,6 +205,9 @@ class NullStore:
     async def start(self) -> None:
         return None
 
+    async def recorded_sealing(self) -> bool | None:
+        return False  # a plaintext deployment
+
     async def aclose(self) -> None:
         return None
 

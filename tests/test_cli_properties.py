@@ -12,6 +12,7 @@ import functools
 import hashlib
 import io
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -24,6 +25,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_cli_hostile import effecthost_db
 
+from effecthost import _inspect as shown
+from effecthost._timeline import (
+    MAX_HEAD_BYTES,
+    MAX_HEADERS,
+    BadRequest,
+    Request,
+    parse_request_head,
+)
 from effecthost.cli import main
 from effecthost.hosts.sql import SCHEMA_VERSION
 
@@ -228,3 +237,98 @@ def test_the_command_refuses_generated_files_in_one_line(make: Callable[[Path], 
     """SPEC §7: the same through the installed command (a real process: no traceback on
     stderr, nothing left beside the file)."""
     check(make, run_subprocess)
+
+
+# -- the ui request parser and the human-readable tables (issue 21) ------------------------
+
+PARSER = settings(max_examples=300, deadline=None)
+tokens = st.from_regex(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,12}", fullmatch=True)
+path_text = st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=40)
+
+
+@PARSER
+@given(head=st.binary(max_size=MAX_HEAD_BYTES + 64))
+def test_the_ui_parser_refuses_any_bytes_with_bad_request_only(head: bytes) -> None:
+    """Issue 21: whatever bytes arrive, the parser returns a request or raises
+    ``BadRequest`` with a 4xx/5xx status, nothing else."""
+    try:
+        request = parse_request_head(head)
+    except BadRequest as exc:
+        assert exc.status in (400, 405, 431, 505)
+    else:
+        assert isinstance(request, Request) and request.path.startswith("/")
+
+
+@PARSER
+@given(
+    path=path_text,
+    query=st.one_of(st.none(), path_text),
+    headers=st.lists(st.tuples(tokens, st.text(alphabet="abc xyz:/-", max_size=20)), max_size=80),
+)
+def test_the_ui_parser_reads_a_well_formed_get(
+    path: str, query: str | None, headers: list[tuple[str, str]]
+) -> None:
+    """Issue 21: a well-formed GET is read as sent: the path without its query,
+    percent-decoded; headers by lower-cased name; more than ``MAX_HEADERS`` is 431."""
+    from urllib.parse import quote, unquote
+
+    target = "/" + quote(path, safe="/") + ("" if query is None else "?" + quote(query))
+    lines = [f"GET {target} HTTP/1.1", "Host: 127.0.0.1"]
+    lines += [f"{name}: {value}" for name, value in headers]
+    names = [n.lower() for n, _ in headers]
+    repeated = any(n in ("host", "content-length", "transfer-encoding") for n in names)
+    try:
+        request = parse_request_head("\r\n".join(lines).encode())
+    except BadRequest as exc:
+        assert (
+            len(lines) - 1 > MAX_HEADERS
+            or repeated
+            or "content-length" in names
+            or "transfer-encoding" in names
+        ), exc
+        return
+    assert len(lines) - 1 <= MAX_HEADERS
+    assert request.method == "GET"
+    assert request.path == unquote(target.split("?", 1)[0])
+    assert request.headers["host"] == "127.0.0.1"
+
+
+RAW = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+stored = st.one_of(
+    st.none(),
+    st.text(max_size=12),
+    st.integers(),
+    st.floats(),
+    st.booleans(),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    groups=st.lists(st.tuples(st.text(max_size=12), stored, stored, stored, stored), max_size=5),
+    children=st.lists(
+        st.tuples(stored, stored, st.text(max_size=12), st.text(max_size=12), stored, stored),
+        max_size=5,
+    ),
+)
+def test_human_output_carries_no_control_character_and_never_fails(
+    groups: list[tuple[Any, ...]], children: list[tuple[Any, ...]]
+) -> None:
+    """Issue 21: whatever a store holds (text with control characters, bidi overrides,
+    numbers of any size, wrong types), the tables print one line per row, with no raw
+    control character, and a value that is not its column's type as ``<unreadable>``."""
+    group_rows = [
+        shown.GroupRow(key, age, wake, None, settled, None, owner)
+        for key, age, wake, settled, owner in groups
+    ]
+    child_rows = [
+        shown.ChildRow(
+            rank, position, replay, tool, status if isinstance(status, str) else "x", at, None
+        )
+        for rank, position, replay, tool, status, at in children
+    ]
+    table = shown.groups_table(group_rows)
+    ranks = shown.ranks_table(shown.in_rank_order(child_rows))
+    for text, rows in ((table, group_rows), (ranks, child_rows)):
+        assert not RAW.search(text), repr(text)
+        assert len(text.split("\n")) == len(rows) + 1

@@ -9,6 +9,8 @@ shows as ``-``.
 from __future__ import annotations
 
 import json
+import math
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -87,8 +89,57 @@ def outcome_status(recorded: Any) -> tuple[str, bool | None]:
 
 
 def in_rank_order(children: Sequence[ChildRow]) -> list[ChildRow]:
-    """Ranked children by rank, then the running ones by position."""
-    return sorted(children, key=lambda c: (c.rank is None, c.rank or 0, c.position))
+    """Ranked children by rank, then the running ones by position (a rank or position
+    that is not an integer, as a tampered store may hold, sorts last)."""
+
+    def order(c: ChildRow) -> tuple[bool, bool, int, int]:
+        rank, position = c.rank, c.position
+        odd = not (rank is None or _integer(rank)) or not _integer(position)
+        return (
+            odd,
+            rank is None,
+            rank if isinstance(rank, int) and _integer(rank) else 0,
+            position if _integer(position) else 0,
+        )
+
+    return sorted(children, key=order)
+
+
+def _integer(value: Any) -> bool:
+    return type(value) is int
+
+
+UNREADABLE = "<unreadable>"
+"""The cell of a stored value that cannot be shown as its column's type (a time of
+``inf`` or text, a position that is not an integer): inspection shows the rest."""
+
+# C0, DEL, C1, and the bidirectional controls that reorder what a terminal shows
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def safe_text(value: Any) -> str:
+    """``value`` as text a terminal shows as it is: every control character (C0, C1,
+    ESC, DEL, line separators, bidirectional overrides) written as ``\\xNN`` or
+    ``\\uNNNN``. Every value read from a store or an engine goes through it before a
+    human-readable line is printed (``--json`` prints values as they are, escaped by
+    JSON)."""
+    text = value if isinstance(value, str) else str(value)
+    return _CONTROL.sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def shorten(value: Any, limit: int = 200) -> str:
+    """:func:`safe_text`, cut to ``limit`` characters with how long it was."""
+    text = safe_text(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
 
 
 def _cell(value: Any) -> str:
@@ -96,13 +147,31 @@ def _cell(value: Any) -> str:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return str(value)
+    return safe_text(value)
 
 
-def _when(epoch: float | None) -> str:
+def _count(value: Any) -> str:
+    if value is None:
+        return "-"
+    return str(value) if _integer(value) else UNREADABLE
+
+
+def _when(epoch: Any) -> str:
     if epoch is None:
         return "-"
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+    try:
+        return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+    except (TypeError, ValueError, OverflowError, OSError):
+        return UNREADABLE
+
+
+def _age(seconds: Any) -> str:
+    if seconds is None:
+        return "-"
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool):
+        if math.isfinite(seconds) and abs(seconds) < 1e15:
+            return f"{seconds:.0f}s"
+    return UNREADABLE
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -118,11 +187,11 @@ def groups_table(groups: Sequence[GroupRow]) -> str:
     header = ("KEY", "AGE", "WAKE", "DISPOSITION", "SETTLED", "OWNER")
     rows = [
         (
-            g.key,
-            "-" if g.age_seconds is None else f"{g.age_seconds:.0f}s",
+            _cell(g.key),
+            _age(g.age_seconds),
             _cell(g.wake),
             _cell(g.disposition),
-            f"{_cell(g.settled)}/{_cell(g.total)}",
+            f"{_count(g.settled)}/{_count(g.total)}",
             _cell(g.owner),
         )
         for g in groups
@@ -134,11 +203,11 @@ def ranks_table(children: Sequence[ChildRow]) -> str:
     header = ("RANK", "POSITION", "REPLAY KEY", "TOOL", "STATUS", "SETTLED AT", "SEALED")
     rows = [
         (
-            _cell(c.rank),
-            str(c.position),
-            c.replay_key,
-            c.tool,
-            c.status,
+            _count(c.rank),
+            _count(c.position),
+            _cell(c.replay_key),
+            _cell(c.tool),
+            _cell(c.status),
             _when(c.settled_at),
             _cell(c.sealed),
         )

@@ -10,10 +10,13 @@ no script), so it opens from a file, a mail attachment or an air-gapped machine 
 from __future__ import annotations
 
 import asyncio
-import http.server
+import dataclasses
 import ipaddress
 import math
+import re
 import socket
+import socketserver
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +31,15 @@ from effecthost._inspect import (
     GroupRow,
     TierUnreachable,
     UnknownGroupKey,
+    _age,
+    safe_text,
+    shorten,
 )
+
+PAGE_PREFIX = (
+    '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>effecthost · group '
+)
+"""How every timeline page begins: ``inspect --html`` replaces only a file that does."""
 
 WAKES = {
     "first": "first — race (the first settlement decides)",
@@ -75,6 +86,58 @@ class _Lane:
     end: float
     start_known: bool
     end_known: bool
+
+
+_EPOCH_LIMIT = 1e11  # about the year 5138: beyond it a recorded time is not a time
+
+
+def _time(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if math.isfinite(value) and abs(value) < _EPOCH_LIMIT:
+            return float(value)
+    return None
+
+
+def _int(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def _text(value: Any) -> str:
+    return safe_text(value)
+
+
+def drawable(group: GroupRow, children: Sequence[ChildRow]) -> tuple[GroupRow, list[ChildRow]]:
+    """The rows with every value a tampered store may hold in a form the page can draw:
+    a time that is not a finite epoch, a count or rank that is not an integer becomes
+    "not recorded"; a position that is not an integer becomes the row's index."""
+    group = dataclasses.replace(
+        group,
+        key=_text(group.key),
+        age_seconds=_time(group.age_seconds),
+        wake=None if group.wake is None else _text(group.wake),
+        disposition=None if group.disposition is None else _text(group.disposition),
+        settled=_int(group.settled),
+        total=_int(group.total),
+        owner=None if group.owner is None else _text(group.owner),
+        opened_at=_time(group.opened_at),
+    )
+    positions = [c.position for c in children if type(c.position) is int]
+    fixed = []
+    for index, c in enumerate(children):
+        position = c.position if type(c.position) is int else max(positions, default=0) + 1 + index
+        fixed.append(
+            dataclasses.replace(
+                c,
+                rank=_int(c.rank),
+                position=position,
+                replay_key=_text(c.replay_key),
+                tool=_text(c.tool),
+                status=_text(c.status),
+                settled_at=_time(c.settled_at),
+                started_at=_time(c.started_at),
+            )
+        )
+    return group, fixed
 
 
 def _lanes(
@@ -281,6 +344,7 @@ def render_timeline(
     """The page for ``group``: a header of its facts, the lanes, and a legend saying
     what each mark means and which times the tier did not record."""
     now = time.time() if now is None else now
+    group, children = drawable(group, children)
     lanes, t0, t1, to_scale = _lanes(group, children, now)
     decide = deciding_rank(group.wake, children, group.total)
     span = t1 - t0
@@ -422,13 +486,15 @@ def group_path(key: str) -> str:
 
 def render_index(groups: Sequence[GroupRow], *, refresh: int | None = None) -> str:
     """The viewer's front page: every open group, each linking to its timeline."""
+    links = [group_path(g.key if isinstance(g.key, str) else str(g.key)) for g in groups]
+    groups = [drawable(g, [])[0] for g in groups]
     rows = "".join(
-        f'<tr><td><a href="{group_path(g.key)}">{escape(g.key)}</a></td>'
-        f"<td>{'-' if g.age_seconds is None else f'{g.age_seconds:.0f}s'}</td>"
+        f'<tr><td><a href="{link}">{escape(g.key)}</a></td>'
+        f"<td>{escape(_age(g.age_seconds))}</td>"
         f"<td>{escape(g.wake or '-')}</td><td>{escape(g.disposition or '-')}</td>"
         f"<td>{'-' if g.settled is None else g.settled}/{'-' if g.total is None else g.total}"
         f"</td><td>{escape(g.owner or '-')}</td></tr>"
-        for g in groups
+        for g, link in zip(groups, links, strict=True)
     )
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
@@ -490,67 +556,233 @@ Read = Callable[[Callable[[Any], Awaitable[Any]]], Any]
 """Runs one read against the open inspector and returns its result (or raises)."""
 
 
-def make_server(
-    read: Read, address: str, port: int, *, refresh: int | None = 5
-) -> http.server.HTTPServer:
-    """An HTTP server on ``address:port`` (loopback only) answering ``/`` with the index
-    and ``/group/KEY`` with that group's timeline; one request at a time."""
+MAX_HEAD_BYTES = 16 * 1024
+"""Largest request line and headers together; a longer head is answered 431."""
+
+MAX_HEADERS = 64
+"""Most header lines in one request."""
+
+READ_SECONDS = 5.0
+"""How long a client has to send its whole request head, however it trickles it."""
+
+MAX_CONNECTIONS = 256
+"""Connections served at once; one more is answered 503 and closed."""
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+class BadRequest(ValueError):
+    """A request head the viewer does not serve: ``status`` is the answer (400, 405,
+    431, 505)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Request:
+    """A parsed request head: the method, the path (percent-decoded, no query), the
+    headers by lower-cased name."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+
+
+def parse_request_head(head: bytes) -> Request:
+    """The request in ``head`` (its bytes up to, not including, the blank line), within
+    :data:`MAX_HEAD_BYTES` and :data:`MAX_HEADERS`.
+
+    Raises:
+        BadRequest: anything else; no other exception.
+    """
+    if len(head) > MAX_HEAD_BYTES:
+        raise BadRequest(431, "request head too large")
+    try:
+        text = head.decode("ascii")
+    except UnicodeDecodeError:
+        raise BadRequest(400, "request head is not ASCII") from None
+    lines = text.split("\r\n")
+    if len(lines) - 1 > MAX_HEADERS:
+        raise BadRequest(431, "too many header lines")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]):
+        raise BadRequest(400, "malformed request line")
+    method, target, version = parts
+    if version not in ("HTTP/1.0", "HTTP/1.1"):
+        raise BadRequest(505, "HTTP version not supported")
+    if not target.startswith("/") or any(ord(c) < 0x21 or ord(c) == 0x7F for c in target):
+        raise BadRequest(400, "malformed request target")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon or not _TOKEN.fullmatch(name):
+            raise BadRequest(400, "malformed header line")
+        if any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in value):
+            raise BadRequest(400, "control character in a header")
+        key = name.lower()
+        if key in headers and key in ("host", "content-length", "transfer-encoding"):
+            raise BadRequest(400, f"repeated {key} header")
+        headers[key] = value.strip(" \t")
+    if method not in ("GET", "HEAD"):
+        raise BadRequest(405, "only GET and HEAD")
+    if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
+        raise BadRequest(400, "a GET has no body")
+    return Request(method, unquote(target.split("?", 1)[0]), headers)
+
+
+def _page(status: int, text: str) -> str:
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{status}'
+        f'</title></head><body><p>{escape(text)}</p><p><a href="/">all open groups</a>'
+        "</p></body></html>\n"
+    )
+
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+    505: "HTTP Version Not Supported",
+}
+
+
+def _response(status: int, page: str, *, head_only: bool = False) -> bytes:
+    """A whole response. Every response closes its connection and says so: there is no
+    keep-alive, so no reply is ever dropped by a per-connection request cap."""
+    data = page.encode()
+    head = (
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+        "Server: effecthost-ui\r\n"
+        "Content-Type: text/html; charset=utf-8\r\n"
+        f"Content-Length: {len(data)}\r\n"
+        "Cache-Control: no-store\r\n"
+        "Content-Security-Policy: default-src 'none'; style-src 'unsafe-inline'\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + (b"" if head_only else data)
+
+
+def _read_head(sock: socket.socket, deadline: float) -> bytes | None:
+    """The request head (before its blank line), read by :data:`READ_SECONDS`; ``None``
+    when the client is silent, slow or gone; over :data:`MAX_HEAD_BYTES` raises 431."""
+    data = b""
+    while True:
+        end = data.find(b"\r\n\r\n")
+        if end >= 0:
+            return data[:end]
+        if len(data) > MAX_HEAD_BYTES + 4:
+            raise BadRequest(431, "request head too large")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(4096)
+        except OSError:  # a timeout or a reset
+            return None
+        if not chunk:
+            return None
+        data += chunk
+
+
+class UiServer(socketserver.ThreadingTCPServer):
+    """The viewer: a thread per connection (a slow client holds only its own), at most
+    :data:`MAX_CONNECTIONS` at once, each read bounded by :data:`READ_SECONDS`. Its
+    threads are daemons and :meth:`server_close` does not wait for them, so a stop
+    takes at most one poll of :meth:`serve_forever`."""
+
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+    request_queue_size = 128  # a burst of connections is accepted, not retried by the client
+
+    def __init__(
+        self, address: tuple[str, int], answer: Callable[[Request], tuple[int, str]]
+    ) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._answer = answer
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(address, _Connection)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            try:
+                request.settimeout(1.0)
+                request.sendall(_response(503, _page(503, "too many connections")))
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class _Connection(socketserver.BaseRequestHandler):
+    server: UiServer
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        head_only = False
+        try:
+            head = _read_head(sock, time.monotonic() + READ_SECONDS)
+            if head is None:
+                status, page = 408, _page(408, "request not received in time")
+            else:
+                request = parse_request_head(head)
+                head_only = request.method == "HEAD"
+                status, page = self.server._answer(request)
+        except BadRequest as exc:
+            status, page = exc.status, _page(exc.status, str(exc))
+        try:
+            sock.settimeout(READ_SECONDS)
+            sock.sendall(_response(status, page, head_only=head_only))
+        except OSError:
+            pass  # the client went away
+
+
+def make_server(read: Read, address: str, port: int, *, refresh: int | None = 5) -> UiServer:
+    """A server on ``address:port`` (loopback only) answering ``/`` with the index and
+    ``/group/KEY`` with that group's timeline, concurrently."""
     address = loopback_address(address)
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        server_version = "effecthost-ui"
+    def answer(request: Request) -> tuple[int, str]:
+        if not _loopback_host_header(request.headers.get("host")):
+            return 403, _page(403, "this viewer answers only to a loopback host name")
+        path = request.path
+        try:
+            if path == "/":
+                groups = read(lambda inspector: inspector.groups())
+                return 200, render_index(groups, refresh=refresh)
+            if path.startswith("/group/"):
+                key = path[len("/group/") :]
+                group, children = read(lambda inspector: inspector.group(key))
+                return 200, render_timeline(group, children, refresh=refresh, index="/")
+            return 404, _page(404, "not found")
+        except UnknownGroupKey as exc:
+            return 404, _page(404, f"no open group {shorten(repr(exc.group_key))}")
+        except TierUnreachable as exc:
+            return 503, _page(503, shorten(str(exc)))
+        except Exception as exc:  # a refusal of the tier: one line, no payload
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return 503, _page(503, shorten(first))
 
-        def log_message(self, format: str, *args: Any) -> None:
-            """Quiet: the pages are the output."""
-
-        def _send(self, status: int, page: str) -> None:
-            data = page.encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            self.send_header("Cache-Control", "no-store")
-            self.send_header(
-                "Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'"
-            )
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _problem(self, status: int, text: str) -> None:
-            self._send(
-                status,
-                f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{status}'
-                f'</title></head><body><p>{escape(text)}</p><p><a href="/">all open groups</a>'
-                "</p></body></html>\n",
-            )
-
-        def do_GET(self) -> None:
-            if not _loopback_host_header(self.headers.get("Host")):
-                self._problem(403, "this viewer answers only to a loopback host name")
-                return
-            path = self.path.split("?", 1)[0]
-            try:
-                if path == "/":
-                    groups = read(lambda inspector: inspector.groups())
-                    self._send(200, render_index(groups, refresh=refresh))
-                elif path.startswith("/group/"):
-                    key = unquote(path[len("/group/") :])
-                    group, children = read(lambda inspector: inspector.group(key))
-                    self._send(200, render_timeline(group, children, refresh=refresh, index="/"))
-                else:
-                    self._problem(404, "not found")
-            except UnknownGroupKey as exc:
-                self._problem(404, f"no open group {exc.group_key!r}")
-            except TierUnreachable as exc:
-                self._problem(503, str(exc))
-            except Exception as exc:  # a refusal of the tier: one line, no payload
-                self._problem(503, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-
-    class Server(http.server.HTTPServer):
-        address_family = family
-
-    return Server((address, port), Handler)
+    return UiServer((address, port), answer)
 
 
 def run_in(loop: asyncio.AbstractEventLoop, inspector: Any, timeout: float = 60.0) -> Read:

@@ -10,12 +10,14 @@ import inspect
 import json
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Iterator, Sequence
 from enum import IntEnum
 from pathlib import Path
 from typing import Any, TextIO
 
+from effecthost._inspect import safe_text
 from effecthost.contract import EffectController, GroupExecutors
 
 
@@ -41,20 +43,38 @@ class ExitCode(IntEnum):
     ENGINE_MISSING = 16
     UNKNOWN_GROUP = 17
     NOT_LOOPBACK = 18
+    CLOBBER = 19
+    WRITE_FAILED = 20
+    FACTORY = 21
+    FACTORY_TIMEOUT = 22
 
 
 async def _load_controller(spec: str) -> EffectController:
     """``MODULE:ATTR`` naming a controller, or a callable (sync or async) returning one."""
     module_name, sep, attribute = spec.partition(":")
     if not sep:
-        raise SystemExit(f"effecthost: host must be given as MODULE:ATTR, got {spec!r}")
-    target = getattr(importlib.import_module(module_name), attribute)
+        raise SystemExit(f"effecthost: host must be given as MODULE:ATTR, got {_shown(repr(spec))}")
+    target = _named(module_name, attribute, spec)
     made = target if isinstance(target, EffectController) else target()
     if inspect.isawaitable(made):
         made = await made
     if not isinstance(made, EffectController):
-        raise SystemExit(f"effecthost: {spec} did not give an EffectController")
+        raise SystemExit(f"effecthost: {_shown(spec)} did not give an EffectController")
     return made
+
+
+def _named(module_name: str, attribute: str, spec: str) -> Any:
+    """``module_name.attribute``; a module that cannot be imported or a missing attribute
+    is a one-line usage refusal."""
+    try:
+        module = importlib.import_module(module_name)
+    except (Exception, SystemExit) as exc:
+        raise Refused(
+            ExitCode.USAGE, f"{_shown(spec)}: cannot import its module ({_shown(_problem(exc))})"
+        ) from None
+    if not hasattr(module, attribute):
+        raise Refused(ExitCode.USAGE, f"{_shown(spec)}: no such attribute")
+    return getattr(module, attribute)
 
 
 def _conformance(args: argparse.Namespace) -> int:
@@ -62,21 +82,26 @@ def _conformance(args: argparse.Namespace) -> int:
         Check,
         CheckResult,
         all_checks,
-        load_factory,
         matches,
         run_suite,
     )
     from effecthost.conformance._reports import write_json, write_junit
 
-    if args.explain:
+    if args.explain is not None:
         from effecthost.conformance import UnknownRule, explain
 
+        if len(args.explain) > 40:
+            raise Refused(
+                ExitCode.USAGE,
+                f"unknown rule id {_shown(repr(args.explain), 40)}: ids are like G-20 or R-4",
+            )
         try:
             print(explain(args.explain))
-        except UnknownRule as exc:
-            print(f"effecthost: {exc}", file=sys.stderr)
-            return 2
+        except (UnknownRule, ValueError) as exc:
+            raise Refused(ExitCode.USAGE, _shown(str(exc).splitlines()[0], 300)) from None
         return 0
+    if args.k is not None:
+        _check_selection(args.k)
     if args.list:
         for check in all_checks():
             if matches(args.k, check):
@@ -87,7 +112,9 @@ def _conformance(args: argparse.Namespace) -> int:
         return 0
     from effecthost.hosts import EngineMissing, MissingExtra
 
-    factory = load_factory(args.factory)
+    if not 0 < args.factory_timeout < 1e9:
+        raise Refused(ExitCode.USAGE, "--factory-timeout must be a positive number of seconds")
+    factory = _guarded_factory(args.factory, args.factory_timeout)
     width = max(len(c.node_name) for c in all_checks())
     progress = _Progress(sys.stdout)
     failures = 0
@@ -98,7 +125,7 @@ def _conformance(args: argparse.Namespace) -> int:
         mark = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP"}[result.status]
         line = f"{mark}  {result.check.node_name:<{width}}  {result.seconds:6.2f}s"
         if result.reason:
-            line += f"  {result.reason.splitlines()[0]}"
+            line += f"  {safe_text((result.reason.splitlines() or [''])[0])}"
         progress.line(line)
 
     def running(number: int, total: int, check: Check) -> None:
@@ -127,8 +154,10 @@ def _conformance(args: argparse.Namespace) -> int:
                 on_kept=keep,
             )
         )
+    except FactoryProblem as exc:
+        raise Refused(exc.code, str(exc)) from None
     except (EngineMissing, MissingExtra) as exc:
-        raise Refused(ExitCode.ENGINE_MISSING, f"{args.factory}: {exc}") from None
+        raise Refused(ExitCode.ENGINE_MISSING, f"{_shown(args.factory)}: {exc}") from None
     finally:
         progress.status("")
         if report is None and kept:
@@ -141,13 +170,120 @@ def _conformance(args: argparse.Namespace) -> int:
     if failed:
         print()
         for result in failed:
-            print(f"FAILED {result.check.node_name}: {result.failure_text()}")
+            text = "\n".join(safe_text(line) for line in result.failure_text().splitlines())
+            print(f"FAILED {result.check.node_name}: {text}")
     print()
     print(report.table())
     if kept:
         print()
         print("\n".join(kept))
     return 0 if report.ok else 1
+
+
+def _check_selection(expression: str) -> None:
+    """Refuse a ``-k`` expression the selection cannot parse, in one line."""
+    import warnings
+
+    from effecthost.conformance import all_checks, matches
+
+    if len(expression) > 1000:
+        raise Refused(ExitCode.USAGE, f"-k: expression too long ({len(expression)} characters)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # what the expression compiles to may warn
+            for check in all_checks()[:1]:
+                matches(expression, check)
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
+        raise Refused(
+            ExitCode.USAGE,
+            f"-k: cannot parse {_shown(repr(expression), 200)} (words, and, or, not, parentheses)",
+        ) from None
+
+
+class FactoryProblem(Exception):
+    """The conformance factory could not give a host: :class:`Refused` once caught."""
+
+    def __init__(self, code: ExitCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _problem(exc: BaseException) -> str:
+    first = (str(exc).splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _guarded_factory(spec: str, timeout: float) -> Any:
+    """The factory named by ``spec``, loaded now and wrapped so that whatever it does
+    wrong — raises, exits, hangs past ``timeout`` seconds, returns something that is not
+    a host — is one line naming it and the problem, with exit ``factory`` or
+    ``factory-timeout``. A factory that blocks its thread is stopped by a watchdog: the
+    process prints that line and exits."""
+    import threading
+
+    from effecthost.conformance import HostUnderTest
+    from effecthost.hosts import EngineMissing, MissingExtra
+
+    name = _shown(spec)
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise Refused(ExitCode.USAGE, f"factory must be given as MODULE:FACTORY, got {name}")
+    try:
+        module = importlib.import_module(module_name)
+    except (Exception, SystemExit) as exc:
+        raise Refused(
+            ExitCode.FACTORY, f"factory {name}: cannot import its module ({_shown(_problem(exc))})"
+        ) from None
+    target = getattr(module, attribute, None)
+    if target is None or not callable(target):
+        what = "has no such attribute" if target is None else "is not callable"
+        raise Refused(ExitCode.FACTORY, f"factory {name}: {what}")
+
+    async def call(env: Any) -> Any:
+        def overdue() -> None:
+            print(
+                f"effecthost: factory {name}: gave no host within {timeout:g} s "
+                "(see --factory-timeout); stopped",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(ExitCode.FACTORY_TIMEOUT)
+
+        watchdog = threading.Timer(timeout + 5.0, overdue)  # a factory blocking its thread
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            made = target(env)
+            if inspect.isawaitable(made):
+                made = await asyncio.wait_for(made, timeout)
+        except (EngineMissing, MissingExtra):
+            raise
+        except TimeoutError:
+            raise FactoryProblem(
+                ExitCode.FACTORY_TIMEOUT,
+                f"factory {name}: gave no host within {timeout:g} s (see --factory-timeout)",
+            ) from None
+        except SystemExit as exc:
+            raise FactoryProblem(
+                ExitCode.FACTORY, f"factory {name}: called sys.exit({_shown(exc.code, 40)})"
+            ) from None
+        except Exception as exc:
+            raise FactoryProblem(
+                ExitCode.FACTORY, f"factory {name}: raised {_shown(_problem(exc))}"
+            ) from None
+        finally:
+            watchdog.cancel()
+        if not isinstance(made, HostUnderTest):
+            if hasattr(made, "aclose") and inspect.iscoroutinefunction(made.aclose):
+                with contextlib.suppress(Exception):
+                    await made.aclose()
+            raise FactoryProblem(
+                ExitCode.FACTORY,
+                f"factory {name}: returned {_shown(type(made).__name__, 80)}, not a HostUnderTest",
+            )
+        return made
+
+    return call
 
 
 class _Progress:
@@ -192,10 +328,12 @@ def _refusals(where: str) -> Iterator[None]:
     import sqlite3
 
     from effecthost.hosts import MissingExtra
-    from effecthost.hosts.sql import DatabaseRefused, SchemaVersionError
+    from effecthost.hosts.sql import DatabaseRefused, SchemaVersionError, SealedDeployment
 
     try:
         yield
+    except SealedDeployment as exc:
+        raise _sealed_refusal(exc.where) from None
     except DatabaseRefused as exc:
         raise Refused(ExitCode[exc.problem.name.replace("-", "_")], exc.message) from None
     except SchemaVersionError as exc:
@@ -410,8 +548,10 @@ def _inspect(args: argparse.Namespace) -> int:
     from effecthost import _inspect as shown
     from effecthost.hosts import MissingExtra
 
-    if args.html and args.group is None:
+    if args.html is not None and args.group is None:
         raise Refused(ExitCode.USAGE, "--html draws one group: give --group KEY")
+    if args.html is not None:
+        _writable_page(args.html, args.force)  # before anything is read
 
     async def main() -> int:
         inspector = await _inspector(args)
@@ -422,12 +562,12 @@ def _inspect(args: argparse.Namespace) -> int:
                 print(f"{len(groups)} open group(s)", file=sys.stderr)
             else:
                 group, children = await inspector.group(args.group)
-                if args.html:
+                if args.html is not None:
                     from effecthost._timeline import render_timeline
 
                     page = render_timeline(group, children)
-                    await asyncio.to_thread(Path(args.html).write_text, page, "utf-8")
-                    print(f"wrote {args.html}", file=sys.stderr)
+                    await asyncio.to_thread(_write_page, args.html, page, args.force)
+                    print(f"wrote {_shown(args.html, 400)}", file=sys.stderr)
                 elif args.json:
                     print(shown.group_json(group, children))
                 else:
@@ -439,17 +579,133 @@ def _inspect(args: argparse.Namespace) -> int:
         return ExitCode.OK
 
     try:
-        return asyncio.run(main())
+        with _no_side_files(args):
+            return asyncio.run(main())
     except shown.UnknownGroupKey as exc:
-        raise Refused(ExitCode.UNKNOWN_GROUP, f"no open group {exc.group_key!r}") from None
+        raise Refused(
+            ExitCode.UNKNOWN_GROUP, f"no open group {_shown(repr(exc.group_key))}"
+        ) from None
     except shown.TierUnreachable as exc:
         raise Refused(ExitCode.UNREACHABLE, str(exc)) from None
     except MissingExtra as exc:
         raise Refused(ExitCode.ENGINE_MISSING, str(exc)) from None
 
 
+def _writable_page(name: str, force: bool) -> Path:
+    """The path ``--html`` may write: refused (one line, its own exit code) when it is
+    empty, a directory or a special file, or a file that is not a page ``--html`` wrote
+    (unless ``force``), or its directory is missing."""
+    from effecthost._timeline import PAGE_PREFIX
+
+    if not name:
+        raise Refused(ExitCode.USAGE, "--html needs a file name")
+    path = Path(name)
+    shown = _shown(name)
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        if not path.parent.is_dir():
+            raise Refused(ExitCode.WRITE_FAILED, f"{shown}: no such directory") from None
+        return path
+    except OSError as exc:
+        raise Refused(ExitCode.WRITE_FAILED, f"{shown}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise Refused(ExitCode.NOT_A_FILE, f"{shown}: not a file (a directory)")
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        raise Refused(ExitCode.NOT_A_FILE, f"{shown}: not a file (a special file)")
+    if force:
+        return path
+    try:
+        with open(path, "rb") as f:
+            ours = stat.S_ISREG(st.st_mode) and f.read(len(PAGE_PREFIX.encode())) == (
+                PAGE_PREFIX.encode()
+            )
+    except OSError:
+        ours = False
+    if not ours:
+        raise Refused(
+            ExitCode.CLOBBER,
+            f"{shown}: exists and is not a page inspect --html wrote (--force replaces it)",
+        )
+    return path
+
+
+def _write_page(name: str, page: str, force: bool) -> None:
+    """Write ``page`` to ``name`` atomically (a temporary file beside it, renamed over
+    it): a failed write leaves the old file, or none, never half a page."""
+    import tempfile
+
+    path = _writable_page(name, force)
+    shown = _shown(name)
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(page.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise Refused(
+            ExitCode.WRITE_FAILED, f"{shown}: cannot write the page ({exc.strerror or exc})"
+        ) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def _no_side_files(args: argparse.Namespace) -> Iterator[None]:
+    """Leave no ``-wal``/``-shm`` file beside a SQLite database that had none: a
+    read-only connection to a WAL database creates them and cannot remove them, so
+    afterwards a plain connection is opened and closed, which removes them when it is
+    the last one (another process still using the database keeps them, as it should)."""
+    if not getattr(args, "sqlite", None):
+        yield
+        return
+    path = Path(args.sqlite)
+    sides = [Path(f"{path}-wal"), Path(f"{path}-shm")]
+    had = any(side.exists() for side in sides)
+    try:
+        yield
+    finally:
+        if not had and any(side.exists() for side in sides):
+            _release_side_files(path)
+
+
+def _release_side_files(path: Path) -> None:
+    import sqlite3
+    import urllib.parse
+
+    with contextlib.suppress(sqlite3.Error, OSError):
+        conn = sqlite3.connect(
+            f"file:{urllib.parse.quote(str(path.absolute()))}?mode=rw",
+            uri=True,
+            timeout=0,
+            isolation_level=None,
+        )
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            conn.close()
+
+
 def _ui(args: argparse.Namespace) -> int:
     """Serve every open group's timeline on a loopback address until interrupted."""
+    from effecthost import _timeline
+
+    try:
+        _timeline.loopback_address(args.bind)
+    except _timeline.NotLoopback as exc:
+        raise Refused(ExitCode.NOT_LOOPBACK, str(exc)) from None
+    with _no_side_files(args):
+        return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
     import signal
     import threading
 
@@ -457,10 +713,6 @@ def _ui(args: argparse.Namespace) -> int:
     from effecthost import _timeline
     from effecthost.hosts import MissingExtra
 
-    try:
-        _timeline.loopback_address(args.bind)
-    except _timeline.NotLoopback as exc:
-        raise Refused(ExitCode.NOT_LOOPBACK, str(exc)) from None
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="effecthost-ui", daemon=True)
     thread.start()
@@ -491,18 +743,20 @@ def _ui(args: argparse.Namespace) -> int:
 
         signal.signal(signal.SIGTERM, stop)
         try:
-            server.serve_forever()
+            server.serve_forever(poll_interval=0.2)
         except KeyboardInterrupt:
             pass
         finally:
             server.server_close()
     finally:
+        # bounded: a stop is due within a second, whatever a client or a read is doing
         if inspector is not None:
             with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(inspector.aclose(), loop).result(30)
+                asyncio.run_coroutine_threadsafe(inspector.aclose(), loop).result(0.3)
         loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
+        thread.join(0.2)
+        if not thread.is_alive():
+            loop.close()
     return ExitCode.OK
 
 
@@ -536,23 +790,34 @@ async def _sql_drain_host(args: argparse.Namespace, resolver: GroupExecutors | N
     from effecthost.hosts.sql import SqlEffectHost
 
     policy = _payload_policy(args)
-    store = _store(args, read_only=False)
     with _refusals(_where(args)):
+        if policy is None or policy.sealer is None:
+            # read-only: a refused drain leaves the file as it was (opening it for writing
+            # would switch a rollback-journal database to WAL)
+            reader = _store(args, read_only=True)
+            try:
+                await _start(reader, args)
+                if await reader.deployment_sealed():
+                    raise _sealed_refusal(_where(args))
+            finally:
+                await reader.aclose()
+        store = _store(args, read_only=False)
         try:
             await _start(store, args)
-            if (policy is None or policy.sealer is None) and await store.records_sealed():
-                raise Refused(
-                    ExitCode.SEALED,
-                    f"{_where(args)}: the database holds sealed outcomes; give the drain "
-                    "its payload settings (--keys DIR, and --payload-dir DIR if the hosts "
-                    "store payloads in files)",
-                )
         finally:
             await store.aclose()
         # a fresh store: the one above only checked the database
         host = SqlEffectHost(_store(args, read_only=False), resolver, payloads=policy)
         await host.start()
     return host
+
+
+def _sealed_refusal(where: str) -> Refused:
+    return Refused(
+        ExitCode.SEALED,
+        f"{where}: a sealed deployment; give the drain its payload settings (--keys DIR, "
+        "and --payload-dir DIR if the hosts store payloads in files)",
+    )
 
 
 class _DrainLog:
@@ -594,7 +859,7 @@ class _DrainLog:
         for kind, children in touched.items():
             for group_key, replay_key in children:
                 self._emit(
-                    f"  {kind.replace('_', ' ')}: {group_key} {replay_key}",
+                    f"  {kind.replace('_', ' ')}: {safe_text(group_key)} {safe_text(replay_key)}",
                     {
                         "event": kind,
                         "pass": self.passes,
@@ -666,7 +931,8 @@ def _drain(args: argparse.Namespace) -> int:
             await _close(controller)
 
     try:
-        return asyncio.run(main())
+        with _no_side_files(args):
+            return asyncio.run(main())
     except KeyboardInterrupt:
         return 130
 
@@ -674,11 +940,13 @@ def _drain(args: argparse.Namespace) -> int:
 def _load_resolver(spec: str) -> GroupExecutors:
     module_name, sep, attribute = spec.partition(":")
     if not sep:
-        raise SystemExit(f"effecthost: resolver must be given as MODULE:ATTR, got {spec!r}")
-    target = getattr(importlib.import_module(module_name), attribute)
+        raise SystemExit(
+            f"effecthost: resolver must be given as MODULE:ATTR, got {_shown(repr(spec))}"
+        )
+    target = _named(module_name, attribute, spec)
     made = target if isinstance(target, GroupExecutors) else target()
     if not isinstance(made, GroupExecutors):
-        raise SystemExit(f"effecthost: {spec} did not give a GroupExecutors resolver")
+        raise SystemExit(f"effecthost: {_shown(spec)} did not give a GroupExecutors resolver")
     return made
 
 
@@ -695,7 +963,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     conformance = commands.add_parser(
-        "conformance", help="run the conformance suite against a host factory"
+        "conformance",
+        help="run the conformance suite against a host factory",
+        epilog=exit_code_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     conformance.add_argument("factory", nargs="?", metavar="MODULE:FACTORY")
     conformance.add_argument("-k", metavar="EXPR", help="select checks (ids, names; and/or/not)")
@@ -706,6 +977,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--explain",
         metavar="ID",
         help="print obligation (G-20) or ruling (R-4) ID of docs/spec.md and the checks citing it",
+    )
+    conformance.add_argument(
+        "--factory-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long the factory may take to give a host (default 600)",
     )
     conformance.add_argument(
         "--keep",
@@ -742,7 +1020,13 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_.add_argument(
         "--html",
         metavar="FILE",
-        help="with --group: write the group's timeline as a self-contained HTML page",
+        help="with --group: write the group's timeline as a self-contained HTML page "
+        "(atomically; an existing file is replaced only if it is such a page)",
+    )
+    inspect_.add_argument(
+        "--force",
+        action="store_true",
+        help="with --html: replace an existing file that is not a page --html wrote",
     )
     inspect_.set_defaults(run=_inspect)
 
@@ -760,9 +1044,18 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument(
         "--bind", default="127.0.0.1", help="a loopback address or name (default 127.0.0.1)"
     )
-    ui.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks one)")
     ui.add_argument(
-        "--refresh", type=int, default=5, metavar="SECONDS", help="page reload interval (0: none)"
+        "--port",
+        type=_bounded_int("port", 0, 65535),
+        default=8765,
+        help="port (default 8765; 0 picks one)",
+    )
+    ui.add_argument(
+        "--refresh",
+        type=_bounded_int("refresh", 0, 86400),
+        default=5,
+        metavar="SECONDS",
+        help="page reload interval (0: none)",
     )
     ui.set_defaults(run=_ui)
 
@@ -831,10 +1124,14 @@ EXIT_CODES = {
     ExitCode.LOCKED: "locked by another writer for longer than --lock-timeout",
     ExitCode.BAD_DSN: "a malformed PostgreSQL DSN",
     ExitCode.UNREACHABLE: "PostgreSQL, Restate or Temporal unreachable or refusing",
-    ExitCode.SEALED: "drain: sealed outcomes recorded, but no --keys given",
+    ExitCode.SEALED: "drain: a sealed deployment, but no --keys given",
     ExitCode.ENGINE_MISSING: "an engine binary or an extra is not installed",
     ExitCode.UNKNOWN_GROUP: "inspect --group: no open group of that key",
     ExitCode.NOT_LOOPBACK: "ui --bind: not a loopback address",
+    ExitCode.CLOBBER: "inspect --html: the file is not a page --html wrote (see --force)",
+    ExitCode.WRITE_FAILED: "inspect --html: the page cannot be written (directory, disk…)",
+    ExitCode.FACTORY: "conformance: the factory cannot be loaded, fails or gives no host",
+    ExitCode.FACTORY_TIMEOUT: "conformance: the factory gave no host within --factory-timeout",
 }
 
 
@@ -844,6 +1141,31 @@ def exit_code_help() -> str:
     for code, meaning in EXIT_CODES.items():
         lines.append(f"  {code.value:>2}  {code.name.lower().replace('_', '-'):<15} {meaning}")
     return "\n".join(lines)
+
+
+def _bounded_int(what: str, low: int, high: int) -> Any:
+    """An argparse type: an integer from ``low`` to ``high``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text) if len(text) <= 20 else None
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{what} must be an integer from {low} to {high}, not {_shown(repr(text), 40)}"
+            )
+        return value
+
+    return parse
+
+
+def _shown(value: Any, limit: int = 200) -> str:
+    """An input echoed in a message: control characters escaped, at most ``limit``
+    characters of it."""
+    from effecthost._inspect import shorten
+
+    return shorten(value, limit)
 
 
 def _host_options(parser: argparse.ArgumentParser, *, engines: bool = False) -> None:
@@ -885,7 +1207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.run(args)
     except Refused as refused:
-        print(f"effecthost: {refused}", file=sys.stderr)
+        print(f"effecthost: {_shown(str(refused), 1000)}", file=sys.stderr)
         return refused.code
     finally:
         _release_runtimes()

@@ -27,6 +27,7 @@ from effecthost.contract import (
     EmptyGroup,
     ErrorInfo,
     GroupHandle,
+    InvalidEnvelope,
     JsonValue,
     LoserPolicy,
     OccurrenceCounter,
@@ -40,6 +41,7 @@ from effecthost.contract import (
     normalize_json,
     sleep_input,
 )
+from effecthost.contract._keys import SAVED_LIMIT, counter_of
 from effecthost.contract._types import (
     _build,
     _membership,
@@ -47,6 +49,7 @@ from effecthost.contract._types import (
     _plain_text,
     _text_of_string,
     _Unusual,
+    saved_object,
 )
 
 log = logging.getLogger(__name__)
@@ -158,7 +161,24 @@ class Scope(BaseModel):
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Scope:
-        return cls.model_validate_json(text)
+        """Decode a saved scope, as strictly as :func:`build_group` checks what it builds.
+
+        Raises:
+            InvalidEnvelope: not an object ``{"scope_id", "counter"}``, a repeated key, a
+                scope id that is not a key (empty, NUL, over ``MAX_KEY_BYTES``), a counter
+                :meth:`OccurrenceCounter.from_json` refuses, over ``MAX_JSON_BYTES``. The
+                message names no part of the text.
+        """
+        document = saved_object(text, "scope", InvalidEnvelope, SAVED_LIMIT)
+        if set(document) - {"scope_id", "counter"} or "scope_id" not in document:
+            raise InvalidEnvelope("a saved scope has exactly the fields scope_id and counter")
+        limits.check_key(document["scope_id"], what="the scope id of a saved scope")
+        counter = document.get("counter", {})
+        if not isinstance(counter, dict):
+            raise InvalidEnvelope("a saved scope's counter is an object")
+        return cls.model_construct(
+            scope_id=document["scope_id"], counter=counter_of(counter, "scope's counter")
+        )
 
 
 def build_group(

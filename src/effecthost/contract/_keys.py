@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import limits
 from ._errors import InvalidEnvelope
-from ._types import JsonValue, canonical_json
+from ._types import JsonValue, canonical_json, saved_object
 
 
 def batch_id(calls: Sequence[JsonValue]) -> str:
@@ -57,4 +58,35 @@ class OccurrenceCounter(BaseModel):
 
     @classmethod
     def from_json(cls, text: str | bytes) -> OccurrenceCounter:
-        return cls.model_validate_json(text)
+        """Decode a saved counter, as strictly as the rest of the contract.
+
+        Raises:
+            InvalidEnvelope: not an object ``{"counts": {batch id: count}}``, a repeated
+                key, a batch id that is not a key (``check_key``), a count that is not an
+                integer from 0 to ``MAX_INT``, over ``MAX_JSON_BYTES``.
+        """
+        return counter_of(saved_object(text, "occurrence counter", InvalidEnvelope, SAVED_LIMIT))
+
+
+SAVED_LIMIT = limits.MAX_JSON_BYTES
+"""Largest saved counter or scope."""
+
+
+def counter_of(document: dict[str, object], what: str = "occurrence counter") -> OccurrenceCounter:
+    """An :class:`OccurrenceCounter` from its decoded document, strictly.
+
+    Raises:
+        InvalidEnvelope: see :meth:`OccurrenceCounter.from_json`.
+    """
+    if set(document) - {"counts"}:
+        raise InvalidEnvelope(f"a saved {what} has a field other than counts")
+    counts = document.get("counts", {})
+    if not isinstance(counts, dict):
+        raise InvalidEnvelope(f"a saved {what}'s counts are an object")
+    for batch, count in counts.items():
+        limits.check_key(batch, what=f"a batch id of a saved {what}")
+        if type(count) is not int or not 0 <= count <= limits.MAX_INT:
+            raise InvalidEnvelope(
+                f"a saved {what} has a count that is not an integer from 0 to {limits.MAX_INT}"
+            )
+    return OccurrenceCounter.model_construct(counts=dict(counts))

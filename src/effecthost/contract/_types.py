@@ -705,20 +705,72 @@ class GroupHandle(_Model):
 
         Raises:
             MalformedHandle: not a handle, a count that is not an integer, or impossible
-                values (consumed > child_count, child_count over ``MAX_CHILDREN``).
+                values (consumed > child_count, child_count over ``MAX_CHILDREN``), a
+                repeated key, over :data:`MAX_HANDLE_BYTES`.
         """
-        if not isinstance(text, str | bytes | bytearray):
-            raise MalformedHandle("a saved handle is text")
+        document = saved_object(text, "group handle", MalformedHandle, MAX_HANDLE_BYTES)
         try:
-            return cls.model_validate_json(text)
+            return cls.model_validate(document)
         except ValidationError as exc:
             raise cls._refused(exc) from None
-        except (RecursionError, ValueError):
+        except (RecursionError, TypeError, ValueError):
             raise MalformedHandle("cannot decode group handle") from None
 
     def copy_cursor(self) -> GroupHandle:
         """An independent copy (what a restored continuation holds)."""
         return self.model_copy()
+
+
+MAX_HANDLE_BYTES = 16 * 1024
+"""Largest saved handle: its key (at most ``MAX_KEY_BYTES``, each character escaped at
+most six bytes) and four short fields."""
+
+
+class _Repeated(ValueError):
+    pass
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        raise _Repeated
+    return document
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+def saved_object(
+    text: Any, what: str, refusal: type[EffectHostError], limit: int
+) -> dict[str, Any]:
+    """The JSON object a caller saved (``to_json``), decoded strictly: text of at most
+    ``limit`` bytes, no repeated key, no ``NaN``/``Infinity``, an object. What a
+    ``from_json`` calls before its own checks.
+
+    Raises:
+        EffectHostError: ``refusal``, naming ``what`` and never the text.
+    """
+    if not isinstance(text, str | bytes | bytearray):
+        raise refusal(f"a saved {what} is text")
+    if len(text) > limit:  # a character is at least one byte
+        raise refusal(f"a saved {what} is over the limit of {limit} bytes")
+    if isinstance(text, str):
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise refusal(f"a saved {what} is not valid Unicode") from None
+        if size > limit:
+            raise refusal(f"a saved {what} is over the limit of {limit} bytes")
+    try:
+        document = json.loads(text, object_pairs_hook=_unique, parse_constant=_no_constant)
+    except _Repeated:
+        raise refusal(f"a saved {what} repeats a key") from None
+    except (ValueError, RecursionError, TypeError):
+        raise refusal(f"cannot decode the saved {what}") from None
+    if not isinstance(document, dict):
+        raise refusal(f"a saved {what} is a JSON object")
+    return document
 
 
 def require_handle(handle: Any) -> GroupHandle:

@@ -130,7 +130,8 @@ def json_problem(value: Any) -> tuple[str, bool] | None:
         elif isinstance(item, dict | list | tuple):
             if depth >= MAX_DEPTH:
                 return (f"nests deeper than {MAX_DEPTH} levels", False)
-            budget -= 2
+            # brackets, and a separator between items (one fewer than the items)
+            budget -= 2 + max(len(item) - 1, 0)
             if isinstance(item, dict):
                 for key, child in item.items():
                     if not isinstance(key, str):
@@ -138,10 +139,9 @@ def json_problem(value: Any) -> tuple[str, bool] | None:
                     reason = _text_problem(key, MAX_STRING_BYTES)
                     if reason is not None:
                         return (f"has an object key that {reason}", reason.startswith("is over"))
-                    budget -= len(key) + 4
+                    budget -= len(key) + 3  # its quotes and colon
                     stack.append((child, depth + 1))
             else:
-                budget -= len(item)
                 stack.extend((child, depth + 1) for child in item)
         else:
             return (f"is not JSON (a {type(item).__name__})", False)

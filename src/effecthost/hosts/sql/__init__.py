@@ -21,6 +21,7 @@ from ._host import (
 )
 from ._postgres import PostgresStore
 from ._preflight import DatabaseProblem, DatabaseRefused, check_sqlite_file
+from ._sealing import SealedDeployment
 from ._sqlite import SqliteStore
 from ._store import SCHEMA_VERSION, OpenGroup, SchemaVersionError, Store
 
@@ -74,6 +75,7 @@ __all__ = [
     "OpenGroup",
     "PostgresStore",
     "SchemaVersionError",
+    "SealedDeployment",
     "SqlDrain",
     "SqlEffectHost",
     "SqliteStore",

@@ -80,6 +80,7 @@ from effecthost.payloads import (
     event_value,
 )
 
+from ._sealing import SealedDeployment, settle_sealing
 from ._store import (
     ChildRow,
     ChildSpec,
@@ -219,6 +220,8 @@ class SqlEffectHost(WiredController):
         self._start_lock: asyncio.Lock | None = None
         self._closed = False
         self._dead = False
+        self._seals = payloads is not None and payloads.sealer is not None
+        self._plaintext_refused = False  # no sealer, and the deployment is sealed
 
     # -- wiring and life cycle ------------------------------------------------------------
 
@@ -234,6 +237,11 @@ class SqlEffectHost(WiredController):
 
         Raises:
             SchemaVersionError: the database records another schema version.
+        A host without a sealer on a sealed deployment starts (it reads, and a sealed
+        outcome it cannot open is :class:`SealedPayloadUnreadable`) but writes no outcome:
+        its opens, drain passes and event deliveries raise :class:`SealedDeployment`, and
+        its close records the cancel requests but leaves the cancelled outcomes to a
+        sealing writer.
         """
         if self._started:
             return
@@ -245,6 +253,11 @@ class SqlEffectHost(WiredController):
             if self._closed:
                 raise RuntimeError("this host was closed")
             await self.store.start()
+            try:
+                self._plaintext_refused = await settle_sealing(self.store, self._seals)
+            except BaseException:
+                await self.store.aclose()
+                raise
             if self.store.wakes_across_processes:
                 await self.store.listen(self._on_remote)
             loop = asyncio.get_running_loop()
@@ -305,6 +318,10 @@ class SqlEffectHost(WiredController):
             await self.store.aclose()
         self._started = False
         return orphans
+
+    def _refuse_plaintext(self) -> None:
+        if self._plaintext_refused:
+            raise SealedDeployment(_store_name(self.store))
 
     def _fault(self, point: str) -> None:
         if self.fault is not None:
@@ -375,6 +392,7 @@ class SqlEffectHost(WiredController):
         same store operation (on SQLite the same transaction)."""
         self._require_wired(require_group(group).key)
         await self._ready()
+        self._refuse_plaintext()
         canonical = self._check_sizes(group)
         hashes = [child.envelope_hash() for child in group.children]  # kept by the group
         specs = self._specs(group, canonical, hashes)
@@ -803,7 +821,7 @@ class SqlEffectHost(WiredController):
         last_drain = time.monotonic()
         while True:
             try:
-                for row in await self.store.due_sleeps():
+                for row in () if self._plaintext_refused else await self.store.due_sleeps():
                     outcome = Outcome.cancelled() if row.cancel_requested else Outcome.success()
                     await self._settle_free(row.group_key, row.replay_key, row.position, outcome)
                 if (
@@ -862,6 +880,7 @@ class SqlEffectHost(WiredController):
         """What the child row's ``outcome`` column records: the outcome's JSON without a
         payload policy (unchanged), else its :class:`StoredOutcome` (sealed when the policy
         seals; above the threshold the bytes go to the payload store first)."""
+        self._refuse_plaintext()
         if self.payloads is None:
             return outcome.model_dump_json()
         stored = await encode_outcome(
@@ -1126,7 +1145,8 @@ class SqlEffectHost(WiredController):
             if driver is not None:
                 driver.cancel_requested = True
                 self._cancel_driver(driver)
-            elif row.lease_expired:
+            elif row.lease_expired and not self._plaintext_refused:
+                # (in a sealed deployment without a sealer: a sealing drain settles it)
                 await self._settle_free(
                     group_key, row.replay_key, row.position, Outcome.cancelled()
                 )
@@ -1186,6 +1206,10 @@ class SqlDrain(GroupDrain):
     async def run_pass(self) -> DrainReport:
         host = self.host
         await host._ready()
+        if not host._seals and not host._plaintext_refused:
+            # a deployment sealed since this host started (a sealing host started since)
+            host._plaintext_refused = await settle_sealing(host.store, False)
+        host._refuse_plaintext()
         resumed: list[tuple[str, str]] = []
         cancelled: list[tuple[str, str]] = []
         missing: list[NoExecutor] = []
@@ -1267,3 +1291,9 @@ def _known(record: GroupRow) -> kit.GroupRecord:
 
 def _recorded(rows: tuple[ChildRow, ...]) -> list[kit.RecordedChild]:
     return [kit.RecordedChild(r.position, r.replay_key, r.envelope_hash) for r in rows]
+
+
+def _store_name(store: Store) -> str:
+    """The database a refusal names: a SQLite file or a PostgreSQL schema (never a DSN)."""
+    path = getattr(store, "path", None)
+    return str(path) if path is not None else f"PostgreSQL schema {getattr(store, 'schema', '?')!r}"

@@ -808,6 +808,33 @@ class PostgresStore(Store):
         )
         return sealed_outcomes([r[0] for r in rows])
 
+    async def recorded_sealing(self) -> bool | None:
+        """Whether this deployment is sealed (see :meth:`SqliteStore.recorded_sealing`)."""
+        if not await self._pool.fetchval("SELECT to_regclass($1)", f"{self.schema}.eh_sealing"):
+            return None
+        found = await self._pool.fetchval(f"SELECT bool_or(sealed) FROM {self.schema}.eh_sealing")
+        return None if found is None else bool(found)
+
+    async def deployment_sealed(self) -> bool:
+        """Whether this deployment is sealed (see :meth:`SqliteStore.deployment_sealed`)."""
+        recorded = await self.recorded_sealing()
+        return await self.records_sealed() if recorded is None else recorded
+
+    async def record_sealing(self, sealed: bool) -> None:
+        """Record whether outcomes here are sealed; once sealed, always sealed."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.channel)
+            await conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {self.schema}.eh_sealing (sealed boolean NOT NULL)"
+            )
+            await conn.execute(
+                f"INSERT INTO {self.schema}.eh_sealing SELECT $1 "
+                f"WHERE NOT EXISTS (SELECT 1 FROM {self.schema}.eh_sealing)",
+                sealed,
+            )
+            if sealed:
+                await conn.execute(f"UPDATE {self.schema}.eh_sealing SET sealed = true")
+
     async def listen(self, callback: object) -> None:
         assert callable(callback)
         self._callback = callback

@@ -1138,6 +1138,39 @@ class SqliteStore(Store):
 
         return sealed_outcomes(await self._run(read))
 
+    async def recorded_sealing(self) -> bool | None:
+        """Whether this deployment is sealed, as recorded in ``eh_sealing``; ``None`` in
+        a database of an earlier release (no record yet)."""
+
+        def read(c: sqlite3.Connection) -> bool | None:
+            found = c.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'eh_sealing'"
+            ).fetchone()
+            row = c.execute("SELECT max(sealed) FROM eh_sealing").fetchone() if found else None
+            return None if row is None or row[0] is None else bool(row[0])
+
+        return await self._run(read)
+
+    async def deployment_sealed(self) -> bool:
+        """Whether this deployment is sealed: as recorded, or, in a database of an
+        earlier release, whether it holds a sealed outcome."""
+        recorded = await self.recorded_sealing()
+        return await self.records_sealed() if recorded is None else recorded
+
+    async def record_sealing(self, sealed: bool) -> None:
+        """Record whether outcomes here are sealed; once sealed, always sealed."""
+
+        def body(c: sqlite3.Connection) -> None:
+            c.execute("CREATE TABLE IF NOT EXISTS eh_sealing (sealed INTEGER NOT NULL)")
+            c.execute(
+                "INSERT INTO eh_sealing SELECT ? WHERE NOT EXISTS (SELECT 1 FROM eh_sealing)",
+                (int(sealed),),
+            )
+            if sealed:
+                c.execute("UPDATE eh_sealing SET sealed = 1 WHERE sealed = 0")
+
+        await self._write(body)
+
     async def payload_put(
         self, group_key: str, name: str, replay_key: str, data: bytes, digest: str
     ) -> None:

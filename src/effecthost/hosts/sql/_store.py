@@ -10,6 +10,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 from effecthost._inspect import RUNNING, outcome_status
 from effecthost._inspect import ChildRow as InspectedChild
@@ -227,14 +228,23 @@ def inspected_child(
     else:
         status, sealed = RUNNING, None
     return InspectedChild(
-        None if seq is None else int(seq),
-        int(position),
+        None if seq is None else _integer(seq),
+        _integer(position),
         replay_key,
         name,
         status,
         settled_at if state == "settled" else None,
         sealed,
     )
+
+
+def _integer(value: Any) -> Any:
+    """``value`` as an integer, or as stored when it is not one (inspection shows a
+    tampered value as unreadable rather than failing)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return value
 
 
 class Store(ABC):
