@@ -100,6 +100,7 @@ class _Group:
     closed: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     parked: Counter[int] = field(default_factory=Counter)  # awaits waiting, by rank
+    held: bool = False  # a reopen found it decided: its losers wait for an await
 
     @property
     def child_count(self) -> int:
@@ -183,8 +184,9 @@ class MemoryEffectHost(WiredController):
                 self._dispatch(record, child, executor)
         else:
             self._fence_reopen(record, group)
-            if not kit.decided(record.shape(), map(_status, record.settled)):
-                self._restart(record)  # a decided group's losers stay down
+            record.held = kit.decided(record.shape(), map(_status, record.settled))
+            if not record.held:  # a decided group's losers stay down
+                self._restart(record)
         return group.handle()
 
     def _restart(self, record: _Group) -> None:
@@ -422,8 +424,8 @@ class MemoryEffectHost(WiredController):
             raise kit.group_closed(recorded.key)
         record = self._lookup(handle)
         rank = kit.check_cursor(record.key, handle.consumed, record.child_count)
-        child = self._settled_at_rank(record, rank)
-        if child is None and rank > 1 and kit.decided_kind(record.shape()):
+        if record.held and self._settled_at_rank(record, rank) is None:
+            record.held = False
             self._restart(record)  # the losers of a decided group run on demand
         while (child := self._settled_at_rank(record, rank)) is None:
             changed = record.changed
@@ -583,6 +585,8 @@ class _MemoryDrain(GroupDrain):
         cancelled: list[tuple[str, str]] = []
         missing: list[NoExecutor] = []
         for record in list(host._groups.values()):
+            if record.held and host._resolver is not None:
+                continue  # its live caller decides when its losers run
             for child in record.children:
                 if child.state == "settled" or child in host._tasks:
                     continue
