@@ -324,11 +324,11 @@ def settle(record: Record, position: int, attempt: int | None, outcome: Outcome)
 
 
 def decided(record: Record) -> bool:
-    """The kit's R-13 rule on what the file records: ``CANCEL`` in force and the wake
-    policy met."""
+    """The kit's R-13 rule on what the file records: an open group with ``CANCEL`` in
+    force and its wake policy met."""
     shape = known(record)
     ranked = (record["children"][p]["outcome"]["status"] for p in record["ranks"])
-    return isinstance(shape, GroupRecord) and kit.decided(shape, ranked)
+    return isinstance(shape, GroupRecord) and not shape.closed and kit.decided(shape, ranked)
 
 
 def retire_if_done(record: Record) -> None:

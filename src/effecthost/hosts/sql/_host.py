@@ -1213,8 +1213,9 @@ class SqlDrain(GroupDrain):
     group is applied: ``CANCEL`` settles them as cancelled (even when no close came, once
     the owner is gone), ``RUN_TO_COMPLETION`` re-runs them through the registered
     resolver; due timers fire. The owner's own drain acts as the owner: it re-runs its
-    expired tool calls and cancels nothing the caller has not closed, except that the
-    losers of a group its reopen found decided stay down (R-13). A child the
+    expired tool calls (not those of a group its reopen found decided: they stay down
+    until its caller awaits them, R-13) and cancels nothing the caller has not closed. A
+    child the
     resolver cannot run is reported ``NoExecutor`` and stays visible; a host without a
     resolver reports every unfinished child so.
     """
