@@ -9,7 +9,9 @@ between ranks, inside the close, a claim during a drain or a recovery) or after 
 delay. A recovery process then reopens the groups, restores the cursors the callers had
 reached, delivers the events, consumes, closes and drains; sometimes that recovery is
 killed too and another one follows. Special rounds: a *takeover* (the caller SIGSTOPped
-past its lease while the drainer takes its children over, then SIGCONT) and, on
+past its lease while the drainer takes its children over, then SIGCONT), a *late* reopen
+(no drainer; the caller is SIGKILLed after reading the race's rank 1, before its close,
+and the recovery reopens only once the race's leases expired: R-13's case) and, on
 PostgreSQL, a *server crash* (``pg_ctl stop -m immediate``, fsync on) with crash recovery.
 
 Everything is checked from the database's own record, not from what a worker believed:
@@ -25,6 +27,9 @@ tool execution is appended to a side file with its pid. Per round:
   row, so the finding can be matched to a cause);
 - hung: a process that had to end and did not (its Python stack is dumped first);
 - cancel_ran: a loser of a closed ``CANCEL`` group claimed after the close and executed;
+- loser_restarts: a loser of a decided ``CANCEL`` group (an open ``FIRST`` group whose rank 1
+  existed at the claim) claimed again and executed, in a group no caller read past rank 1:
+  R-13 says such a loser is started again only for a caller awaiting a missing rank;
 - wrong: a live caller served ``cancelled`` for rank 1 of a group it had not closed
   (a drain treating a live owner's children as orphans);
 - deadlocks: ``deadlock detected`` in the PostgreSQL server log.
@@ -175,6 +180,8 @@ async def caller(config: dict[str, Any]) -> None:
             fault("rank")
         if spec["plan"] == "abandon":
             return
+        if spec["plan"] == "race" and config.get("hold_race"):
+            await asyncio.Event().wait()  # a late round: killed before this close
         fault("close:before")
         narrow = LoserPolicy.CANCEL if spec["plan"] == "narrow" else None
         await host.close_effect_group(handle, narrow)
@@ -320,7 +327,7 @@ SQLITE_AUDIT = [
         group_key TEXT, replay_key TEXT, seq INTEGER, status TEXT, owner TEXT, old_seq INTEGER)""",
     """CREATE TABLE IF NOT EXISTS h_claims (id INTEGER PRIMARY KEY AUTOINCREMENT,
         group_key TEXT, replay_key TEXT, attempt INTEGER, owner TEXT, gstate TEXT,
-        geffective TEXT)""",
+        geffective TEXT, gwake TEXT, gcounter INTEGER)""",
     """CREATE TRIGGER IF NOT EXISTS h_settle AFTER UPDATE OF seq ON eh_children
         WHEN NEW.seq IS NOT NULL AND (OLD.seq IS NULL OR OLD.seq <> NEW.seq) BEGIN
         INSERT INTO h_settled (group_key, replay_key, seq, status, owner, old_seq)
@@ -328,8 +335,10 @@ SQLITE_AUDIT = [
                 NEW.lease_owner, OLD.seq); END""",
     """CREATE TRIGGER IF NOT EXISTS h_claim AFTER UPDATE OF fence ON eh_children
         WHEN NEW.fence > OLD.fence BEGIN
-        INSERT INTO h_claims (group_key, replay_key, attempt, owner, gstate, geffective)
-        SELECT NEW.group_key, NEW.replay_key, NEW.attempt, NEW.lease_owner, g.state, g.effective
+        INSERT INTO h_claims (group_key, replay_key, attempt, owner, gstate, geffective, gwake,
+                              gcounter)
+        SELECT NEW.group_key, NEW.replay_key, NEW.attempt, NEW.lease_owner, g.state, g.effective,
+               g.wake, g.counter
         FROM eh_groups g WHERE g.group_key = NEW.group_key; END""",
 ]
 
@@ -340,16 +349,19 @@ def postgres_audit(schema: str) -> list[str]:
         f"""CREATE TABLE IF NOT EXISTS {s}.h_settled (id bigserial PRIMARY KEY, group_key text,
             replay_key text, seq bigint, status text, owner text, old_seq bigint)""",
         f"""CREATE TABLE IF NOT EXISTS {s}.h_claims (id bigserial PRIMARY KEY, group_key text,
-            replay_key text, attempt bigint, owner text, gstate text, geffective text)""",
+            replay_key text, attempt bigint, owner text, gstate text, geffective text,
+            gwake text, gcounter bigint)""",
         f"""CREATE OR REPLACE FUNCTION {s}.h_settle_fn() RETURNS trigger AS $$ BEGIN
             INSERT INTO {s}.h_settled (group_key, replay_key, seq, status, owner, old_seq)
             VALUES (NEW.group_key, NEW.replay_key, NEW.seq, (NEW.outcome::jsonb)->>'status',
                     NEW.lease_owner, OLD.seq);
             RETURN NULL; END $$ LANGUAGE plpgsql""",
         f"""CREATE OR REPLACE FUNCTION {s}.h_claim_fn() RETURNS trigger AS $$ BEGIN
-            INSERT INTO {s}.h_claims (group_key, replay_key, attempt, owner, gstate, geffective)
+            INSERT INTO {s}.h_claims (group_key, replay_key, attempt, owner, gstate, geffective,
+                                      gwake, gcounter)
             SELECT NEW.group_key, NEW.replay_key, NEW.attempt, NEW.lease_owner, g.state,
-                   g.effective FROM {s}.eh_groups g WHERE g.group_key = NEW.group_key;
+                   g.effective, g.wake, g.counter
+            FROM {s}.eh_groups g WHERE g.group_key = NEW.group_key;
             RETURN NULL; END $$ LANGUAGE plpgsql""",
         f"""CREATE OR REPLACE TRIGGER h_settle AFTER UPDATE OF seq ON {s}.eh_children
             FOR EACH ROW WHEN (NEW.seq IS NOT NULL AND OLD.seq IS DISTINCT FROM NEW.seq)
@@ -536,6 +548,9 @@ class Harness:
             else:
                 caller_config.update(point=point, k=rng.randint(1, 3))
             row["point"] = point
+        if mode == "late":
+            drainer.kill()  # no drainer: the recovery's reopen meets the race's losers
+            caller_config["hold_race"] = True
         if mode == "takeover":
             caller_config["linger"] = 2 * LEASE_TTL
             for spec in plan:
@@ -551,6 +566,8 @@ class Harness:
             victim.kill()
         elif mode == "takeover":
             await self._takeover(caller, row, prefix)
+        elif mode == "late":
+            await self._late(caller, round_dir, plan, row)
         elif mode == "pgcrash":
             await self._sleep_or_exit(caller, rng.uniform(0.3, 2.0))
             self.server.crash()
@@ -567,7 +584,7 @@ class Harness:
             row["killed"].append("drainer")
         if row["caller_killed"]:
             row["killed"].append("caller")
-        if drainer.proc.poll() is not None:  # a killed drainer is replaced: a drain runs on
+        if drainer.proc.poll() is not None and mode != "late":  # a drain runs on
             drainer = Proc(round_dir, self._config(round_dir, "drainer2", plan), "drainer2")
         before = await self._record_ranks(prefix)
         # the recovery, itself killed sometimes
@@ -577,6 +594,7 @@ class Harness:
             consumed, closed = self._progress(round_dir)
             extra: dict[str, Any] = {"consumed": consumed, "closed": sorted(closed)}
             kill_recovery = attempts == 1 and rng.random() < self.options.kill_recovery
+            kill_recovery = kill_recovery and mode != "late"
             if kill_recovery and rng.random() < 0.5:
                 extra.update(point=rng.choice(["claim", "wake"]), k=1)
             name = f"recover{attempts}"
@@ -636,6 +654,36 @@ class Harness:
         caller.proc.send_signal(signal.SIGCONT)
         rows = await db.fetch(claims, (f"{prefix}/%",))
         row["point"] = f"takeover:{rows[0][0]}-claims"
+
+    async def _late(
+        self, caller: Proc, round_dir: Path, plan: list[dict[str, Any]], row: dict[str, Any]
+    ) -> None:
+        """SIGKILL the caller once it read the race's rank 1 (it holds its close), then wait
+        until the race's leases and the caller's claim on it expired on the database clock."""
+        from effecthost.hosts.sql import PostgresStore, SqliteStore
+
+        race = next(spec["key"] for spec in plan if spec["plan"] == "race")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and caller.proc.poll() is None:
+            if any(r.get("g") == race and r.get("rank") == 1 for r in self._served(round_dir)):
+                break
+            await asyncio.sleep(0.05)  # polling another process's progress file
+        caller.kill()
+        row["point"] = "late:after-race-rank-1"
+        if self.options.db == "sqlite":
+            store: Any = SqliteStore(self.base["path"])
+        else:
+            store = PostgresStore(self.base["dsn"], schema=self.base["schema"])
+        await store.start()
+        try:
+            deadline = time.monotonic() + 4 * LEASE_TTL
+            while time.monotonic() < deadline:
+                rows = [r for r in await store.unfinished() if r.group_key == race]
+                if all(r.lease_expired and not r.owner_live for r in rows):
+                    break
+                await asyncio.sleep(0.05)  # the database clock passing the dead leases
+        finally:
+            await store.aclose()
 
     async def _record_ranks(self, prefix: str) -> dict[str, int]:
         rows = await Db(self.base).fetch(
@@ -742,6 +790,8 @@ class Harness:
                     "(a drain treated a live owner's child as an orphan: issue 10 defect 4)"
                 )
         cancel_ran = await self._cancel_ran(round_dir, prefix, row)
+        read_on = {r["g"] for r in served if "rank" in r and r["rank"] > 1}
+        loser_restarts = await self._loser_restarts(round_dir, prefix, read_on, row)
         # unsettled while the recovery host lived and drained: stuck (else: lost)
         stuck_keys = [k for k in row.pop("stuck_keys", None) or [] if k in expected_keys]
         stuck = len(stuck_keys)
@@ -756,6 +806,7 @@ class Harness:
             hung=row.get("hung", 0),
             wrong=wrong,
             cancel_ran=cancel_ran,
+            loser_restarts=loser_restarts,
             deadlocks=self.deadlocks(row),
         )
 
@@ -778,6 +829,30 @@ class Harness:
                     )
         return ran
 
+    async def _loser_restarts(
+        self, round_dir: Path, prefix: str, read_on: set[str], row: dict[str, Any]
+    ) -> int:
+        """Executions of a child claimed again while its open ``FIRST``/``CANCEL`` group
+        had rank 1 (decided, R-13), in a group no caller read past rank 1."""
+        claims = await Db(self.base).fetch(
+            "SELECT group_key, replay_key, attempt FROM h_claims WHERE replay_key LIKE $ "
+            "AND gstate = 'open' AND geffective = 'cancel' AND gwake = 'first' "
+            "AND gcounter >= 1",
+            (f"{prefix}/%",),
+        )
+        decided = {(str(rk), int(attempt)) for key, rk, attempt in claims if key not in read_on}
+        started = 0
+        for path in (round_dir / "exec").glob("*.log"):
+            for line in path.read_text().splitlines():
+                rk, _, attempt = line.partition(" ")
+                if (rk, int(attempt)) in decided:
+                    started += 1
+                    row["notes"].append(
+                        f"loser {rk} of a decided CANCEL group started again (attempt "
+                        f"{attempt}, pid {path.stem}) though no caller awaited a missing rank"
+                    )
+        return started
+
     async def _describe_stuck(self, rk: str) -> str:
         rows = await Db(self.base).fetch(
             "SELECT c.kind, c.state, c.lease_owner, c.cancel_requested, c.attempt, g.state, "
@@ -797,7 +872,17 @@ class Harness:
         )
 
     def _progress_line(self, row: dict[str, Any]) -> str:
-        keys = ("lost", "double", "divergent", "stuck", "hung", "wrong", "cancel_ran", "deadlocks")
+        keys = (
+            "lost",
+            "double",
+            "divergent",
+            "stuck",
+            "hung",
+            "wrong",
+            "cancel_ran",
+            "loser_restarts",
+            "deadlocks",
+        )
         bad = {k: row[k] for k in keys if row.get(k)}
         return f"round {row['round']:4d} {row['mode']:8s} {row.get('point', '-'):26s} {bad or 'ok'}"
 
@@ -815,7 +900,16 @@ class Harness:
                     _write(self.options.json, {**self.summary(), "partial": True})
                 if self.options.verbose or any(
                     row.get(k)
-                    for k in ("lost", "double", "divergent", "stuck", "hung", "wrong", "cancel_ran")
+                    for k in (
+                        "lost",
+                        "double",
+                        "divergent",
+                        "stuck",
+                        "hung",
+                        "wrong",
+                        "cancel_ran",
+                        "loser_restarts",
+                    )
                 ):
                     print(self._progress_line(row), flush=True)
         finally:
@@ -833,13 +927,25 @@ class Harness:
         special = ["takeover", "pgcrash"] if self.options.db == "postgres" else ["takeover"]
         if index % 12 == 5:
             return special[(index // 12) % len(special)]
+        if index % 12 == 11:
+            return "late"
         return "named" if index % 2 == 0 else "random"
 
     def kill_points(self) -> int:
         return sum(1 for r in self.rows if r["killed"] or r["mode"] in ("takeover", "pgcrash"))
 
     def summary(self) -> dict[str, Any]:
-        keys = ("lost", "double", "divergent", "stuck", "hung", "wrong", "cancel_ran", "deadlocks")
+        keys = (
+            "lost",
+            "double",
+            "divergent",
+            "stuck",
+            "hung",
+            "wrong",
+            "cancel_ran",
+            "loser_restarts",
+            "deadlocks",
+        )
         totals = {k: sum(int(r.get(k, 0)) for r in self.rows) for k in keys}
         killed = self.kill_points()
         return {
@@ -880,9 +986,10 @@ def _tail(text: str) -> str:
 
 def table(summary: dict[str, Any]) -> str:
     cols = ("kill_points", "divergent", "lost", "double", "stuck", "hung", "deadlocks")
-    extra = ("wrong", "cancel_ran")
-    head = f"{'db':10s}" + "".join(f"{c:>12s}" for c in cols + extra)
-    line = f"{summary['db']:10s}" + "".join(f"{summary[c]:>12d}" for c in cols + extra)
+    extra = ("wrong", "cancel_ran", "loser_restarts")
+    widths = {c: max(12, len(c) + 2) for c in cols + extra}
+    head = f"{'db':10s}" + "".join(f"{c:>{widths[c]}s}" for c in cols + extra)
+    line = f"{summary['db']:10s}" + "".join(f"{summary[c]:>{widths[c]}d}" for c in cols + extra)
     return head + "\n" + line
 
 
@@ -895,7 +1002,8 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20, help="rounds, each with a kill point")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
-        "--modes", help="cycle of round modes: named, random, takeover, pgcrash (default: mixed)"
+        "--modes",
+        help="cycle of round modes: named, random, takeover, late, pgcrash (default: mixed)",
     )
     parser.add_argument("--kill-recovery", type=float, default=0.3, help="share of rounds")
     parser.add_argument("--no-fsync", action="store_true", help="PostgreSQL with fsync=off")
@@ -912,7 +1020,7 @@ def main() -> None:
     if options.json:
         _write(options.json, summary)
     bad = sum(summary[k] for k in ("divergent", "lost", "double", "stuck", "hung", "deadlocks"))
-    bad += summary["wrong"] + summary["cancel_ran"]
+    bad += summary["wrong"] + summary["cancel_ran"] + summary["loser_restarts"]
     raise SystemExit(1 if bad else 0)
 
 

@@ -311,3 +311,31 @@ def test_no_tier_builds_a_kit_refusal_itself() -> None:
         if any(name in line for name in KIT_REFUSALS)
     ]
     assert not found, found
+
+
+@pytest.mark.parametrize(
+    ("wake", "declared", "effective", "ranked", "held"),
+    [
+        (WakePolicy.FIRST, CANCEL, None, [], False),
+        (WakePolicy.FIRST, CANCEL, None, ["cancelled"], True),
+        (WakePolicy.FIRST, RTC, CANCEL, ["error"], True),  # narrowed to CANCEL
+        (WakePolicy.FIRST, RTC, None, ["success"], False),
+        (WakePolicy.FIRST_SUCCESS, CANCEL, None, ["error", "cancelled"], False),
+        (WakePolicy.FIRST_SUCCESS, CANCEL, None, ["error", "success"], True),
+        (WakePolicy.FIRST_SUCCESS, RTC, None, ["success"], False),
+        (WakePolicy.ALL, CANCEL, None, ["success", "success"], False),
+    ],
+)
+def test_decided_is_cancel_in_force_and_the_wake_policy_met(
+    wake: WakePolicy,
+    declared: LoserPolicy,
+    effective: LoserPolicy | None,
+    ranked: list[str],
+    held: bool,
+) -> None:
+    """R-13: ``FIRST`` when rank 1 exists, ``FIRST_SUCCESS`` when a success holds a rank,
+    ``ALL`` never; only with ``CANCEL`` in force (declared or narrowed)."""
+    record = GroupRecord(KEY, 3, wake, declared, effective)
+    assert kit.decided(record, ranked) is held
+    assert kit.decided(record, iter(ranked)) is held
+    assert kit.decided_kind(record) is (wake is not WakePolicy.ALL and record.in_force is CANCEL)

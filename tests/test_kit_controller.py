@@ -7,7 +7,7 @@ for an engine, so every rule these tests see comes from the base.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -344,3 +344,63 @@ async def test_the_guard_makes_check_then_act_one_step() -> None:
     assert host.closes == [CANCEL]  # the second close found the group closed: a no-op
     for gate in gates.values():
         gate.set()
+
+
+class ResumingHost(DictHost):
+    """Records what the base asks of the two R-13 hooks; ``on_restart`` stands for the
+    children a real host would dispatch."""
+
+    def __init__(self, tools: ToolRegistry | None) -> None:
+        super().__init__(tools)
+        self.resumes: list[tuple[str, bool]] = []
+        self.restarts: list[str] = []
+        self.on_restart: Callable[[], None] = lambda: None
+
+    async def resume_group(self, group: EffectGroup, *, restart: bool = True) -> None:
+        self.resumes.append((group.key, restart))
+
+    async def restart_unsettled(self, key: str) -> None:
+        self.restarts.append(key)
+        self.on_restart()
+
+
+async def test_a_decided_group_is_resumed_without_restarts_and_its_losers_run_on_demand() -> None:
+    """R-13: the reopen of a decided ``CANCEL`` race asks ``resume_group(restart=False)``;
+    an await of rank 2, which does not exist yet, asks ``restart_unsettled`` once (the
+    loser here runs only then); an undecided reopen, a ``RUN_TO_COMPLETION`` one and an
+    ``ALL`` one restart as before."""
+    tools, gates = gated_tools("a", "b")
+    host = ResumingHost(tools)
+    race = group("race", "a", "b", disposition=CANCEL)
+    handle = await host.open_effect_group(race)
+    await host.open_effect_group(race)  # undecided: nothing ranked yet
+    gates["a"].set()
+    assert (await asyncio.wait_for(host.await_next_settlement(handle), 5)).position == 0
+    await host.open_effect_group(race)
+    assert host.resumes == [("race", True), ("race", False)]
+    host.on_restart = gates["b"].set
+    assert (await asyncio.wait_for(host.await_next_settlement(handle), 5)).position == 1
+    assert host.restarts == ["race"]
+
+    tools, gates = gated_tools("c", "d")
+    others = ResumingHost(tools)
+    others.on_restart = gates["d"].set
+    gates["c"].set()
+    every = EffectGroup(
+        key="every",
+        wake=WakePolicy.ALL,
+        disposition=CANCEL,
+        children=[
+            EffectEnvelope(replay_key=f"every/{n}", kind="tool_call", name=n, input={})
+            for n in ("c", "d")
+        ],
+    )
+    for shape in (group("rtc", "c", "d"), every):
+        opened = await others.open_effect_group(shape)
+        await asyncio.wait_for(others.await_next_settlement(opened), 5)
+        await others.open_effect_group(shape)
+    assert others.resumes == [("rtc", True), ("every", True)]
+    waiter = asyncio.create_task(others.await_next_settlement(opened))
+    gates["d"].set()
+    await asyncio.wait_for(waiter, 5)
+    assert others.restarts == []

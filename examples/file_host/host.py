@@ -112,14 +112,26 @@ class FileHost(KitController):
         self.store.write(record)
         return True  # under the guard nobody recorded the key meanwhile
 
-    async def resume_group(self, group: EffectGroup) -> None:
+    async def resume_group(self, group: EffectGroup, *, restart: bool = True) -> None:
         record = self.store.read(group.key)
         assert record is not None
         record["owner"] = self.owner  # a reopen makes this incarnation the owner (R-1)
-        for position, child in enumerate(record["children"]):
-            if child["outcome"] is None and (group.key, position) not in self._tasks:
-                self._start(record, position)  # a resolver miss stays unsettled (G-11)
+        if restart:  # a decided group's losers stay down (R-13)
+            self._start_unsettled(record)
         self.store.write(record)
+
+    async def restart_unsettled(self, key: str) -> None:
+        """A caller awaits a rank that does not exist yet: the losers run on demand (R-13)."""
+        with self.store.locked():
+            record = self.store.read(key)
+            if record is not None and record["owner"] == self.owner and not record["closed"]:
+                self._start_unsettled(record)
+                self.store.write(record)
+
+    def _start_unsettled(self, record: Record) -> None:
+        for position, child in enumerate(record["children"]):
+            if child["outcome"] is None and (record["key"], position) not in self._tasks:
+                self._start(record, position)  # a resolver miss stays unsettled (G-11)
 
     # [/open]
 
@@ -267,6 +279,8 @@ class FileDrain(GroupDrain):
                 mine, before = record["owner"] == host.owner, len(resumed + cancelled)
                 if not mine and host.store.owner_alive(record["owner"]):
                     continue  # a live owner's group is never touched (R-1)
+                if mine and decided(record):
+                    continue  # its losers stay down until its caller awaits them (R-13)
                 for position, child in enumerate(record["children"]):
                     ids = (key, child["replay_key"])
                     if child["outcome"] is not None or (key, position) in host._tasks:
@@ -307,6 +321,14 @@ def settle(record: Record, position: int, attempt: int | None, outcome: Outcome)
     child["outcome"], record["ranks"] = outcome.model_dump(mode="json"), ledger.order
     retire_if_done(record)
     return True
+
+
+def decided(record: Record) -> bool:
+    """The kit's R-13 rule on what the file records: an open group with ``CANCEL`` in
+    force and its wake policy met."""
+    shape = known(record)
+    ranked = (record["children"][p]["outcome"]["status"] for p in record["ranks"])
+    return isinstance(shape, GroupRecord) and not shape.closed and kit.decided(shape, ranked)
 
 
 def retire_if_done(record: Record) -> None:

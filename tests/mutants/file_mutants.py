@@ -125,8 +125,8 @@ class StaleFindGroupFileHost(FileHost):
         self._cache.pop(opened.group.key, None)
         return done
 
-    async def resume_group(self, group: EffectGroup) -> None:
-        await super().resume_group(group)
+    async def resume_group(self, group: EffectGroup, *, restart: bool = True) -> None:
+        await super().resume_group(group, restart=restart)
         self._cache.pop(group.key, None)
 
 
@@ -159,7 +159,7 @@ class ResumeRerunsSettledFileHost(FileHost):
     included (their second settlement is refused by the ledger, so the ranks look right),
     so a child whose settlement was recorded before a restart runs again."""
 
-    async def resume_group(self, group: EffectGroup) -> None:
+    async def resume_group(self, group: EffectGroup, *, restart: bool = True) -> None:
         record = self.store.read(group.key)
         assert record is not None
         record["owner"] = self.owner
@@ -175,7 +175,7 @@ class ReopenKeepsTheOldOwnerFileHost(FileHost):
     pass takes the reopened group for an orphan and applies its ``CANCEL`` to the live
     caller's event wait."""
 
-    async def resume_group(self, group: EffectGroup) -> None:
+    async def resume_group(self, group: EffectGroup, *, restart: bool = True) -> None:
         record = self.store.read(group.key)
         assert record is not None
         for position, child in enumerate(record["children"]):
@@ -384,3 +384,27 @@ def _register() -> None:
 
 
 _register()
+
+
+# -- R-13: the losers of a decided CANCEL group stay down ---------------------------------------
+
+
+class ResumeIgnoresDecidedFileHost(FileHost):
+    """R-13: ``resume_group`` restarts the unsettled children whatever ``restart`` says
+    (a hook written before the ruling), so a restarted ``race`` caller's reopen starts
+    every loser again, to be cut by its close a moment later."""
+
+    async def resume_group(self, group: EffectGroup, *, restart: bool = True) -> None:
+        await super().resume_group(group, restart=True)
+
+
+def _register_r13() -> None:
+    if "pytest" not in sys.modules:
+        return
+    from catalog import file_mutant
+
+    cls = ResumeIgnoresDecidedFileHost
+    file_mutant(cls.__name__, "R-13", cls.__doc__ or "", select="losers_of_a_decided")
+
+
+_register_r13()

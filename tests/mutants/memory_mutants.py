@@ -1146,3 +1146,20 @@ class UnwiredDrainRefusedHost(MemoryEffectHost):
 
             raise EffectGroupUnsupported("no resolver: no drain")
         return super().drain()
+
+
+# -- R-13: the losers of a decided CANCEL group stay down ---------------------------------------
+
+
+@mutant("R-13", harness="durable", select="losers_of_a_decided")
+class ReopenRestartsDecidedLosersHost(MemoryEffectHost):
+    """R-13: a reopen restarts every unsettled child no task runs, decided or not (as
+    before the ruling), so a restarted ``race`` caller that re-reads rank 1 and closes
+    starts every loser's tool a second time."""
+
+    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        reopen = group.key in self._groups
+        handle = await super().open_effect_group(group)
+        if reopen:
+            self._restart(self._groups[group.key])
+        return handle

@@ -13,7 +13,17 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "crash_harness.py"
-COUNTS = ("divergent", "lost", "double", "stuck", "hung", "deadlocks", "wrong", "cancel_ran")
+COUNTS = (
+    "divergent",
+    "lost",
+    "double",
+    "stuck",
+    "hung",
+    "deadlocks",
+    "wrong",
+    "cancel_ran",
+    "loser_restarts",
+)
 
 
 def _run(tmp_path: Path, *args: str) -> dict[str, object]:

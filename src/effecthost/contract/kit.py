@@ -68,6 +68,8 @@ __all__ = [
     "check_cursor",
     "check_handle",
     "check_reopen",
+    "decided",
+    "decided_kind",
     "first_unresolvable",
     "group_closed",
     "group_shape_error",
@@ -422,6 +424,33 @@ def check_children(offer: Offer, recorded: Iterable[RecordedChild]) -> None:
             )
 
 
+# -- resuming after a crash --------------------------------------------------------------------
+
+
+def decided(record: GroupRecord, ranked: Iterable[str]) -> bool:
+    """R-13: whether the losers of ``record`` stay down after a crash. ``ranked`` are the
+    statuses (``"success"``, ``"error"``, ``"cancelled"``) of the ranks that exist, in any
+    order; only the first success is looked for, so pass them lazily.
+
+    A group with ``CANCEL`` in force is decided once its wake policy is met: ``FIRST`` when
+    rank 1 exists, ``FIRST_SUCCESS`` when a success holds a rank. ``ALL`` never is (the host
+    cannot tell ``all`` from ``allSettled``), nor is a ``RUN_TO_COMPLETION`` group. A reopen
+    or a drain pass starts no unsettled child of a decided group again; only a caller that
+    awaits a rank that does not exist yet has them started
+    (:meth:`KitController.restart_unsettled`)."""
+    if not decided_kind(record):
+        return False
+    if record.wake is WakePolicy.FIRST:
+        return any(True for _ in ranked)
+    return any(status == "success" for status in ranked)
+
+
+def decided_kind(record: GroupRecord) -> bool:
+    """Whether ``record`` can be :func:`decided` at all: ``CANCEL`` in force and a wake
+    policy other than ``ALL``."""
+    return record.in_force is LoserPolicy.CANCEL and record.wake is not WakePolicy.ALL
+
+
 # -- first open ------------------------------------------------------------------------------
 
 T = TypeVar("T")
@@ -603,11 +632,21 @@ class KitController(WiredController):
         """
         raise NotImplementedError
 
-    async def resume_group(self, group: EffectGroup) -> None:
-        """A reopen passed its fences: make this incarnation the owner (R-1) and
-        dispatch the unsettled children nobody runs, resolving only those; a child the
-        resolver cannot run stays unsettled (G-11). The default does nothing (an engine
-        that runs its children itself)."""
+    async def resume_group(self, group: EffectGroup, *, restart: bool = True) -> None:
+        """A reopen passed its fences: make this incarnation the owner (R-1) and, when
+        ``restart``, dispatch the unsettled children nobody runs, resolving only those; a
+        child the resolver cannot run stays unsettled (G-11). ``restart`` is false when
+        the group is :func:`decided` (R-13): its losers stay down, and a drain pass of
+        the owner must not start them either; :meth:`restart_unsettled` does, when a
+        caller awaits a rank that does not exist yet. The default does nothing (an
+        engine that runs its children itself)."""
+
+    async def restart_unsettled(self, key: str) -> None:
+        """A caller awaits a rank of ``key`` that does not exist yet, in a group with
+        ``CANCEL`` in force and a wake policy other than ``ALL`` (R-13): dispatch the
+        unsettled children nobody runs, as :meth:`resume_group` with ``restart`` does;
+        a no-op when they all run. Called once per such await, outside the guard. The
+        default does nothing (an engine that runs its children itself)."""
 
     async def read_rank(self, key: str, rank: int) -> Settlement | None:
         """Rank ``rank`` of ``key`` if it exists: the child holding the ``rank``-th
@@ -653,7 +692,11 @@ class KitController(WiredController):
                     else ()
                 )
                 if check_reopen(offer, known, recorded):
-                    await self.resume_group(group)
+                    assert isinstance(known, GroupRecord)
+                    hold = decided_kind(known) and decided(
+                        known, await self._statuses(group.key, known.wake)
+                    )
+                    await self.resume_group(group, restart=not hold)
                     return group.handle()
                 for position, child in enumerate(group.children):
                     holder = await self.replay_key_holder(child.replay_key)
@@ -670,13 +713,27 @@ class KitController(WiredController):
         key = require_handle(handle).group_key
         self.require_wired(key)
         rank = handle.consumed + 1
+        missed = False
         while True:
-            check_await(key, handle, await self.find_group(key))
+            record = check_await(key, handle, await self.find_group(key))
             settlement = await self.read_rank(key, rank)
             if settlement is not None:
                 handle.consumed = rank
                 return settlement
+            if not missed and rank > 1 and decided_kind(record):
+                await self.restart_unsettled(key)  # the losers run on demand (R-13)
+            missed = True
             await self.wait_for_change(key, rank)
+
+    async def _statuses(self, key: str, wake: WakePolicy) -> list[str]:
+        """The statuses of the ranks that exist, up to what :func:`decided` needs: rank 1
+        under ``FIRST``, the first success under ``FIRST_SUCCESS``."""
+        statuses: list[str] = []
+        while (settlement := await self.read_rank(key, len(statuses) + 1)) is not None:
+            statuses.append(settlement.outcome.status)
+            if wake is WakePolicy.FIRST or statuses[-1] == "success":
+                break
+        return statuses
 
     async def close_effect_group(
         self, handle: GroupHandle, disposition: LoserPolicy | None = None

@@ -1,5 +1,5 @@
 """The registered checks; importing this package registers them all."""
 
-from . import closing, combinators, identity, kinds, lifecycle, payloads
+from . import closing, combinators, decided, identity, kinds, lifecycle, payloads
 
-__all__ = ["closing", "combinators", "identity", "kinds", "lifecycle", "payloads"]
+__all__ = ["closing", "combinators", "decided", "identity", "kinds", "lifecycle", "payloads"]

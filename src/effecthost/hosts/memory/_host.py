@@ -100,6 +100,7 @@ class _Group:
     closed: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     parked: Counter[int] = field(default_factory=Counter)  # awaits waiting, by rank
+    held: bool = False  # a reopen found it decided: its losers wait for an await (R-13)
 
     @property
     def child_count(self) -> int:
@@ -183,12 +184,19 @@ class MemoryEffectHost(WiredController):
                 self._dispatch(record, child, executor)
         else:
             self._fence_reopen(record, group)
-            for child in record.children:
-                if child.state != "settled" and child not in self._tasks:
-                    runner = self._resolve(child.envelope)
-                    if runner is not None:
-                        self._dispatch(record, child, runner)
+            record.held = kit.decided(record.shape(), map(_status, record.settled))
+            if not record.held:  # a decided group's losers stay down (R-13)
+                self._restart(record)
         return group.handle()
+
+    def _restart(self, record: _Group) -> None:
+        """Dispatch the unsettled children no task of this process runs (a reopen, or
+        R-13's caller awaiting a rank that does not exist yet)."""
+        for child in record.children:
+            if child.state != "settled" and child not in self._tasks:
+                runner = self._resolve(child.envelope)
+                if runner is not None:
+                    self._dispatch(record, child, runner)
 
     def _check_sizes(self, group: EffectGroup) -> None:
         for position, child in enumerate(group.children):
@@ -416,6 +424,9 @@ class MemoryEffectHost(WiredController):
             raise kit.group_closed(recorded.key)
         record = self._lookup(handle)
         rank = kit.check_cursor(record.key, handle.consumed, record.child_count)
+        if record.held and self._settled_at_rank(record, rank) is None:
+            record.held = False
+            self._restart(record)  # the losers of a decided group run on demand (R-13)
         while (child := self._settled_at_rank(record, rank)) is None:
             changed = record.changed
             record.parked[rank] += 1
@@ -574,6 +585,8 @@ class _MemoryDrain(GroupDrain):
         cancelled: list[tuple[str, str]] = []
         missing: list[NoExecutor] = []
         for record in list(host._groups.values()):
+            if record.held and host._resolver is not None:
+                continue  # its live caller decides when its losers run (R-13, R-1)
             for child in record.children:
                 if child.state == "settled" or child in host._tasks:
                     continue
@@ -600,6 +613,14 @@ def _position(envelope: EffectEnvelope) -> int:
     membership = envelope.membership
     assert membership is not None
     return membership.position
+
+
+def _status(child: _Child) -> str:
+    """A settled child's status as R-13 reads it (hidden when sealed)."""
+    if child.outcome is not None:
+        return child.outcome.status
+    stored = child.stored
+    return stored.outcome.status if stored is not None and stored.outcome is not None else ""
 
 
 def _no_executor(record: _Group, child: _Child, why: str) -> NoExecutor:

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from effecthost._inspect import outcome_status
 from effecthost.contract import (
     DrainReport,
     EffectEnvelope,
@@ -211,6 +212,9 @@ class SqlEffectHost(WiredController):
         # open groups this incarnation owns (opened or reopened last, R-1): the keeper
         # renews their ownership with the child leases
         self._owned: set[str] = set()
+        # owned groups a reopen found decided (R-13): their unsettled tool calls stay down
+        # until a caller awaits a rank that does not exist yet
+        self._held: set[str] = set()
         self._timer_changed = asyncio.Event()
         self._keeper_changed = asyncio.Event()
         self._keeper_idle = False  # the keeper waits for a first lease
@@ -438,8 +442,35 @@ class SqlEffectHost(WiredController):
             sent = before if stamp.at is None else stamp.at
             self._start_children(group, specs, executors, record, sent)
             return group.handle()
+        if await self._decided(record):
+            self._held.add(group.key)  # its losers stay down (R-13)
+        else:
+            self._held.discard(group.key)
         await self._resume_children(group, specs, opened.children)
         return group.handle()
+
+    async def _decided(self, record: GroupRow) -> bool:
+        """R-13: ``CANCEL`` in force and the wake policy met (the kit's rule). A success
+        this host cannot read (sealed, and no key here) does not count."""
+        known = _known(record)
+        if not kit.decided_kind(known) or record.counter < 1:
+            return False
+        if known.wake is WakePolicy.FIRST:
+            return True
+        got = await self.store.read_ranks(record.group_key, 1, record.counter)
+        statuses: list[str] = []
+        for seq, position, replay_key, recorded in got[1] if got is not None else []:
+            status, _sealed = outcome_status(recorded)
+            if status not in ("success", "error", "cancelled"):
+                try:
+                    outcome = await self._decode(
+                        record.group_key, replay_key, position, seq, recorded
+                    )
+                except EffectHostError:
+                    continue
+                status = outcome.status
+            statuses.append(status)
+        return kit.decided(known, statuses)
 
     @contextlib.contextmanager
     def _refusing_input(self, group_key: str) -> Iterator[None]:
@@ -526,7 +557,9 @@ class SqlEffectHost(WiredController):
     ) -> None:
         """Reopen: dispatch what this host can run and nobody holds; a reopen resolves
         only what it dispatches and refuses nothing (G-11). A group an older release
-        recorded without all its children gets the missing rows, fenced as above."""
+        recorded without all its children gets the missing rows, fenced as above. The
+        tool calls of a decided group (``_held``) stay down: an await of a rank that does
+        not exist yet takes them over (R-13)."""
         have = {row.position for row in rows}
         missing = [spec for spec in specs if spec.position not in have]
         if missing:
@@ -552,6 +585,8 @@ class SqlEffectHost(WiredController):
                 await self._settle_free(
                     row.group_key, row.replay_key, row.position, Outcome.cancelled()
                 )
+                continue
+            if group.key in self._held:
                 continue
             executor = self._resolve(envelope)
             if executor is not None:
@@ -800,6 +835,7 @@ class SqlEffectHost(WiredController):
             sent = before if stamp.at is None else stamp.at
             for key in set(owned) - set(still_owned):  # closed, or reopened elsewhere
                 self._owned.discard(key)
+                self._held.discard(key)
                 self._written.pop(key, None)
             still = {r.replay_key: r for r in renewed}
             for key, driver in held.items():
@@ -956,7 +992,8 @@ class SqlEffectHost(WiredController):
                 if read.replay_key is not None and read.outcome is not None:
                     return await self._serve(handle, rank, read)
                 kit.check_await(handle.group_key, handle, self._record(read.group))
-                if time.monotonic() >= adopt_at:
+                if time.monotonic() >= adopt_at or handle.group_key in self._held:
+                    self._held.discard(handle.group_key)  # the losers run on demand (R-13)
                     adopt_at = time.monotonic() + self.renew_every
                     if await self._adopt(handle.group_key):
                         continue
@@ -1118,6 +1155,7 @@ class SqlEffectHost(WiredController):
         # closed (or found closed or retired): nothing left to own. A refused close raised
         # above and the group stays this caller's (R-1)
         self._owned.discard(key)
+        self._held.discard(key)
         self._written.pop(key, None)
         if already:
             await self._maybe_retire(key)
@@ -1195,7 +1233,9 @@ class SqlDrain(GroupDrain):
     group is applied: ``CANCEL`` settles them as cancelled (even when no close came, once
     the owner is gone), ``RUN_TO_COMPLETION`` re-runs them through the registered
     resolver; due timers fire. The owner's own drain acts as the owner: it re-runs its
-    expired tool calls and cancels nothing the caller has not closed. A child the
+    expired tool calls (not those of a group its reopen found decided: they stay down
+    until its caller awaits them, R-13) and cancels nothing the caller has not closed. A
+    child the
     resolver cannot run is reported ``NoExecutor`` and stays visible; a host without a
     resolver reports every unfinished child so.
     """
@@ -1241,6 +1281,8 @@ class SqlDrain(GroupDrain):
                 continue
             if row.kind == EffectKind.AWAIT_EVENT:
                 continue  # settles when its event is delivered
+            if row.group_key in host._held:
+                continue  # a decided group's losers stay down until awaited (R-13)
             envelope = EffectEnvelope.model_validate(json.loads(row.envelope))
             executor = host._resolve(envelope)
             if executor is None:
