@@ -19,15 +19,21 @@ Group object state (keyed by group key), beside nothing else:
   ``inv:{replay_key}`` per child instead; a ``RUN_TO_COMPLETION`` group finds them by
   idempotency key if a close narrows it); ``targets`` for routed children;
 - ``waiters`` → rank → awakeable ids of parked readers; ``evw:``/``evp:`` for events;
-- after close, only ``tombstone`` (so a late read is ``GroupClosed``, not a hang).
+- after close, ``tombstone`` (so a late read is ``GroupClosed``, not a hang) with the
+  disposition in force; while some child has not settled it is ``pending`` and carries
+  the shape (no ``shape`` key: the group is no longer listed as open), and the rest
+  stays: the children, the counter, ``settled:``, the ranks and the event waits, so the
+  closed group keeps its replay keys and its events still reach its waits (R-11). When
+  the last child settles the group retires: only the tombstone is left, without
+  ``pending``. A group closed by the release before retired at close.
 
 Replay-key object state (keyed by replay key): ``holder`` → ``{group_key, token}``, the
 group that claimed the key (R-6); keyed by a prefix (``claim_bucket``): one
 ``holder:{replay_key}`` per key ``{prefix}:{n}``, so a combinator's open claims its
 children's keys in one call. A first open claims every child's key before it records
 anything and releases what it claimed when a claim is refused. Close releases
-nothing: a claim of a key whose holder has closed (its tombstone) takes the key over, so
-retiring a group costs no invocation per child.
+nothing: a claim of a key whose holder has retired takes the key over, so retiring a
+group costs no invocation per child.
 
 No exclusive handler awaits anything another handler of the same key resolves. The
 handlers that run once per child or per read (``settle``, ``register_waiter``,
@@ -112,6 +118,12 @@ def _known(key: str, shape: dict[str, Any]) -> kit.GroupRecord:
     )
 
 
+def _closing(tombstone: Any) -> bool:
+    """Whether a tombstone is of a closed group some child of which has not settled yet
+    (R-11: it retires when the last one settles)."""
+    return isinstance(tombstone, dict) and bool(tombstone.get("pending"))
+
+
 def _claim(req: dict[str, Any], consumed: int = 0) -> kit.HandleClaim:
     return kit.HandleClaim(req["child_count"], req["wake"], req["disposition"], consumed)
 
@@ -145,8 +157,8 @@ def build_services(
     # -- replay-key object (R-6) ------------------------------------------------------
 
     async def live_holder(ctx: Any, held: dict[str, Any] | None) -> str | None:
-        """The group holding the key, or ``None`` when none does: a group that closed
-        holds nothing (close retires it for good and releases nothing itself)."""
+        """The group holding the key, or ``None`` when none does: a group that retired
+        holds nothing (retirement releases nothing itself; R-11)."""
         if held is None or await ctx.object_call(retired, held["group_key"], None):
             return None
         return str(held["group_key"])
@@ -154,7 +166,7 @@ def build_services(
     @replay.handler()
     async def claim(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
         """Hold this replay key for ``group_key``; another group's claim is answered with
-        the holder, unless that group has closed. The same group claims again freely (a
+        the holder, unless that group has retired. The same group claims again freely (a
         retried or repeated first open), and its newest token is the one a release must
         name."""
         held = await _get(ctx, "holder")
@@ -304,13 +316,12 @@ def build_services(
             child_headers(key, position, envelope),
         )
 
-    async def cancel_unsettled(ctx: restate.ObjectContext) -> list[str]:
+    async def cancel_unsettled(ctx: restate.ObjectContext, epoch: str) -> list[str]:
         """One cancel per unsettled child's invocation, not awaited (G-27, G-41); the
         replay keys it cancelled. A group that declared ``RUN_TO_COMPLETION`` did not
         wait for its children's invocation ids at open: they are asked for here, by
         sending each unsettled child again under its idempotency key, which answers
         with the id of the invocation already holding that key (it does not run again)."""
-        shape = await _get(ctx, "shape")
         listed = await _get(ctx, "invs")  # position order; ``inv:{rk}`` before it
         unsettled: list[tuple[int, dict[str, Any], str | None]] = []
         for position, entry in enumerate(await _get(ctx, "children") or []):
@@ -324,7 +335,7 @@ def build_services(
         for position, envelope, known in unsettled:
             if known is None:
                 body, idem, headers = child_request(
-                    ctx.key(), shape["epoch"], position, envelope, targets.get(str(position))
+                    ctx.key(), epoch, position, envelope, targets.get(str(position))
                 )
                 sent = ctx.service_send(run, body, idempotency_key=idem, headers=headers)
                 asked[position] = sent.invocation_id()
@@ -435,12 +446,15 @@ def build_services(
         one handler step (G-38). State is read lazily, all four keys in one round trip,
         so a settle costs the same in a group of 10 or 10,000 children."""
         rk = req["replay_key"]
-        reads = _reads(ctx, "shape", f"settled:{rk}", "counter", "waiters")
-        shape, settled, counter, waiters = [await read for read in reads]
+        reads = _reads(ctx, "shape", f"settled:{rk}", "counter", "waiters", "tombstone")
+        shape, settled, counter, waiters, tombstone = [await read for read in reads]
+        closing = shape is None and _closing(tombstone)
+        if closing:
+            shape = tombstone["shape"]
         if shape is None or req.get("epoch") != shape["epoch"]:
-            # closed (tombstone) or a stale epoch: harmless, but a late child may have
-            # written a payload after close deleted the group's: delete again (the key
-            # can never be reopened, so nothing of the group is still referenced).
+            # retired or a stale epoch: harmless, but a late child may have written a
+            # payload after retirement deleted the group's: delete again (the key can
+            # never be reopened, so nothing of the group is still referenced).
             stored = req.get("stored")
             if store is not None and isinstance(stored, dict) and stored.get("form") == "ref":
                 await ctx.run("delete late payload", delete_payloads, args=(ctx.key(),))
@@ -454,13 +468,20 @@ def build_services(
         elif "ref" in req:
             record["ref"] = req["ref"]
             if not shape.get("spilled"):
-                shape["spilled"] = True  # close clears the payload object only then
-                ctx.set("shape", shape)
+                shape["spilled"] = True  # retirement clears the payload object only then
+                if closing:  # ``shape`` is the tombstone's own
+                    ctx.set("tombstone", tombstone)
+                else:
+                    ctx.set("shape", shape)
         else:
             record["outcome"] = req["outcome"]
         ctx.set("counter", rank)
         ctx.set(f"rank:{rank}", record)
         ctx.set(f"settled:{rk}", rank)
+        if closing:  # a closed group's child: its rank is never served (R-11)
+            if rank >= shape["child_count"]:
+                await retire(ctx, shape, tombstone["effective"])
+            return
         woken = (waiters or {}).pop(str(rank), None)
         if woken:
             for aid in woken:
@@ -579,16 +600,22 @@ def build_services(
 
     @group.handler(kind="shared", state_preload=False)
     async def retired(ctx: restate.ObjectSharedContext) -> bool:
-        """Whether the group has closed: then it holds none of its replay keys (R-6)."""
-        return await _get(ctx, "tombstone") is not None
+        """Whether the group has retired (closed, and every child settled): then it holds
+        none of its replay keys (R-6, R-11). A group closed by the release before retired
+        at close (its tombstone has no ``pending``)."""
+        tombstone = await _get(ctx, "tombstone")
+        return tombstone is not None and not _closing(tombstone)
 
     @group.handler(kind="shared")
     async def describe(ctx: restate.ObjectSharedContext) -> dict[str, Any]:
         """Shape, settlement order and unsettled children (inspection and the drain)."""
         shape = await _get(ctx, "shape")
+        closed = False
         if shape is None:
-            closed = await _get(ctx, "tombstone") is not None
-            return {"recorded": False, "closed": closed}
+            tombstone = await _get(ctx, "tombstone")
+            if not _closing(tombstone):
+                return {"recorded": False, "closed": tombstone is not None}
+            shape, closed = tombstone["shape"], True  # ranks show until retirement (R-11)
         counter = int(await _get(ctx, "counter") or 0)
         children = await _get(ctx, "children") or []
         order = []
@@ -599,7 +626,7 @@ def build_services(
         unsettled = [c["envelope"] for i, c in enumerate(children) if i not in settled]
         return {
             "recorded": True,
-            "closed": False,
+            "closed": closed,
             "shape": shape,
             "order": order,
             "unsettled": unsettled,
@@ -622,10 +649,22 @@ def build_services(
                     held.append((position, rk, other))
         return replay_mismatch(key, *min(held)) if held else {"ok": True}
 
+    async def retire(ctx: restate.ObjectContext, shape: dict[str, Any], effective: str) -> None:
+        """Delete the group's state, its event waits and its payloads, keeping only the
+        tombstone (R-4): the group holds none of its replay keys from now on (R-6, R-11)."""
+        ctx.clear_all()
+        ctx.set("tombstone", {"effective": effective, "epoch": shape["epoch"]})
+        if shape.get("spilled") or shape.get("layout") is None:
+            ctx.object_send(clear, ctx.key(), None)  # a group of an earlier release: no flag
+        if store is not None:
+            await ctx.run("delete payloads", delete_payloads, args=(ctx.key(),))
+
     @group.handler()
     async def close(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
-        """Idempotent; narrows only; under CANCEL issues one cancel per unsettled child and
-        returns without awaiting them; deletes the state, keeping a tombstone (G-41)."""
+        """Idempotent; narrows only; records the tombstone with the disposition in force,
+        then under CANCEL issues one cancel per unsettled child and returns without
+        awaiting them (G-41). The group retires (its state goes) when its last child
+        settles, here if none is left (R-11)."""
         key = ctx.key()
         try:  # a close of a closed group is a no-op (R-2, R-4)
             policy = kit.check_close(key, _claim(req), await known(ctx), req.get("close_with"))
@@ -635,17 +674,32 @@ def build_services(
             return {"ok": True}
         shape = await _get(ctx, "shape")
         target = policy.value
-        cancelled = await cancel_unsettled(ctx) if target == LoserPolicy.CANCEL.value else []
         waiters = await _get(ctx, "waiters") or {}
         for aids in waiters.values():
             for aid in aids:
                 ctx.resolve_awakeable(aid, {"closed": True})
-        ctx.clear_all()  # the tombstone retires the group: it holds no replay key now
-        ctx.set("tombstone", {"effective": target, "epoch": shape["epoch"]})
-        if shape.get("spilled") or shape.get("layout") is None:
-            ctx.object_send(clear, key, None)  # a group of an earlier release: no flag
-        if store is not None:
-            await ctx.run("delete payloads", delete_payloads, args=(key,))
+        if int(await _get(ctx, "counter") or 0) >= shape["child_count"]:
+            await retire(ctx, shape, target)
+            return {"ok": True, "cancelled": []}
+        # closed, not retired: the tombstone keeps the shape for the children still to
+        # settle; it is written before the cancels, so an attempt of a cancelled child
+        # that reads it never starts its tool (see ``run``)
+        ctx.clear("shape")
+        ctx.clear("waiters")
+        ctx.set(
+            "tombstone",
+            {
+                "effective": target,
+                "epoch": shape["epoch"],
+                "pending": True,
+                "shape": {**shape, "effective": target},
+            },
+        )
+        cancelled = (
+            await cancel_unsettled(ctx, shape["epoch"])
+            if target == LoserPolicy.CANCEL.value
+            else []
+        )
         return {"ok": True, "cancelled": cancelled}
 
     @group.handler()
@@ -660,7 +714,7 @@ def build_services(
             and shape.get("owner") == req.get("owner")
             and shape.get("incarnation") != req.get("incarnation")
         ):
-            cancelled = await cancel_unsettled(ctx)
+            cancelled = await cancel_unsettled(ctx, shape["epoch"])
         return {"cancelled": cancelled}
 
     @group.handler()
@@ -668,9 +722,11 @@ def build_services(
         """Deliver an event to the unsettled ``await_event`` children named ``name``."""
         key = ctx.key()
         if await _get(ctx, "shape") is None:
-            if await _get(ctx, "tombstone") is not None:
-                return {"reached": 0}
-            return error("unknown_group", f"no group is recorded under {key!r}", group_key=key)
+            tombstone = await _get(ctx, "tombstone")
+            if tombstone is None:
+                return error("unknown_group", f"no group is recorded under {key!r}", group_key=key)
+            if not _closing(tombstone):
+                return {"reached": 0}  # retired: its event waits are gone (R-11)
         reached = 0
         for entry in await _get(ctx, "children") or []:
             envelope = entry["envelope"]
@@ -696,7 +752,7 @@ def build_services(
         if pending is not None:
             ctx.resolve_awakeable(aid, pending)
             ctx.clear(f"evp:{rk}")
-        elif await _get(ctx, "shape") is not None:
+        elif await _get(ctx, "children") is not None:  # not retired (R-11)
             ctx.set(f"evw:{rk}", aid)
 
     # -- child service ----------------------------------------------------------------
