@@ -124,6 +124,10 @@ def _closing(tombstone: Any) -> bool:
     return isinstance(tombstone, dict) and bool(tombstone.get("pending"))
 
 
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
 def _claim(req: dict[str, Any], consumed: int = 0) -> kit.HandleClaim:
     return kit.HandleClaim(req["child_count"], req["wake"], req["disposition"], consumed)
 
@@ -757,6 +761,39 @@ def build_services(
 
     # -- child service ----------------------------------------------------------------
 
+    admin: list[Any] = []  # one client per endpoint process, made on first use
+
+    async def closed_with_cancel(group_key: str) -> bool:
+        """Whether the group is closed with ``CANCEL`` in force, read afresh from the group
+        object's state (admin SQL) on every attempt that would start a tool: a re-run of a
+        cut-off attempt replays journaled answers, and its cancel may arrive after it
+        began (issue 25). No invocation is spent; without ``admin_url`` nothing is read.
+        A failed read raises, so the attempt is retried and the tool does not start."""
+        if admin_url is None:
+            return False
+        if not admin:
+            admin.append(httpx.AsyncClient(timeout=10.0))
+        sql = (
+            f"SELECT value_utf8 FROM state WHERE service_name = '{GROUP}' "
+            f"AND service_key = {_sql_text(group_key)} AND key = 'tombstone'"
+        )
+        answer = await admin[0].post(
+            f"{admin_url}/query", json={"query": sql}, headers={"Accept": "application/json"}
+        )
+        answer.raise_for_status()
+        rows = answer.json().get("rows") or []
+        if not rows:
+            return False
+        tombstone = json.loads(rows[0]["value_utf8"])
+        return bool(tombstone.get("effective") == LoserPolicy.CANCEL.value)
+
+    async def guarded_tool(group_key: str, envelope: EffectEnvelope) -> dict[str, Any]:
+        """The tool's outcome, or ``cancelled`` without starting it when its group was
+        closed with ``CANCEL`` (G-27: a loser never starts after its close returned)."""
+        if await closed_with_cancel(group_key):
+            return Outcome.cancelled().model_dump(mode="json")
+        return await execute_tool(envelope)
+
     async def execute_tool(envelope: EffectEnvelope) -> dict[str, Any]:
         if resolver is None:
             raise NoExecutor(
@@ -837,13 +874,14 @@ def build_services(
             elif payloads is not None:
 
                 async def sealed_action() -> dict[str, Any]:
-                    return await encode(group_key, rk, position, await execute_tool(envelope))
+                    outcome = await guarded_tool(group_key, envelope)
+                    return await encode(group_key, rk, position, outcome)
 
                 stored = await ctx.run("execute", sealed_action)
             else:
 
                 async def action() -> dict[str, Any]:
-                    return await execute_tool(envelope)
+                    return await guarded_tool(group_key, envelope)
 
                 outcome = Outcome.model_validate(await ctx.run("execute", action))
         except TerminalError as exc:
