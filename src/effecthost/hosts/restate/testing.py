@@ -235,6 +235,15 @@ class LocalRestate:
         _stop(self.endpoint, signal.SIGKILL)
         self.endpoint = None
 
+    async def restart_server(self, sig: int = signal.SIGKILL) -> None:
+        """Stop the restate-server with ``sig`` (SIGKILL by default: a crash) and start it
+        again on the same ``--base-dir`` and ports; the endpoint keeps running, and the
+        stored registration points the server at it again."""
+        if self.external:
+            raise RuntimeError("the restate-server is not ours to restart")
+        await asyncio.to_thread(_stop, self.server, sig, 20.0)
+        await self.start_server()
+
     async def restart(self, *, server: bool = True) -> None:
         """SIGKILL the endpoint, restart the server on the same base dir (when we own
         it), start the endpoint again on the same port (its registration persists)."""
