@@ -5,7 +5,10 @@
 where ``scripts/install-restate.sh`` puts it) on free loopback ports in the factory's work
 dir, serves the endpoint with hypercorn in a separate process and registers it. With
 ``EFFECTHOST_RESTATE_ADMIN_URL`` and ``EFFECTHOST_RESTATE_INGRESS_URL`` set it uses that
-server instead and starts only the endpoint. Every process is stopped by its PID.
+server instead and starts only the endpoint. Every process is stopped by its PID, and
+writes its stdout and stderr to a log file in the work dir (``restate-server.log``,
+``endpoint.log``): never to a pipe that nobody reads, which would block the process once
+its buffer is full.
 
 ``sealed_factory`` does the same with a payload policy on both sides (a payload directory
 and a key directory in the work dir): payload references and sealing (G-47…G-50).
