@@ -141,13 +141,15 @@ def build_services(
 ) -> list[Any]:
     """The group object, child service and payload object, bound to ``resolver``.
 
-    ``admin_url`` lets a routed child check that its target is bound (G-14).
+    ``admin_url`` lets a routed child check that its target is bound (G-14), and every
+    attempt of a tool child read its group's tombstone before it starts the tool (the
+    per-attempt cancel guard; without it only the engine's cancel stops a loser).
     ``retry_policy``: a ``restate.InvocationRetryPolicy`` for all three (optional).
     ``payloads``: the payload policy (store, inline threshold, sealer) every child encodes
     its outcome with before it settles; the group object then records only that stored
-    form and close deletes the group's stored payloads (G-47…G-50). Callers must read with
-    a controller configured with the same store and keys. Without it, outcomes above
-    :data:`INLINE_LIMIT` go to the payload object and nothing is sealed.
+    form and retirement deletes the group's stored payloads (G-47…G-50). Callers must
+    read with a controller configured with the same store and keys. Without it, outcomes
+    above :data:`INLINE_LIMIT` go to the payload object and nothing is sealed.
     """
     store = payloads.store if payloads is not None else None
     options: dict[str, Any] = {}
