@@ -128,34 +128,37 @@ async def test_issue25_a_cancelled_losers_rerun_after_close_does_not_start_its_t
     assert stack.lab.count("finished", "guard.lose") == 0
 
 
+@pytest.mark.parametrize("declared", [LoserPolicy.CANCEL, LoserPolicy.RUN_TO_COMPLETION])
 async def test_issue25_a_rerun_whose_cancel_is_still_in_flight_does_not_start_its_tool(
-    stack: Stack,
+    stack: Stack, declared: LoserPolicy
 ) -> None:
     """G-27, issue 25: the guard itself. On a cluster a re-run can begin after
     ``close(CANCEL)`` returned and before its cancel arrives. Modelled on one node: the
     loser's cut-off invocation is paused, the group object is given the state a close
     under ``CANCEL`` records before it issues any cancel (through the admin API), and the
     invocation is resumed with no cancel sent: its re-run reads the disposition in force
-    and settles the child as cancelled without starting the tool; the group retires."""
+    and settles the child as cancelled without starting the tool; the group retires. Also
+    for a group declaring ``RUN_TO_COMPLETION`` that a close narrowed to ``CANCEL`` (its
+    children's first attempts read nothing; a re-run does)."""
     ctl = stack.controller
+    tag = f"guard.{declared.value}"
+    late = f"{tag}.late"
     group = EffectGroup(
-        key=group_key("guard", "inflight", 0),
+        key=group_key("guard", declared.value, 0),
         wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[_step("guard.first", gate=False), _step("guard.late")],
+        disposition=declared,
+        children=[_step(f"{tag}.first", gate=False), _step(late)],
     )
     handle = await ctl.open_effect_group(group)
     await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
-    await stack.lab.wait_for("started", "guard.late", 1, TIMEOUT)
-    (loser,) = await _child(ctl, "guard.late")
+    await stack.lab.wait_for("started", late, 1, TIMEOUT)
+    (loser,) = await _child(ctl, late)
 
     stack.local.kill_endpoint()
     async with httpx.AsyncClient(timeout=10.0) as client:
         paused = await client.patch(f"{stack.local.admin_url}/invocations/{loser['id']}/pause")
         assert paused.status_code < 300, paused.text
-        await _poll(
-            lambda: _child(ctl, "guard.late"), lambda rows: rows[0]["status"] == "paused", "pause"
-        )
+        await _poll(lambda: _child(ctl, late), lambda rows: rows[0]["status"] == "paused", "pause")
         state = {k: json.loads(v) for k, v in (await group_state(ctl, group.key)).items()}
         shape = {**state.pop("shape"), "effective": "cancel"}
         state.pop("waiters", None)
@@ -179,10 +182,10 @@ async def test_issue25_a_rerun_whose_cancel_is_still_in_flight_does_not_start_it
         assert resumed.status_code < 300, resumed.text
 
     rows = await _poll(
-        lambda: _child(ctl, "guard.late"), lambda rows: rows[0]["status"] == "completed", "settle"
+        lambda: _child(ctl, late), lambda rows: rows[0]["status"] == "completed", "settle"
     )
     await _poll(
         lambda: group_state(ctl, group.key), lambda state: set(state) == {"tombstone"}, "retire"
     )
-    assert stack.lab.count("started", "guard.late") == 1, rows
-    assert stack.lab.count("finished", "guard.late") == 0
+    assert stack.lab.count("started", late) == 1, rows
+    assert stack.lab.count("finished", late) == 0

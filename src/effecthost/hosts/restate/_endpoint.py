@@ -124,6 +124,19 @@ def _closing(tombstone: Any) -> bool:
     return isinstance(tombstone, dict) and bool(tombstone.get("pending"))
 
 
+def _guarded(ctx: Any, req: dict[str, Any]) -> bool:
+    """Whether this attempt of a tool child reads its group's tombstone before it starts
+    the tool: when the group declared ``CANCEL``, and on every re-run, which the SDK
+    tells by replaying the tool's run an earlier attempt journaled. Asked right before
+    that run; an SDK that cannot tell counts as a re-run. A first attempt of a child of a
+    group declaring ``RUN_TO_COMPLETION`` reads nothing, so most groups (``all``) cost no
+    read: if a close narrows that group to ``CANCEL``, the engine's cancel stops it."""
+    if req.get("cancel"):
+        return True
+    probe = getattr(getattr(ctx, "vm", None), "is_replaying", None)
+    return True if probe is None else bool(probe())
+
+
 def _sql_text(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -141,9 +154,10 @@ def build_services(
 ) -> list[Any]:
     """The group object, child service and payload object, bound to ``resolver``.
 
-    ``admin_url`` lets a routed child check that its target is bound (G-14), and every
-    attempt of a tool child read its group's tombstone before it starts the tool (the
-    per-attempt cancel guard; without it only the engine's cancel stops a loser).
+    ``admin_url`` lets a routed child check that its target is bound (G-14), and a tool
+    child's re-runs (and every attempt of a child of a group declaring ``CANCEL``) read
+    the group's tombstone before they start the tool (the per-attempt cancel guard;
+    without it only the engine's cancel stops a loser).
     ``retry_policy``: a ``restate.InvocationRetryPolicy`` for all three (optional).
     ``payloads``: the payload policy (store, inline threshold, sealer) every child encodes
     its outcome with before it settles; the group object then records only that stored
@@ -305,9 +319,16 @@ def build_services(
     # -- group object -----------------------------------------------------------------
 
     def child_request(
-        key: str, epoch: str, position: int, envelope: dict[str, Any], target: str | None
+        key: str,
+        epoch: str,
+        position: int,
+        envelope: dict[str, Any],
+        target: str | None,
+        *,
+        cancel: bool,
     ) -> tuple[dict[str, Any], str, dict[str, str]]:
-        """A child's ``run`` request, idempotency key and headers (G-37)."""
+        """A child's ``run`` request, idempotency key and headers (G-37); ``cancel``: its
+        group declared ``CANCEL`` (every attempt of it reads the group's tombstone)."""
         body = {
             "group_key": key,
             "epoch": epoch,
@@ -315,6 +336,8 @@ def build_services(
             "envelope": envelope,
             "target": target,
         }
+        if cancel:
+            body["cancel"] = True
         rk = envelope["replay_key"]
         return (
             body,
@@ -340,8 +363,9 @@ def build_services(
         asked: dict[int, Any] = {}
         for position, envelope, known in unsettled:
             if known is None:
+                # only a group declaring RUN_TO_COMPLETION has no ids to cancel by
                 body, idem, headers = child_request(
-                    ctx.key(), epoch, position, envelope, targets.get(str(position))
+                    ctx.key(), epoch, position, envelope, targets.get(str(position)), cancel=False
                 )
                 sent = ctx.service_send(run, body, idempotency_key=idem, headers=headers)
                 asked[position] = sent.invocation_id()
@@ -436,7 +460,12 @@ def build_services(
         handles = []
         for position, envelope in enumerate(envelopes):
             body, idem, headers = child_request(
-                key, epoch, position, envelope, targets.get(str(position))
+                key,
+                epoch,
+                position,
+                envelope,
+                targets.get(str(position)),
+                cancel=req["disposition"] == LoserPolicy.CANCEL.value,
             )
             handles.append(ctx.service_send(run, body, idempotency_key=idem, headers=headers))
         if req["disposition"] == LoserPolicy.CANCEL.value:
@@ -767,7 +796,7 @@ def build_services(
 
     async def closed_with_cancel(group_key: str) -> bool:
         """Whether the group is closed with ``CANCEL`` in force, read afresh from the group
-        object's state (admin SQL) on every attempt that would start a tool: a re-run of a
+        object's state (admin SQL) by an attempt about to start a tool: a re-run of a
         cut-off attempt replays journaled answers, and its cancel may arrive after it
         began (issue 25). No invocation is spent; without ``admin_url`` nothing is read.
         A failed read raises, so the attempt is retried and the tool does not start."""
@@ -789,10 +818,11 @@ def build_services(
         tombstone = json.loads(rows[0]["value_utf8"])
         return bool(tombstone.get("effective") == LoserPolicy.CANCEL.value)
 
-    async def guarded_tool(group_key: str, envelope: EffectEnvelope) -> dict[str, Any]:
-        """The tool's outcome, or ``cancelled`` without starting it when its group was
-        closed with ``CANCEL`` (G-27: a loser never starts after its close returned)."""
-        if await closed_with_cancel(group_key):
+    async def guarded_tool(group_key: str, envelope: EffectEnvelope, guard: bool) -> dict[str, Any]:
+        """The tool's outcome, or ``cancelled`` without starting it when ``guard`` asks
+        and its group was closed with ``CANCEL`` (G-27: a loser never starts after its
+        close returned)."""
+        if guard and await closed_with_cancel(group_key):
             return Outcome.cancelled().model_dump(mode="json")
         return await execute_tool(envelope)
 
@@ -874,16 +904,18 @@ def build_services(
                 event = await arrived
                 outcome = Outcome.success(event.get("v"))
             elif payloads is not None:
+                guard = _guarded(ctx, req)
 
                 async def sealed_action() -> dict[str, Any]:
-                    outcome = await guarded_tool(group_key, envelope)
+                    outcome = await guarded_tool(group_key, envelope, guard)
                     return await encode(group_key, rk, position, outcome)
 
                 stored = await ctx.run("execute", sealed_action)
             else:
+                guard = _guarded(ctx, req)
 
                 async def action() -> dict[str, Any]:
-                    return await guarded_tool(group_key, envelope)
+                    return await guarded_tool(group_key, envelope, guard)
 
                 outcome = Outcome.model_validate(await ctx.run("execute", action))
         except TerminalError as exc:
