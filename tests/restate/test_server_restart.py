@@ -127,6 +127,8 @@ async def test_server_sigkill_mid_all_keeps_ranks_and_completes(stack: Stack) ->
     again = await ctl.open_effect_group(group)  # a reopen: a fresh cursor
     assert _dump([await _next(ctl, again) for _ in range(k)]) == _dump(before)
     restored = GroupHandle.from_json(saved)
+    for tag in tags[k:]:
+        await stack.lab.wait_for("started", tag, 2, TIMEOUT)  # re-run after the restart
     stack.lab.open_all("sk.all.")
     rest = [await _next(ctl, restored) for _ in range(n - k)]
     assert [s.rank for s in rest] == list(range(k + 1, n + 1))
@@ -136,6 +138,8 @@ async def test_server_sigkill_mid_all_keeps_ranks_and_completes(stack: Stack) ->
         await ctl.await_next_settlement(restored)
     for tag in tags[:k]:
         assert stack.lab.count("finished", tag) == 1, tag  # journaled: never run again
+    for tag in tags[k:]:  # cut off by the crash (cancelled in the endpoint), then re-run
+        assert stack.lab.count("finished", tag) == 1, (tag, stack.lab.kinds(tag))
     await ctl.close_effect_group(restored)
     assert set(await group_state(ctl, group.key)) == {"tombstone"}
     assert await _idle(ctl, group.key, "sk.all.") == []
@@ -176,3 +180,41 @@ async def test_server_sigkill_mid_race_keeps_rank_one_and_the_loser_is_cancelled
     assert await _idle(ctl, group.key, "sk.race.") == []
     assert stack.lab.count("finished", "sk.race.win") == 1
     assert stack.lab.count("finished", "sk.race.lose") == 0
+
+
+async def test_server_sigkill_before_a_races_first_rank(stack: Stack) -> None:
+    """G-15, G-27, R-11: the restate-server is SIGKILLed while both children of a
+    ``race`` (wake FIRST, ``CANCEL``) run, before any rank, and restarted on its data.
+    The children are re-run, the winner takes rank 1 once, ``close(CANCEL)`` cancels the
+    loser (which never finishes its tool), the group retires and nothing is left
+    running."""
+    ctl = stack.controller
+    group = EffectGroup(
+        key=group_key("sk", "early", 0),
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.CANCEL,
+        children=[_step("sk.early.win", result="w"), _step("sk.early.lose")],
+    )
+    handle = await ctl.open_effect_group(group)
+    for tag in ("sk.early.win", "sk.early.lose"):
+        await stack.lab.wait_for("started", tag, 1, TIMEOUT)
+
+    ctl = await stack.crash_server()
+
+    for tag in ("sk.early.win", "sk.early.lose"):
+        await stack.lab.wait_for("started", tag, 2, TIMEOUT)  # re-run after the restart
+    stack.lab.open("sk.early.win")
+    first = await _next(ctl, handle)
+    assert (first.rank, first.replay_key, first.outcome.value) == (1, "sk.early.win", "w")
+    await asyncio.wait_for(ctl.close_effect_group(handle), TIMEOUT)
+    deadline = time.monotonic() + TIMEOUT
+    state = await group_state(ctl, group.key)
+    while set(state) != {"tombstone"} and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)  # retirement has no event to wait on: an engine fact
+        state = await group_state(ctl, group.key)
+    assert set(state) == {"tombstone"}, sorted(state)
+    assert await _idle(ctl, group.key, "sk.early.") == []
+    assert stack.lab.count("finished", "sk.early.lose") == 0
+    # the attempts the crash cut off were cancelled in the endpoint: the winner's tool
+    # finished once, in its re-run
+    assert stack.lab.count("finished", "sk.early.win") == 1
