@@ -26,9 +26,9 @@ def _python(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _serve_app(port: int) -> subprocess.Popen[bytes]:
+def _serve_app(port: int, admin: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "app.py", "--bind", f"127.0.0.1:{port}"],
+        [sys.executable, "app.py", "--bind", f"127.0.0.1:{port}", "--admin", admin],
         cwd=EXAMPLE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -62,7 +62,7 @@ async def test_the_restate_example_runs_as_documented(tmp_path: Path) -> None:
     local = LocalRestate(tmp_path, "unused:unused")
     await local.start_server()
     port = free_port()
-    app = await asyncio.to_thread(_serve_app, port)
+    app = await asyncio.to_thread(_serve_app, port, local.admin_url)
     try:
         await _listening(port, app)
         registered = await asyncio.to_thread(

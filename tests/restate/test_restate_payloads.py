@@ -209,3 +209,38 @@ async def test_a_reader_without_the_key_is_refused_and_changes_nothing(sealed: S
     first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
     assert first.rank == 1 and first.outcome.ok
     await ctl.close_effect_group(handle)
+
+
+async def test_R11_a_closed_groups_payloads_go_when_it_retires(sealed: Sealed) -> None:
+    """R-11, G-47: a ``RUN_TO_COMPLETION`` race closed while its ``await_event`` loser
+    waits keeps the winner's stored payload until the group retires; the event settles the
+    loser, whose settlement retires the group and deletes the payloads."""
+    ctl = sealed.controller(sealed.policy)
+    key = group_key("sealed", "retire", 0)
+    group = EffectGroup(
+        key=key,
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[
+            _reveal("sealed.retire.win", LARGE_SECRET, pad=20_000),
+            EffectEnvelope(
+                replay_key="sealed.retire.wait", kind=EffectKind.AWAIT_EVENT, name="go", input=None
+            ),
+        ],
+    )
+    handle = await ctl.open_effect_group(group)
+    first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    assert first.replay_key == "sealed.retire.win"
+    await ctl.close_effect_group(handle)
+    group_dir = sealed.payload_dir / group_directory_name(key)
+    assert list(group_dir.glob("*.payload")), "the payloads went before the group retired"
+    assert await ctl.deliver_event(key, "go", 1) == 1
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + TIMEOUT
+    while True:  # retirement has no event to wait on: polling a fact
+        if not group_dir.exists() or loop.time() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    assert not group_dir.exists(), "retirement left the group's payloads"
+    assert {row["key"] for row in await _state_rows(ctl, key)} == {"tombstone"}
+    assert await ctl.deliver_event(key, "go", 2) == 0

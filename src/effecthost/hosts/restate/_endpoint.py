@@ -19,15 +19,21 @@ Group object state (keyed by group key), beside nothing else:
   ``inv:{replay_key}`` per child instead; a ``RUN_TO_COMPLETION`` group finds them by
   idempotency key if a close narrows it); ``targets`` for routed children;
 - ``waiters`` → rank → awakeable ids of parked readers; ``evw:``/``evp:`` for events;
-- after close, only ``tombstone`` (so a late read is ``GroupClosed``, not a hang).
+- after close, ``tombstone`` (so a late read is ``GroupClosed``, not a hang) with the
+  disposition in force; while some child has not settled it is ``pending`` and carries
+  the shape (no ``shape`` key: the group is no longer listed as open), and the rest
+  stays: the children, the counter, ``settled:``, the ranks and the event waits, so the
+  closed group keeps its replay keys and its events still reach its waits (R-11). When
+  the last child settles the group retires: only the tombstone is left, without
+  ``pending``. A group closed by the release before retired at close.
 
 Replay-key object state (keyed by replay key): ``holder`` → ``{group_key, token}``, the
 group that claimed the key (R-6); keyed by a prefix (``claim_bucket``): one
 ``holder:{replay_key}`` per key ``{prefix}:{n}``, so a combinator's open claims its
 children's keys in one call. A first open claims every child's key before it records
 anything and releases what it claimed when a claim is refused. Close releases
-nothing: a claim of a key whose holder has closed (its tombstone) takes the key over, so
-retiring a group costs no invocation per child.
+nothing: a claim of a key whose holder has retired takes the key over, so retiring a
+group costs no invocation per child.
 
 No exclusive handler awaits anything another handler of the same key resolves. The
 handlers that run once per child or per read (``settle``, ``register_waiter``,
@@ -112,6 +118,29 @@ def _known(key: str, shape: dict[str, Any]) -> kit.GroupRecord:
     )
 
 
+def _closing(tombstone: Any) -> bool:
+    """Whether a tombstone is of a closed group some child of which has not settled yet
+    (R-11: it retires when the last one settles)."""
+    return isinstance(tombstone, dict) and bool(tombstone.get("pending"))
+
+
+def _guarded(ctx: Any, req: dict[str, Any]) -> bool:
+    """Whether this attempt of a tool child reads its group's tombstone before it starts
+    the tool: when the group declared ``CANCEL``, and on every re-run, which the SDK
+    tells by replaying the tool's run an earlier attempt journaled. Asked right before
+    that run; an SDK that cannot tell counts as a re-run. A first attempt of a child of a
+    group declaring ``RUN_TO_COMPLETION`` reads nothing, so most groups (``all``) cost no
+    read: if a close narrows that group to ``CANCEL``, the engine's cancel stops it."""
+    if req.get("cancel"):
+        return True
+    probe = getattr(getattr(ctx, "vm", None), "is_replaying", None)
+    return True if probe is None else bool(probe())
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
 def _claim(req: dict[str, Any], consumed: int = 0) -> kit.HandleClaim:
     return kit.HandleClaim(req["child_count"], req["wake"], req["disposition"], consumed)
 
@@ -125,13 +154,16 @@ def build_services(
 ) -> list[Any]:
     """The group object, child service and payload object, bound to ``resolver``.
 
-    ``admin_url`` lets a routed child check that its target is bound (G-14).
+    ``admin_url`` lets a routed child check that its target is bound (G-14), and a tool
+    child's re-runs (and every attempt of a child of a group declaring ``CANCEL``) read
+    the group's tombstone before they start the tool (the per-attempt cancel guard;
+    without it only the engine's cancel stops a loser).
     ``retry_policy``: a ``restate.InvocationRetryPolicy`` for all three (optional).
     ``payloads``: the payload policy (store, inline threshold, sealer) every child encodes
     its outcome with before it settles; the group object then records only that stored
-    form and close deletes the group's stored payloads (G-47…G-50). Callers must read with
-    a controller configured with the same store and keys. Without it, outcomes above
-    :data:`INLINE_LIMIT` go to the payload object and nothing is sealed.
+    form and retirement deletes the group's stored payloads (G-47…G-50). Callers must
+    read with a controller configured with the same store and keys. Without it, outcomes
+    above :data:`INLINE_LIMIT` go to the payload object and nothing is sealed.
     """
     store = payloads.store if payloads is not None else None
     options: dict[str, Any] = {}
@@ -145,8 +177,8 @@ def build_services(
     # -- replay-key object (R-6) ------------------------------------------------------
 
     async def live_holder(ctx: Any, held: dict[str, Any] | None) -> str | None:
-        """The group holding the key, or ``None`` when none does: a group that closed
-        holds nothing (close retires it for good and releases nothing itself)."""
+        """The group holding the key, or ``None`` when none does: a group that retired
+        holds nothing (retirement releases nothing itself; R-11)."""
         if held is None or await ctx.object_call(retired, held["group_key"], None):
             return None
         return str(held["group_key"])
@@ -154,7 +186,7 @@ def build_services(
     @replay.handler()
     async def claim(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
         """Hold this replay key for ``group_key``; another group's claim is answered with
-        the holder, unless that group has closed. The same group claims again freely (a
+        the holder, unless that group has retired. The same group claims again freely (a
         retried or repeated first open), and its newest token is the one a release must
         name."""
         held = await _get(ctx, "holder")
@@ -287,9 +319,16 @@ def build_services(
     # -- group object -----------------------------------------------------------------
 
     def child_request(
-        key: str, epoch: str, position: int, envelope: dict[str, Any], target: str | None
+        key: str,
+        epoch: str,
+        position: int,
+        envelope: dict[str, Any],
+        target: str | None,
+        *,
+        cancel: bool,
     ) -> tuple[dict[str, Any], str, dict[str, str]]:
-        """A child's ``run`` request, idempotency key and headers (G-37)."""
+        """A child's ``run`` request, idempotency key and headers (G-37); ``cancel``: its
+        group declared ``CANCEL`` (every attempt of it reads the group's tombstone)."""
         body = {
             "group_key": key,
             "epoch": epoch,
@@ -297,6 +336,8 @@ def build_services(
             "envelope": envelope,
             "target": target,
         }
+        if cancel:
+            body["cancel"] = True
         rk = envelope["replay_key"]
         return (
             body,
@@ -304,13 +345,12 @@ def build_services(
             child_headers(key, position, envelope),
         )
 
-    async def cancel_unsettled(ctx: restate.ObjectContext) -> list[str]:
+    async def cancel_unsettled(ctx: restate.ObjectContext, epoch: str) -> list[str]:
         """One cancel per unsettled child's invocation, not awaited (G-27, G-41); the
         replay keys it cancelled. A group that declared ``RUN_TO_COMPLETION`` did not
         wait for its children's invocation ids at open: they are asked for here, by
         sending each unsettled child again under its idempotency key, which answers
         with the id of the invocation already holding that key (it does not run again)."""
-        shape = await _get(ctx, "shape")
         listed = await _get(ctx, "invs")  # position order; ``inv:{rk}`` before it
         unsettled: list[tuple[int, dict[str, Any], str | None]] = []
         for position, entry in enumerate(await _get(ctx, "children") or []):
@@ -323,8 +363,9 @@ def build_services(
         asked: dict[int, Any] = {}
         for position, envelope, known in unsettled:
             if known is None:
+                # only a group declaring RUN_TO_COMPLETION has no ids to cancel by
                 body, idem, headers = child_request(
-                    ctx.key(), shape["epoch"], position, envelope, targets.get(str(position))
+                    ctx.key(), epoch, position, envelope, targets.get(str(position)), cancel=False
                 )
                 sent = ctx.service_send(run, body, idempotency_key=idem, headers=headers)
                 asked[position] = sent.invocation_id()
@@ -419,7 +460,12 @@ def build_services(
         handles = []
         for position, envelope in enumerate(envelopes):
             body, idem, headers = child_request(
-                key, epoch, position, envelope, targets.get(str(position))
+                key,
+                epoch,
+                position,
+                envelope,
+                targets.get(str(position)),
+                cancel=req["disposition"] == LoserPolicy.CANCEL.value,
             )
             handles.append(ctx.service_send(run, body, idempotency_key=idem, headers=headers))
         if req["disposition"] == LoserPolicy.CANCEL.value:
@@ -435,12 +481,15 @@ def build_services(
         one handler step (G-38). State is read lazily, all four keys in one round trip,
         so a settle costs the same in a group of 10 or 10,000 children."""
         rk = req["replay_key"]
-        reads = _reads(ctx, "shape", f"settled:{rk}", "counter", "waiters")
-        shape, settled, counter, waiters = [await read for read in reads]
+        reads = _reads(ctx, "shape", f"settled:{rk}", "counter", "waiters", "tombstone")
+        shape, settled, counter, waiters, tombstone = [await read for read in reads]
+        closing = shape is None and _closing(tombstone)
+        if closing:
+            shape = tombstone["shape"]
         if shape is None or req.get("epoch") != shape["epoch"]:
-            # closed (tombstone) or a stale epoch: harmless, but a late child may have
-            # written a payload after close deleted the group's: delete again (the key
-            # can never be reopened, so nothing of the group is still referenced).
+            # retired or a stale epoch: harmless, but a late child may have written a
+            # payload after retirement deleted the group's: delete again (the key can
+            # never be reopened, so nothing of the group is still referenced).
             stored = req.get("stored")
             if store is not None and isinstance(stored, dict) and stored.get("form") == "ref":
                 await ctx.run("delete late payload", delete_payloads, args=(ctx.key(),))
@@ -454,13 +503,20 @@ def build_services(
         elif "ref" in req:
             record["ref"] = req["ref"]
             if not shape.get("spilled"):
-                shape["spilled"] = True  # close clears the payload object only then
-                ctx.set("shape", shape)
+                shape["spilled"] = True  # retirement clears the payload object only then
+                if closing:  # ``shape`` is the tombstone's own
+                    ctx.set("tombstone", tombstone)
+                else:
+                    ctx.set("shape", shape)
         else:
             record["outcome"] = req["outcome"]
         ctx.set("counter", rank)
         ctx.set(f"rank:{rank}", record)
         ctx.set(f"settled:{rk}", rank)
+        if closing:  # a closed group's child: its rank is never served (R-11)
+            if rank >= shape["child_count"]:
+                await retire(ctx, shape, tombstone["effective"])
+            return
         woken = (waiters or {}).pop(str(rank), None)
         if woken:
             for aid in woken:
@@ -579,16 +635,22 @@ def build_services(
 
     @group.handler(kind="shared", state_preload=False)
     async def retired(ctx: restate.ObjectSharedContext) -> bool:
-        """Whether the group has closed: then it holds none of its replay keys (R-6)."""
-        return await _get(ctx, "tombstone") is not None
+        """Whether the group has retired (closed, and every child settled): then it holds
+        none of its replay keys (R-6, R-11). A group closed by the release before retired
+        at close (its tombstone has no ``pending``)."""
+        tombstone = await _get(ctx, "tombstone")
+        return tombstone is not None and not _closing(tombstone)
 
     @group.handler(kind="shared")
     async def describe(ctx: restate.ObjectSharedContext) -> dict[str, Any]:
         """Shape, settlement order and unsettled children (inspection and the drain)."""
         shape = await _get(ctx, "shape")
+        closed = False
         if shape is None:
-            closed = await _get(ctx, "tombstone") is not None
-            return {"recorded": False, "closed": closed}
+            tombstone = await _get(ctx, "tombstone")
+            if not _closing(tombstone):
+                return {"recorded": False, "closed": tombstone is not None}
+            shape, closed = tombstone["shape"], True  # ranks show until retirement (R-11)
         counter = int(await _get(ctx, "counter") or 0)
         children = await _get(ctx, "children") or []
         order = []
@@ -599,7 +661,7 @@ def build_services(
         unsettled = [c["envelope"] for i, c in enumerate(children) if i not in settled]
         return {
             "recorded": True,
-            "closed": False,
+            "closed": closed,
             "shape": shape,
             "order": order,
             "unsettled": unsettled,
@@ -622,10 +684,22 @@ def build_services(
                     held.append((position, rk, other))
         return replay_mismatch(key, *min(held)) if held else {"ok": True}
 
+    async def retire(ctx: restate.ObjectContext, shape: dict[str, Any], effective: str) -> None:
+        """Delete the group's state, its event waits and its payloads, keeping only the
+        tombstone (R-4): the group holds none of its replay keys from now on (R-6, R-11)."""
+        ctx.clear_all()
+        ctx.set("tombstone", {"effective": effective, "epoch": shape["epoch"]})
+        if shape.get("spilled") or shape.get("layout") is None:
+            ctx.object_send(clear, ctx.key(), None)  # a group of an earlier release: no flag
+        if store is not None:
+            await ctx.run("delete payloads", delete_payloads, args=(ctx.key(),))
+
     @group.handler()
     async def close(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
-        """Idempotent; narrows only; under CANCEL issues one cancel per unsettled child and
-        returns without awaiting them; deletes the state, keeping a tombstone (G-41)."""
+        """Idempotent; narrows only; records the tombstone with the disposition in force,
+        then under CANCEL issues one cancel per unsettled child and returns without
+        awaiting them (G-41). The group retires (its state goes) when its last child
+        settles, here if none is left (R-11)."""
         key = ctx.key()
         try:  # a close of a closed group is a no-op (R-2, R-4)
             policy = kit.check_close(key, _claim(req), await known(ctx), req.get("close_with"))
@@ -635,17 +709,32 @@ def build_services(
             return {"ok": True}
         shape = await _get(ctx, "shape")
         target = policy.value
-        cancelled = await cancel_unsettled(ctx) if target == LoserPolicy.CANCEL.value else []
         waiters = await _get(ctx, "waiters") or {}
         for aids in waiters.values():
             for aid in aids:
                 ctx.resolve_awakeable(aid, {"closed": True})
-        ctx.clear_all()  # the tombstone retires the group: it holds no replay key now
-        ctx.set("tombstone", {"effective": target, "epoch": shape["epoch"]})
-        if shape.get("spilled") or shape.get("layout") is None:
-            ctx.object_send(clear, key, None)  # a group of an earlier release: no flag
-        if store is not None:
-            await ctx.run("delete payloads", delete_payloads, args=(key,))
+        if int(await _get(ctx, "counter") or 0) >= shape["child_count"]:
+            await retire(ctx, shape, target)
+            return {"ok": True, "cancelled": []}
+        # closed, not retired: the tombstone keeps the shape for the children still to
+        # settle; it is written before the cancels, so an attempt of a cancelled child
+        # that reads it never starts its tool (see ``run``)
+        ctx.clear("shape")
+        ctx.clear("waiters")
+        ctx.set(
+            "tombstone",
+            {
+                "effective": target,
+                "epoch": shape["epoch"],
+                "pending": True,
+                "shape": {**shape, "effective": target},
+            },
+        )
+        cancelled = (
+            await cancel_unsettled(ctx, shape["epoch"])
+            if target == LoserPolicy.CANCEL.value
+            else []
+        )
         return {"ok": True, "cancelled": cancelled}
 
     @group.handler()
@@ -660,7 +749,7 @@ def build_services(
             and shape.get("owner") == req.get("owner")
             and shape.get("incarnation") != req.get("incarnation")
         ):
-            cancelled = await cancel_unsettled(ctx)
+            cancelled = await cancel_unsettled(ctx, shape["epoch"])
         return {"cancelled": cancelled}
 
     @group.handler()
@@ -668,9 +757,11 @@ def build_services(
         """Deliver an event to the unsettled ``await_event`` children named ``name``."""
         key = ctx.key()
         if await _get(ctx, "shape") is None:
-            if await _get(ctx, "tombstone") is not None:
-                return {"reached": 0}
-            return error("unknown_group", f"no group is recorded under {key!r}", group_key=key)
+            tombstone = await _get(ctx, "tombstone")
+            if tombstone is None:
+                return error("unknown_group", f"no group is recorded under {key!r}", group_key=key)
+            if not _closing(tombstone):
+                return {"reached": 0}  # retired: its event waits are gone (R-11)
         reached = 0
         for entry in await _get(ctx, "children") or []:
             envelope = entry["envelope"]
@@ -696,10 +787,44 @@ def build_services(
         if pending is not None:
             ctx.resolve_awakeable(aid, pending)
             ctx.clear(f"evp:{rk}")
-        elif await _get(ctx, "shape") is not None:
+        elif await _get(ctx, "children") is not None:  # not retired (R-11)
             ctx.set(f"evw:{rk}", aid)
 
     # -- child service ----------------------------------------------------------------
+
+    admin: list[Any] = []  # one client per endpoint process, made on first use
+
+    async def closed_with_cancel(group_key: str) -> bool:
+        """Whether the group is closed with ``CANCEL`` in force, read afresh from the group
+        object's state (admin SQL) by an attempt about to start a tool: a re-run of a
+        cut-off attempt replays journaled answers, and its cancel may arrive after it
+        began (issue 25). No invocation is spent; without ``admin_url`` nothing is read.
+        A failed read raises, so the attempt is retried and the tool does not start."""
+        if admin_url is None:
+            return False
+        if not admin:
+            admin.append(httpx.AsyncClient(timeout=10.0))
+        sql = (
+            f"SELECT value_utf8 FROM state WHERE service_name = '{GROUP}' "
+            f"AND service_key = {_sql_text(group_key)} AND key = 'tombstone'"
+        )
+        answer = await admin[0].post(
+            f"{admin_url}/query", json={"query": sql}, headers={"Accept": "application/json"}
+        )
+        answer.raise_for_status()
+        rows = answer.json().get("rows") or []
+        if not rows:
+            return False
+        tombstone = json.loads(rows[0]["value_utf8"])
+        return bool(tombstone.get("effective") == LoserPolicy.CANCEL.value)
+
+    async def guarded_tool(group_key: str, envelope: EffectEnvelope, guard: bool) -> dict[str, Any]:
+        """The tool's outcome, or ``cancelled`` without starting it when ``guard`` asks
+        and its group was closed with ``CANCEL`` (G-27: a loser never starts after its
+        close returned)."""
+        if guard and await closed_with_cancel(group_key):
+            return Outcome.cancelled().model_dump(mode="json")
+        return await execute_tool(envelope)
 
     async def execute_tool(envelope: EffectEnvelope) -> dict[str, Any]:
         if resolver is None:
@@ -779,15 +904,18 @@ def build_services(
                 event = await arrived
                 outcome = Outcome.success(event.get("v"))
             elif payloads is not None:
+                guard = _guarded(ctx, req)
 
                 async def sealed_action() -> dict[str, Any]:
-                    return await encode(group_key, rk, position, await execute_tool(envelope))
+                    outcome = await guarded_tool(group_key, envelope, guard)
+                    return await encode(group_key, rk, position, outcome)
 
                 stored = await ctx.run("execute", sealed_action)
             else:
+                guard = _guarded(ctx, req)
 
                 async def action() -> dict[str, Any]:
-                    return await execute_tool(envelope)
+                    return await guarded_tool(group_key, envelope, guard)
 
                 outcome = Outcome.model_validate(await ctx.run("execute", action))
         except TerminalError as exc:

@@ -5,7 +5,10 @@
 where ``scripts/install-restate.sh`` puts it) on free loopback ports in the factory's work
 dir, serves the endpoint with hypercorn in a separate process and registers it. With
 ``EFFECTHOST_RESTATE_ADMIN_URL`` and ``EFFECTHOST_RESTATE_INGRESS_URL`` set it uses that
-server instead and starts only the endpoint. Every process is stopped by its PID.
+server instead and starts only the endpoint. Every process is stopped by its PID, and
+writes its stdout and stderr to a log file in the work dir (``restate-server.log``,
+``endpoint.log``): never to a pipe that nobody reads, which would block the process once
+its buffer is full.
 
 ``sealed_factory`` does the same with a payload policy on both sides (a payload directory
 and a key directory in the work dir): payload references and sealing (G-47…G-50).
@@ -234,6 +237,15 @@ class LocalRestate:
         """SIGKILL the endpoint process: in-flight invocations die mid-step."""
         _stop(self.endpoint, signal.SIGKILL)
         self.endpoint = None
+
+    async def restart_server(self, sig: int = signal.SIGKILL) -> None:
+        """Stop the restate-server with ``sig`` (SIGKILL by default: a crash) and start it
+        again on the same ``--base-dir`` and ports; the endpoint keeps running, and the
+        stored registration points the server at it again."""
+        if self.external:
+            raise RuntimeError("the restate-server is not ours to restart")
+        await asyncio.to_thread(_stop, self.server, sig, 20.0)
+        await self.start_server()
 
     async def restart(self, *, server: bool = True) -> None:
         """SIGKILL the endpoint, restart the server on the same base dir (when we own

@@ -1,0 +1,191 @@
+"""Issue 25 on one node: an attempt of a child of a group closed with ``CANCEL`` never
+starts its tool, also when it is a re-run of an attempt that was cut off (the endpoint
+SIGKILLed) and the re-run begins after the close returned (G-27, R-11)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from effecthost.conformance import Lab, conformance_resolver, step_input
+from effecthost.contract import (
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    LoserPolicy,
+    WakePolicy,
+    group_key,
+)
+from effecthost.hosts.restate import CHILD, GROUP, RestateController
+from effecthost.hosts.restate.testing import LocalRestate, group_state
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
+TIMEOUT = 20.0
+
+
+@dataclass
+class Stack:
+    lab: Lab
+    local: LocalRestate
+    controller: RestateController
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    lab = Lab(tmp_path / "lab")
+    await lab.start()
+    local = LocalRestate(
+        tmp_path / "restate", "effecthost.conformance:conformance_resolver", [str(lab.path)]
+    )
+    try:
+        await local.start()
+        controller = local.controller(conformance_resolver(lab.path), owner="tests")
+        try:
+            yield Stack(lab, local, controller)
+        finally:
+            await controller.aclose()
+    finally:
+        lab.open_all("")
+        await local.stop()
+        await lab.stop()
+
+
+def _step(tag: str, **options: Any) -> EffectEnvelope:
+    return EffectEnvelope(
+        replay_key=tag,
+        kind=EffectKind.TOOL_CALL,
+        name="conformance.step",
+        input=step_input(tag, **options),
+    )
+
+
+async def _poll(probe: Any, accept: Any, what: str) -> Any:
+    """Re-read an engine fact until ``accept`` holds (nothing is ordered by this)."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        value = await probe()
+        if accept(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: {value!r}")
+        await asyncio.sleep(0.05)
+
+
+async def _child(ctl: RestateController, tag: str) -> list[dict[str, Any]]:
+    return await ctl.query(
+        "SELECT id, status, completion_result, completion_failure FROM sys_invocation "
+        f"WHERE target_service_name = '{CHILD}' AND idempotency_key LIKE '%:{tag}:%'"
+    )
+
+
+async def test_issue25_a_cancelled_losers_rerun_after_close_does_not_start_its_tool(
+    stack: Stack,
+) -> None:
+    """G-27, issue 25: a ``CANCEL`` race's loser is running its tool when the endpoint is
+    SIGKILLed; its invocation is held (paused) so that its re-run begins only after
+    ``close(CANCEL)`` has returned; the re-run settles the child as cancelled without
+    starting the tool again, and the group retires (R-11)."""
+    ctl = stack.controller
+    group = EffectGroup(
+        key=group_key("guard", "race", 0),
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.CANCEL,
+        children=[_step("guard.win", gate=False), _step("guard.lose")],
+    )
+    handle = await ctl.open_effect_group(group)
+    first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    assert first.replay_key == "guard.win"
+    await stack.lab.wait_for("started", "guard.lose", 1, TIMEOUT)
+    (loser,) = await _child(ctl, "guard.lose")
+
+    stack.local.kill_endpoint()
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        paused = await client.patch(f"{stack.local.admin_url}/invocations/{loser['id']}/pause")
+        assert paused.status_code < 300, paused.text
+        await _poll(
+            lambda: _child(ctl, "guard.lose"), lambda rows: rows[0]["status"] == "paused", "pause"
+        )
+        await stack.local.start_endpoint()
+        await asyncio.wait_for(ctl.close_effect_group(handle), TIMEOUT)
+        resumed = await client.patch(f"{stack.local.admin_url}/invocations/{loser['id']}/resume")
+        assert resumed.status_code < 300 or resumed.status_code == 409, resumed.text
+
+    rows = await _poll(
+        lambda: _child(ctl, "guard.lose"), lambda rows: rows[0]["status"] == "completed", "settle"
+    )
+    await _poll(
+        lambda: group_state(ctl, group.key), lambda state: set(state) == {"tombstone"}, "retire"
+    )
+    assert stack.lab.count("started", "guard.lose") == 1, rows
+    assert stack.lab.count("finished", "guard.lose") == 0
+
+
+@pytest.mark.parametrize("declared", [LoserPolicy.CANCEL, LoserPolicy.RUN_TO_COMPLETION])
+async def test_issue25_a_rerun_whose_cancel_is_still_in_flight_does_not_start_its_tool(
+    stack: Stack, declared: LoserPolicy
+) -> None:
+    """G-27, issue 25: the guard itself. On a cluster a re-run can begin after
+    ``close(CANCEL)`` returned and before its cancel arrives. Modelled on one node: the
+    loser's cut-off invocation is paused, the group object is given the state a close
+    under ``CANCEL`` records before it issues any cancel (through the admin API), and the
+    invocation is resumed with no cancel sent: its re-run reads the disposition in force
+    and settles the child as cancelled without starting the tool; the group retires. Also
+    for a group declaring ``RUN_TO_COMPLETION`` that a close narrowed to ``CANCEL`` (its
+    children's first attempts read nothing; a re-run does)."""
+    ctl = stack.controller
+    tag = f"guard.{declared.value}"
+    late = f"{tag}.late"
+    group = EffectGroup(
+        key=group_key("guard", declared.value, 0),
+        wake=WakePolicy.FIRST,
+        disposition=declared,
+        children=[_step(f"{tag}.first", gate=False), _step(late)],
+    )
+    handle = await ctl.open_effect_group(group)
+    await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    await stack.lab.wait_for("started", late, 1, TIMEOUT)
+    (loser,) = await _child(ctl, late)
+
+    stack.local.kill_endpoint()
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        paused = await client.patch(f"{stack.local.admin_url}/invocations/{loser['id']}/pause")
+        assert paused.status_code < 300, paused.text
+        await _poll(lambda: _child(ctl, late), lambda rows: rows[0]["status"] == "paused", "pause")
+        state = {k: json.loads(v) for k, v in (await group_state(ctl, group.key)).items()}
+        shape = {**state.pop("shape"), "effective": "cancel"}
+        state.pop("waiters", None)
+        state["tombstone"] = {
+            "effective": "cancel",
+            "epoch": shape["epoch"],
+            "pending": True,
+            "shape": shape,
+        }
+        wanted = {k: list(json.dumps(v).encode("utf-8")) for k, v in state.items()}
+        answer = await client.post(
+            f"{stack.local.admin_url}/services/{GROUP}/state",
+            json={"object_key": group.key, "new_state": wanted},
+        )
+        answer.raise_for_status()
+        await _poll(
+            lambda: group_state(ctl, group.key), lambda found: "tombstone" in found, "the state"
+        )
+        await stack.local.start_endpoint()
+        resumed = await client.patch(f"{stack.local.admin_url}/invocations/{loser['id']}/resume")
+        assert resumed.status_code < 300, resumed.text
+
+    rows = await _poll(
+        lambda: _child(ctl, late), lambda rows: rows[0]["status"] == "completed", "settle"
+    )
+    await _poll(
+        lambda: group_state(ctl, group.key), lambda state: set(state) == {"tombstone"}, "retire"
+    )
+    assert stack.lab.count("started", late) == 1, rows
+    assert stack.lab.count("finished", late) == 0
