@@ -2,9 +2,9 @@
 
 Starts three nodes on free loopback ports (replicated metadata and log, replication 2,
 4 partitions), waits until every partition has a leader, serves and registers the
-endpoint, then per trial runs a 20-child ``all_`` and a ``race(slow tool, sleep)``
-declaring ``CANCEL`` while one node is SIGKILLed mid-group and restarted later (every
-third trial or so kills the node the caller is talking to). Checks per trial:
+endpoint, then per trial runs a 20-child ``all_`` and a ``race(6 s tool, 1 s sleep)``
+declaring ``CANCEL`` while one node is SIGKILLed 0.5-1.5 s in and restarted 5-12 s
+later (every third trial kills the node the caller is talking to). Checks per trial:
 
 - both groups complete; the ``all_``'s ranks are dense and a fresh process re-reads
   them byte-identical before the group is closed;
@@ -17,6 +17,7 @@ third trial or so kills the node the caller is talking to). Checks per trial:
 Prints a table and writes JSON::
 
     python scripts/restate_cluster.py [--trials 10] [--json out.json] [--work-dir DIR]
+        [--seed N] [--tools async|thread]
 
 The same module is the endpoint's resolver (``restate_cluster:resolver EFFECTS_DIR``).
 """
@@ -58,17 +59,29 @@ def _append(path: Path, line: str) -> None:
         os.close(fd)
 
 
-def resolver(effects_dir: str) -> ToolRegistry:
-    """The tools: each records its start and its effect (with the wall time) in files."""
+def resolver(effects_dir: str, mode: str = "async") -> ToolRegistry:
+    """The tools: each records its start and its effect (with the wall time) in files.
+    ``mode`` ``"thread"``: the work and the effect happen in a thread, which a cancelled
+    attempt cannot stop (a tool calling a blocking client)."""
     where = Path(effects_dir)
     where.mkdir(parents=True, exist_ok=True)
     tools = ToolRegistry()
 
+    def effect(tag: str) -> None:
+        _append(where / "effects", f"{tag} {time.time():.6f} {os.getpid()}")
+
+    def blocking(tag: str, seconds: float) -> None:
+        time.sleep(seconds)
+        effect(tag)
+
     async def run(value: Any) -> Any:
         tag = value["tag"]
         _append(where / "starts", f"{tag} {time.time():.6f} {os.getpid()}")
-        await asyncio.sleep(float(value["seconds"]))
-        _append(where / "effects", f"{tag} {time.time():.6f} {os.getpid()}")
+        if mode == "thread":
+            await asyncio.to_thread(blocking, tag, float(value["seconds"]))
+        else:
+            await asyncio.sleep(float(value["seconds"]))
+            effect(tag)
         return {"tag": tag}
 
     tools.add(WORK, run)
@@ -178,7 +191,7 @@ async def trial(
     caller_node = ctl._ingress_nodes._at  # the node the caller talks to now
     record: dict[str, Any] = {"trial": n, "killed": f"n{victim + 1}"}
     record["caller_node"] = victim == caller_node
-    kill_after = rng.uniform(0.5, 1.0)
+    kill_after = rng.uniform(0.5, 1.5)  # the race closes at ~1 s: some kills land after
     down_for = rng.uniform(5.0, 12.0)
     reread: dict[str, tuple[list[str], list[str]]] = {}
 
@@ -238,21 +251,30 @@ async def trial(
         1 for tag, at in _lines(effects / "starts") if tag == slow and at > closed
     )
     record["loser_effect"] = done[slow]
+    record["kill_s"] = round(kill_after, 2)
+    record["race_closed_s"] = round(closed - started, 2)
     return record
 
 
 async def run(
-    work_dir: Path, trials: int, seed: int, victims: list[int] | None = None
+    work_dir: Path,
+    trials: int,
+    seed: int,
+    victims: list[int] | None = None,
+    mode: str = "async",
 ) -> dict[str, Any]:
     """Start the cluster, run ``trials`` trials (``victims``: node index per trial,
-    default: the caller's node every third trial, another node otherwise), stop it."""
+    default: the caller's node every third trial, another node otherwise; ``mode``: the
+    tools', see :func:`resolver`), stop it."""
     from effecthost.hosts.restate.testing import LocalRestateCluster
 
     rng = random.Random(seed)
     effects = work_dir / "effects"
     path = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, path) if p)  # the endpoint's
-    cluster = LocalRestateCluster(work_dir / "cluster", "restate_cluster:resolver", [str(effects)])
+    cluster = LocalRestateCluster(
+        work_dir / "cluster", "restate_cluster:resolver", [str(effects), mode]
+    )
     begun = time.time()
     await cluster.start()
     ready_s = time.time() - begun
@@ -274,12 +296,14 @@ async def run(
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = path
-    return {"seed": seed, "cluster_ready_s": round(ready_s, 1), "trials": records}
+    return {"seed": seed, "mode": mode, "cluster_ready_s": round(ready_s, 1), "trials": records}
 
 
 _COLUMNS = [
     ("trial", 5),
     ("killed", 6),
+    ("kill_s", 6),
+    ("race_closed_s", 13),
     ("caller_node", 11),
     ("groups_s", 8),
     ("all_ok", 6),
@@ -310,10 +334,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--work-dir", default=None, help="default: a temporary directory")
+    parser.add_argument(
+        "--tools", choices=("async", "thread"), default="async", help="see resolver()"
+    )
     options = parser.parse_args()
     work = Path(options.work_dir or tempfile.mkdtemp(prefix="restate-cluster-"))
     print(" ".join(name.rjust(width) for name, width in _COLUMNS), flush=True)
-    result = asyncio.run(run(work, options.trials, options.seed))
+    result = asyncio.run(run(work, options.trials, options.seed, mode=options.tools))
     records = result["trials"]
     totals = {
         "trials": len(records),
