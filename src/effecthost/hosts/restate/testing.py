@@ -538,14 +538,20 @@ class LocalRestateCluster:
         await _wait_until(healthy, f"restate-server n{i + 1}", timeout)
 
     async def start(self, *, leaders_within: float = 120.0) -> None:
-        for i in range(self.size):
-            self.start_node(i)
-        for i in range(self.size):
-            await self.wait_node(i)
-        await self.endpoint.start_endpoint()
-        await register_deployment(
-            self.admin_urls, self.endpoint.endpoint_uri, leaders_within=leaders_within
-        )
+        """Start every node and the endpoint, wait for partition leaders, register;
+        on any failure stop what was started."""
+        try:
+            for i in range(self.size):
+                self.start_node(i)
+            for i in range(self.size):
+                await self.wait_node(i)
+            await self.endpoint.start_endpoint()
+            await register_deployment(
+                self.admin_urls, self.endpoint.endpoint_uri, leaders_within=leaders_within
+            )
+        except BaseException:
+            await self.stop()
+            raise
 
     def kill_node(self, i: int) -> None:
         """SIGKILL node ``i``."""
