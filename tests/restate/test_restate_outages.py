@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from effecthost._inspect import TierUnreachable
 from effecthost.conformance import Lab, conformance_resolver, step_input
 from effecthost.contract import (
     EffectEnvelope,
@@ -27,7 +28,8 @@ from effecthost.contract import (
     WakePolicy,
     group_key,
 )
-from effecthost.hosts.restate import RestateController
+from effecthost.hosts.restate import RestateController, register_deployment
+from effecthost.hosts.restate._inspect import RestateInspector
 from effecthost.hosts.restate.testing import LocalRestate, _stop, free_port
 
 pytestmark = pytest.mark.anyio
@@ -175,6 +177,12 @@ async def test_R12_an_await_rides_out_a_server_restart(stack: Stack) -> None:
 
     await asyncio.to_thread(_stop, stack.local.server, signal.SIGKILL)
     await _give_up_in_bound(stack, other_handle, "sv")
+    inspector = RestateInspector(stack.local.admin_url, timeout=BOUND)
+    try:
+        with pytest.raises(TierUnreachable):
+            await inspector.groups()
+    finally:
+        await inspector.aclose()
     assert not waiting.done()
     await stack.local.start_server()
     lab.open("sv.b")
@@ -191,7 +199,8 @@ async def test_R12_an_await_rides_out_a_server_restart(stack: Stack) -> None:
 
 async def test_R12_several_urls_fail_over_to_a_live_node(stack: Stack) -> None:
     """R-12: a controller given a dead node's URLs before the live ones opens, awaits,
-    closes and queries through the live node; no URL at all is a typed refusal."""
+    closes and queries through the live node, and so do the inspector and
+    ``register_deployment``; no URL at all is a typed refusal."""
     dead = f"http://127.0.0.1:{free_port()}"
     ctl = stack.short(ingress=[dead, stack.local.ingress_url], admin=(dead, stack.local.admin_url))
     try:
@@ -200,9 +209,15 @@ async def test_R12_several_urls_fail_over_to_a_live_node(stack: Stack) -> None:
         settled = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
         assert settled.replay_key == "url.a"
         assert handle.group_key in await ctl.open_group_keys()
+        inspector = RestateInspector([dead, stack.local.admin_url], timeout=BOUND)
+        try:
+            assert handle.group_key in [row.key for row in await inspector.groups()]
+        finally:
+            await inspector.aclose()
         await ctl.close_effect_group(handle)
     finally:
         await ctl.aclose()
+    await register_deployment([dead, stack.local.admin_url], stack.local.endpoint_uri)
     for bad in ([], [""], [None]):
         with pytest.raises(EffectGroupUnsupported):
             RestateController(bad, stack.local.admin_url)  # type: ignore[arg-type]
