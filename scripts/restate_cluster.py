@@ -17,7 +17,7 @@ later (every third trial kills the node the caller is talking to). Checks per tr
 Prints a table and writes JSON::
 
     python scripts/restate_cluster.py [--trials 10] [--json out.json] [--work-dir DIR]
-        [--seed N] [--tools async|thread]
+        [--seed N] [--tools async|thread] [--kill-window 0.5,1.5]
 
 The same module is the endpoint's resolver (``restate_cluster:resolver EFFECTS_DIR``).
 """
@@ -184,14 +184,20 @@ async def _quiet(ctl: Any, prefix: str, timeout: float = 120.0) -> int:
 
 
 async def trial(
-    cluster: Any, ctl: Any, effects: Path, n: int, victim: int, rng: random.Random
+    cluster: Any,
+    ctl: Any,
+    effects: Path,
+    n: int,
+    victim: int,
+    rng: random.Random,
+    window: tuple[float, float] = (0.5, 1.5),
 ) -> dict[str, Any]:
     """One trial: both groups under a node loss; the figures of :func:`run`'s table."""
     prefix = f"t{n}x"
     caller_node = ctl._ingress_nodes._at  # the node the caller talks to now
     record: dict[str, Any] = {"trial": n, "killed": f"n{victim + 1}"}
     record["caller_node"] = victim == caller_node
-    kill_after = rng.uniform(0.5, 1.5)  # the race closes at ~1 s: some kills land after
+    kill_after = rng.uniform(*window)  # the race closes at ~1.1 s: some kills land after
     down_for = rng.uniform(5.0, 12.0)
     reread: dict[str, tuple[list[str], list[str]]] = {}
 
@@ -262,6 +268,7 @@ async def run(
     seed: int,
     victims: list[int] | None = None,
     mode: str = "async",
+    window: tuple[float, float] = (0.5, 1.5),
 ) -> dict[str, Any]:
     """Start the cluster, run ``trials`` trials (``victims``: node index per trial,
     default: the caller's node every third trial, another node otherwise; ``mode``: the
@@ -287,7 +294,7 @@ async def run(
                 victim = victims[n]
             else:
                 victim = at if n % 3 == 0 else (at + 1 + rng.randrange(2)) % 3
-            records.append(await trial(cluster, ctl, effects, n, victim, rng))
+            records.append(await trial(cluster, ctl, effects, n, victim, rng, window))
             print(_row(records[-1]), flush=True)
     finally:
         await ctl.aclose()
@@ -296,7 +303,13 @@ async def run(
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = path
-    return {"seed": seed, "mode": mode, "cluster_ready_s": round(ready_s, 1), "trials": records}
+    return {
+        "seed": seed,
+        "mode": mode,
+        "kill_window": window,
+        "cluster_ready_s": round(ready_s, 1),
+        "trials": records,
+    }
 
 
 _COLUMNS = [
@@ -337,10 +350,18 @@ def main() -> None:
     parser.add_argument(
         "--tools", choices=("async", "thread"), default="async", help="see resolver()"
     )
+    parser.add_argument(
+        "--kill-window",
+        default="0.5,1.5",
+        help="kill a node this many seconds after the groups start: LOW,HIGH (default 0.5,1.5)",
+    )
     options = parser.parse_args()
     work = Path(options.work_dir or tempfile.mkdtemp(prefix="restate-cluster-"))
     print(" ".join(name.rjust(width) for name, width in _COLUMNS), flush=True)
-    result = asyncio.run(run(work, options.trials, options.seed, mode=options.tools))
+    low, high = (float(x) for x in options.kill_window.split(","))
+    result = asyncio.run(
+        run(work, options.trials, options.seed, mode=options.tools, window=(low, high))
+    )
     records = result["trials"]
     totals = {
         "trials": len(records),
