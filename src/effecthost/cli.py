@@ -509,8 +509,8 @@ def _inspector_of(controller: EffectController) -> Any:
     if store is not None and hasattr(store, "inspect_groups"):
         return _HostInspector(_SqlInspector(store, type(controller).__name__), controller)
     module = type(controller).__module__
-    admin = getattr(controller, "_admin", None)
-    if module.startswith("effecthost.hosts.restate") and isinstance(admin, str):
+    admin = getattr(controller, "admin_urls", None) or getattr(controller, "_admin", None)
+    if module.startswith("effecthost.hosts.restate") and isinstance(admin, str | tuple):
         from effecthost.hosts.restate._inspect import RestateInspector
 
         return _HostInspector(RestateInspector(admin), controller)
@@ -1174,7 +1174,10 @@ def _host_options(parser: argparse.ArgumentParser, *, engines: bool = False) -> 
     where.add_argument("--postgres", metavar="DSN", help="a PostgreSQL host's DSN")
     if engines:
         where.add_argument(
-            "--restate", metavar="ADMIN_URL", help="a Restate server's admin URL (read only)"
+            "--restate",
+            metavar="ADMIN_URL",
+            action="append",
+            help="a Restate server's admin URL (read only; repeat it for a cluster's nodes)",
         )
         where.add_argument(
             "--temporal", metavar="ADDRESS", help="a Temporal frontend (host:port; read only)"

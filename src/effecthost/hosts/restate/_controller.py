@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -10,6 +12,8 @@ from effecthost.contract import (
     DrainReport,
     EffectEnvelope,
     EffectGroup,
+    EffectGroupUnsupported,
+    EngineUnavailable,
     GroupDrain,
     GroupExecutors,
     GroupHandle,
@@ -21,7 +25,12 @@ from effecthost.hosts import require
 from effecthost.payloads import PayloadPolicy
 
 from ._client import GroupObjectClient
+from ._nodes import Nodes, _Unreachable, url_list
 from ._wire import GROUP
+
+_OPERATIONS = {"deliver": "deliver_event"}
+_READS = frozenset({"await_rank"})
+"""Handlers whose call waits out any outage (R-12: an await never gives up on its own)."""
 
 
 class RestateController(GroupObjectClient):
@@ -32,27 +41,46 @@ class RestateController(GroupObjectClient):
     resolver as the endpoint, so a first open resolves every child here before anything
     is recorded (G-10). ``owner`` names this caller for the drain (G-29): a drain applies a
     declared ``CANCEL`` to groups that an earlier incarnation of the same owner opened.
+
+    ``ingress_url`` and ``admin_url`` take one URL (a single node, or a load balancer in
+    front of a cluster) or several (the nodes of a cluster). A call goes to the node that
+    answered last and fails over to the next on a connection error or a 5xx (R-12). An
+    await retries until it gets its rank (bound it with your own deadline); an open,
+    close, ``deliver_event`` or admin query retries for ``unavailable_after`` seconds,
+    then raises :class:`~effecthost.contract.EngineUnavailable`. A call still unanswered
+    after that long raises it too when the engine reports the group object's
+    invocations as backing off (the endpoint is down); a slow call that the engine is
+    still running is waited for. A retried open that had committed is a reopen, a
+    retried close a no-op, and a retried ``deliver_event`` carries the same idempotency
+    key, so it is applied once.
     """
 
     def __init__(
         self,
-        ingress_url: str,
-        admin_url: str,
+        ingress_url: str | Sequence[str],
+        admin_url: str | Sequence[str],
         resolver: GroupExecutors | None = None,
         *,
         owner: str = "default",
         request_timeout: float = 30.0,
         payloads: PayloadPolicy | None = None,
+        unavailable_after: float = 30.0,
     ) -> None:
         (httpx,) = require("restate", "restate", "httpx")
-        self._ingress = ingress_url.rstrip("/")
-        self._admin = admin_url.rstrip("/")
+        self.ingress_urls = url_list(ingress_url, "ingress")
+        self.admin_urls = url_list(admin_url, "admin API")
+        self._ingress = self.ingress_urls[0]
+        self._admin = self.admin_urls[0]
         self._resolver = resolver
         self.owner = owner
         self.incarnation = uuid.uuid4().hex
         self._timeout = request_timeout
+        self.unavailable_after = unavailable_after
         self.payloads = payloads
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout, read=None))
+        errors = (httpx.TransportError,)
+        self._ingress_nodes = Nodes(self.ingress_urls, self._client, errors)
+        self._admin_nodes = Nodes(self.admin_urls, self._client, errors)
 
     # -- wiring -------------------------------------------------------------------------
 
@@ -68,17 +96,105 @@ class RestateController(GroupObjectClient):
     # -- transport ----------------------------------------------------------------------
 
     async def _call(self, group_key: str, handler: str, body: Any = None) -> Any:
-        url = f"{self._ingress}/{GROUP}/{quote(group_key, safe='')}/{handler}"
-        response = await self._client.post(url, json=body)
-        response.raise_for_status()
+        path = f"/{GROUP}/{quote(group_key, safe='')}/{handler}"
+        operation = _OPERATIONS.get(handler, handler)
+        if handler in _READS:
+            response = await self._ingress_nodes.request("POST", path, json=body, bound=None)
+        else:
+            response = await self._bounded(group_key, handler, operation, path, body)
+        if response.status_code == 404:
+            raise EffectGroupUnsupported(
+                f"Restate ingress has no {GROUP}/{handler} (is the endpoint registered?): "
+                f"{response.text[:200]}"
+            )
+        if response.status_code >= 300:
+            raise EngineUnavailable(
+                f"Restate ingress refused {operation} of group {group_key!r}: "
+                f"HTTP {response.status_code} {response.text[:200]!r}",
+                group_key=group_key,
+                operation=operation,
+            )
         return response.json() if response.content else None
 
-    async def query(self, sql: str) -> list[dict[str, Any]]:
-        """Run ``sql`` on the admin introspection API."""
-        response = await self._client.post(
-            f"{self._admin}/query", json={"query": sql}, headers={"Accept": "application/json"}
+    async def _bounded(
+        self, group_key: str, handler: str, operation: str, path: str, body: Any
+    ) -> Any:
+        """The answer of a call that gives up after ``unavailable_after`` seconds of
+        failures, or of waiting while the engine retries the group object's invocations."""
+        bound = self.unavailable_after
+        headers = {"Idempotency-Key": uuid.uuid4().hex} if handler == "deliver" else None
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        sending = asyncio.ensure_future(
+            self._ingress_nodes.request("POST", path, json=body, headers=headers, bound=bound)
         )
-        response.raise_for_status()
+        why = ""
+        try:
+            while True:
+                done, _ = await asyncio.wait({sending}, timeout=bound)
+                if done:
+                    return sending.result()
+                why = await self._stuck(group_key)
+                if why:
+                    break
+        except _Unreachable as exc:
+            why = str(exc)
+        finally:
+            if not sending.done():
+                sending.cancel()
+        tried_for = loop.time() - start
+        raise EngineUnavailable(
+            f"{operation} of group {group_key!r} got no answer from Restate in "
+            f"{tried_for:.1f}s ({why}); retrying it is safe",
+            group_key=group_key,
+            operation=operation,
+            tried_for=tried_for,
+        )
+
+    async def _stuck(self, group_key: str) -> str:
+        """Why a call to ``group_key`` that has not answered should give up: the engine
+        retrying an invocation of the group object after failures, or an unreachable
+        admin API; ``""`` while the engine is running it."""
+        try:
+            rows = await self.query(
+                "SELECT id, status FROM sys_invocation WHERE target_service_name = "
+                f"'{GROUP}' AND target_service_key = {_text(group_key)} "
+                "AND status IN ('backing-off', 'paused')"
+            )
+        except EngineUnavailable as exc:
+            return str(exc)
+        if rows:
+            return f"the engine retries {rows[0]['id']} ({rows[0]['status']})"
+        return ""
+
+    async def query(self, sql: str) -> list[dict[str, Any]]:
+        """Run ``sql`` on the admin introspection API, failing over between the admin
+        URLs and retrying while partition leadership moves (R-12).
+
+        Raises:
+            EngineUnavailable: no admin API answered for ``unavailable_after`` seconds,
+                or the query was refused.
+        """
+        try:
+            response = await self._admin_nodes.request(
+                "POST",
+                "/query",
+                json={"query": sql},
+                headers={"Accept": "application/json"},
+                bound=self.unavailable_after,
+            )
+        except _Unreachable as exc:
+            raise EngineUnavailable(
+                f"no Restate admin API answered a query in {exc.tried_for:.1f}s ({exc})",
+                operation="query",
+                tried_for=exc.tried_for,
+            ) from None
+        if response.status_code >= 300:
+            raise EngineUnavailable(
+                f"the Restate admin API refused a query: HTTP {response.status_code} "
+                f"{response.text[:200]!r}",
+                operation="query",
+            )
         rows: list[dict[str, Any]] = response.json().get("rows", [])
         return rows
 
@@ -99,6 +215,10 @@ class RestateController(GroupObjectClient):
 
     def drain(self) -> GroupDrain:
         return _RestateDrain(self)
+
+
+def _text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
 
 
 class _RestateDrain(GroupDrain):

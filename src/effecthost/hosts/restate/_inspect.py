@@ -7,6 +7,7 @@ once the server has dropped the completed invocations (its retention, a day by d
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +23,7 @@ from effecthost._inspect import (
 )
 from effecthost.hosts import require
 
+from ._nodes import Nodes, _Unreachable, url_list
 from ._wire import CHILD, GROUP, idempotency_key
 
 _GROUP_KEYS = "('shape', 'counter')"
@@ -38,28 +40,37 @@ def _epoch(stamp: Any) -> float | None:
 
 
 class RestateInspector:
-    """Open groups and their ranks, read from the admin API at ``admin_url``."""
+    """Open groups and their ranks, read from the admin API at ``admin_url`` (one URL,
+    or the admin URLs of a cluster's nodes: a query fails over to the next node and is
+    retried while partition leadership moves, for up to ``timeout`` seconds)."""
 
-    def __init__(self, admin_url: str, *, timeout: float = 10.0) -> None:
+    def __init__(self, admin_url: str | Sequence[str], *, timeout: float = 10.0) -> None:
         (httpx,) = require("restate", "restate", "httpx")
-        self._admin = admin_url.rstrip("/")
+        self.admin_urls = url_list(admin_url, "admin API")
+        self._admin = self.admin_urls[0]
+        self._timeout = timeout
         self._http = httpx.AsyncClient(timeout=timeout)
-        self._errors: tuple[type[BaseException], ...] = (httpx.HTTPError,)
+        self._nodes = Nodes(self.admin_urls, self._http, (httpx.TransportError,))
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
     async def _query(self, sql: str) -> list[dict[str, Any]]:
+        where = ", ".join(self.admin_urls)
         try:
-            response = await self._http.post(
-                f"{self._admin}/query",
+            response = await self._nodes.request(
+                "POST",
+                "/query",
                 json={"query": sql},
                 headers={"Accept": "application/json"},
+                bound=self._timeout,
             )
-            response.raise_for_status()
-        except self._errors as exc:
-            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise TierUnreachable(f"Restate admin API {self._admin}: {why}") from None
+        except _Unreachable as exc:
+            raise TierUnreachable(f"Restate admin API {where}: {exc}") from None
+        if response.status_code >= 300:
+            raise TierUnreachable(
+                f"Restate admin API {where}: HTTP {response.status_code} {response.text[:200]}"
+            )
         rows: list[dict[str, Any]] = response.json().get("rows", [])
         return rows
 

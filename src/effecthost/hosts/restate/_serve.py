@@ -40,12 +40,17 @@ def load_resolver(spec: str, args: list[str]) -> GroupExecutors:
 
 
 def fast_retries() -> Any:
-    """A retry policy that notices a restarted endpoint within about a second."""
+    """A retry policy that notices a restarted endpoint within about a second. Its
+    attempts are not capped at the server's default 70 (about 70 s at this interval),
+    after which the server pauses an invocation until an operator resumes it: an outage
+    of the endpoint longer than that would otherwise leave every await waiting forever
+    (R-12)."""
     restate = require("restate", "restate", "restate")[0]
     return restate.InvocationRetryPolicy(
         initial_interval=timedelta(milliseconds=100),
         exponentiation_factor=2.0,
         max_interval=timedelta(seconds=1),
+        max_attempts=1_000_000,
     )
 
 

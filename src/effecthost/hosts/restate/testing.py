@@ -463,3 +463,127 @@ async def sealed_factory(env: FactoryEnv) -> SealedRestateHostUnderTest:
     host = SealedRestateHostUnderTest(env)
     await _started(host)
     return host
+
+
+class LocalRestateCluster:
+    """``size`` restate-server nodes on loopback forming one cluster (replicated metadata
+    and log), plus one endpoint process registered through every admin URL.
+
+    Node ``i`` (0-based) gets fabric, admin and ingress ports of its own and
+    ``--base-dir work_dir/n{i}``; the first node auto-provisions the cluster. Every
+    process is stopped by its PID.
+    """
+
+    def __init__(
+        self,
+        work_dir: Path,
+        resolver_spec: str,
+        resolver_args: list[str] | None = None,
+        *,
+        size: int = 3,
+        replication: int = 2,
+        partitions: int = 4,
+        endpoint_args: list[str] | None = None,
+    ) -> None:
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.size = size
+        self._ports = [{n: free_port() for n in ("node", "admin", "ingress")} for _ in range(size)]
+        self.admin_urls = [f"http://127.0.0.1:{p['admin']}" for p in self._ports]
+        self.ingress_urls = [f"http://127.0.0.1:{p['ingress']}" for p in self._ports]
+        self._settings = {
+            "RESTATE_DISABLE_TELEMETRY": "true",
+            "RESTATE_METADATA_CLIENT__ADDRESSES": json.dumps(
+                [f"http://127.0.0.1:{p['node']}" for p in self._ports]
+            ),
+            "RESTATE_DEFAULT_REPLICATION": str(replication),
+            "RESTATE_DEFAULT_NUM_PARTITIONS": str(partitions),
+            "RESTATE_ROCKSDB_TOTAL_MEMORY_SIZE": "256MiB",
+        }
+        self.nodes: list[subprocess.Popen[bytes] | None] = [None] * size
+        # the endpoint alone: the cluster's admin and ingress are "external" to it
+        self.endpoint = LocalRestate(
+            self.work_dir,
+            resolver_spec,
+            resolver_args,
+            admin_url=self.admin_urls[0],
+            ingress_url=self.ingress_urls[0],
+            endpoint_args=endpoint_args,
+        )
+
+    def start_node(self, i: int) -> None:
+        ports = self._ports[i]
+        env = {
+            **os.environ,
+            **self._settings,
+            "RESTATE_BIND_ADDRESS": f"127.0.0.1:{ports['node']}",
+            "RESTATE_ADVERTISED_ADDRESS": f"http://127.0.0.1:{ports['node']}",
+            "RESTATE_ADMIN__BIND_ADDRESS": f"127.0.0.1:{ports['admin']}",
+            "RESTATE_INGRESS__BIND_ADDRESS": f"127.0.0.1:{ports['ingress']}",
+        }
+        command = [
+            find_server_binary(),
+            "--node-name",
+            f"n{i + 1}",
+            "--cluster-name",
+            "effecthost",
+            "--auto-provision",
+            "true" if i == 0 else "false",
+            "--base-dir",
+            str(self.work_dir / f"n{i + 1}"),
+        ]
+        log = self.endpoint._log(f"n{i + 1}")
+        self.nodes[i] = _spawn(command, log, env=env, cwd=self.work_dir)
+
+    async def wait_node(self, i: int, timeout: float = 60.0) -> None:
+        """Until node ``i`` answers its admin ``/health`` (start-up poll)."""
+        (httpx,) = require("restate", "restate", "httpx")
+
+        async def healthy() -> bool:
+            process = self.nodes[i]
+            if process is None or process.poll() is not None:
+                raise RuntimeError(f"node n{i + 1} exited; see {self.work_dir}/n{i + 1}.log")
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                answer = await client.get(f"{self.admin_urls[i]}/health")
+            return bool(answer.status_code == 200)
+
+        await _wait_until(healthy, f"restate-server n{i + 1}", timeout)
+
+    async def start(self, *, leaders_within: float = 120.0) -> None:
+        """Start every node and the endpoint, wait for partition leaders, register;
+        on any failure stop what was started."""
+        try:
+            for i in range(self.size):
+                self.start_node(i)
+            for i in range(self.size):
+                await self.wait_node(i)
+            await self.endpoint.start_endpoint()
+            await register_deployment(
+                self.admin_urls, self.endpoint.endpoint_uri, leaders_within=leaders_within
+            )
+        except BaseException:
+            await self.stop()
+            raise
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL node ``i``."""
+        _stop(self.nodes[i], signal.SIGKILL)
+        self.nodes[i] = None
+
+    async def restart_node(self, i: int) -> None:
+        """Start node ``i`` again on its base dir and wait for its ``/health``."""
+        self.start_node(i)
+        await self.wait_node(i)
+
+    async def stop(self) -> None:
+        await self.endpoint.stop()  # the endpoint, and it closes the logs last
+        for i in range(self.size):
+            await asyncio.to_thread(_stop, self.nodes[i], signal.SIGTERM, 20.0)
+            self.nodes[i] = None
+
+    def controller(
+        self, resolver: GroupExecutors | None, *, owner: str, **options: Any
+    ) -> RestateController:
+        return RestateController(
+            self.ingress_urls, self.admin_urls, resolver, owner=owner, **options
+        )
