@@ -1376,8 +1376,8 @@ class SqlDrain(GroupDrain):
         while not stop.is_set():
             try:
                 await self.run_pass()
-            except EngineUnavailable:
-                pass  # logged; the next pass tries again
+            except EngineUnavailable as exc:
+                log.warning("drain pass: %s; trying again at the next pass", exc)
             await _wait(stop, interval)
 
 
