@@ -402,8 +402,8 @@ class SqlEffectHost(WiredController):
                 return await call(retried)
             except EffectHostError:
                 raise
-            except self.store.input_errors:
-                raise
+            except self.store.input_errors as exc:
+                raise _refused(group_key, exc) from None
             except self.store.driver_errors as exc:
                 tried = loop.time() - began
                 if tried >= self.outage_bound:
@@ -425,9 +425,10 @@ class SqlEffectHost(WiredController):
 
     async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
         key = require_group(group).key
-        return await self._bounded("open", key, lambda retried: self._open(group, retried))
+        began = time.monotonic()  # before any try's lease: the self-fencing start (G-33)
+        return await self._bounded("open", key, lambda retried: self._open(group, retried, began))
 
-    async def _open(self, group: EffectGroup, retried: bool) -> GroupHandle:
+    async def _open(self, group: EffectGroup, retried: bool, began: float) -> GroupHandle:
         """Open or reopen (G-08…G-13, R-1, R-2, R-4, R-6, R-7). Every check of the input
         runs before anything is written; a first open records the group row, owned by
         this incarnation, and all its children in one transaction, so a concurrent open
@@ -485,14 +486,15 @@ class SqlEffectHost(WiredController):
             self._start_children(group, specs, executors, record, sent)
             return group.handle()
         if retried:
-            self._run_own_leases(group, opened.children, before)
+            self._run_own_leases(group, opened.children, began)
         await self._resume_children(group, specs, opened.children)
         return group.handle()
 
     def _run_own_leases(self, group: EffectGroup, rows: tuple[ChildRow, ...], sent: float) -> None:
         """The tool calls an earlier try of this open recorded under this host's lease
         and never started (its reply was lost, R-12): run them under that lease, as the
-        first open would have. ``sent`` is this try's start, earlier than the lease's."""
+        first open would have. ``sent`` is when the first try began, before any lease it
+        recorded, so the self-fencing deadline comes no later than the lease's (G-33)."""
         for row in rows:
             if (
                 row.kind == EffectKind.TOOL_CALL
@@ -1394,11 +1396,12 @@ def _outage(operation: str, group_key: str | None, exc: BaseException, retried: 
     )
 
 
-def _refused(group_key: str, exc: BaseException) -> InvalidEnvelope:
+def _refused(group_key: str | None, exc: BaseException) -> InvalidEnvelope:
     """A value the database refused, named by its group only (the driver's message may
     quote the value)."""
+    where = "" if group_key is None else f" of group {group_key!r}"
     return InvalidEnvelope(
-        f"the database refused a key or value of group {group_key!r} ({type(exc).__name__})",
+        f"the database refused a key or value{where} ({type(exc).__name__})",
         group_key=group_key,
     )
 
