@@ -304,8 +304,4 @@ def killers(report: SuiteReport, ident: str) -> list[str]:
 
 # Ids without a mutant yet, with why and the tier tests that hold them (the tier
 # obligations G-31…G-46 have their mutants in ``tier_mutants.py``).
-NOT_COVERED: dict[str, str] = {
-    "R-12": "an outage is not something a host under test can be made to suffer through the "
-    "suite's seams; each tier's outage tests (tests/sql/test_outages.py for SQL) stop the "
-    "real engine mid-call and assert the type of everything raised",
-}
+NOT_COVERED: dict[str, str] = {}

@@ -244,7 +244,8 @@ async def test_an_open_that_committed_before_its_connection_dropped_is_a_reopen_
         handle = await host.open_effect_group(_tool_group(key))
         assert restarted, "the fault never ran: the open did not commit through it"
         assert handle.consumed == 0
-        first = await asyncio.wait_for(host.await_next_settlement(handle), 60)
+        # within the lease TTL (30 s): an adoption after expiry must not be what runs it
+        first = await asyncio.wait_for(host.await_next_settlement(handle), 20)
         assert (first.position, first.outcome.value) == (0, 1)
         assert await host.deliver_event(key, "ev", 2) == 1
         await asyncio.wait_for(host.await_next_settlement(handle), 60)
