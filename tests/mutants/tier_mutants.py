@@ -462,6 +462,17 @@ TIER_MUTANTS += [
         ),
     ),
     TierMutant(
+        "FinalizeGivesUpInAnOutage",
+        "R-12",
+        "R-12: a finalize that cannot reach the database fails its child at once instead of "
+        "trying again while the lease lasts, so the outcome is lost and the rank waits for "
+        "the lease to expire and the tool to run again.",
+        f"{SQL_HOST}._flush",
+        "if self._dead or isinstance(exc, self.store.input_errors):",
+        "if True:",
+        (f"{OUTAGES}::test_a_tool_that_finishes_during_an_outage_is_recorded_once_afterwards",),
+    ),
+    TierMutant(
         "RetriedCloseForgetsItsCancels",
         "R-12",
         "R-12: a retried CANCEL close whose first try committed is a no-op that does not "

@@ -174,6 +174,40 @@ async def test_an_await_rides_out_a_postgres_restart(
         await host.aclose()
 
 
+async def test_a_tool_that_finishes_during_an_outage_is_recorded_once_afterwards(
+    up: PostgresServer, pg_schema: str
+) -> None:
+    """R-12: a tool call finishes while PostgreSQL is down. Its finalize is tried again
+    with backoff while its lease lasts; once the server is back the outcome takes rank 1,
+    the await in flight returns it, and the tool ran once."""
+    release = asyncio.Event()
+    runs = 0
+
+    async def gated(value: Any) -> Any:
+        nonlocal runs
+        runs += 1
+        await release.wait()
+        return value
+
+    host = _postgres_host(up.dsn, pg_schema, bound=0.5, tools={"count": gated})
+    key = f"{pg_schema}:group:tool:0"
+    try:
+        handle = await host.open_effect_group(_tool_group(key))
+        waiting = asyncio.ensure_future(host.await_next_settlement(handle))
+        await _waiting(host, key)
+        await asyncio.to_thread(up.crash)
+        release.set()  # the tool returns while the server is down: its finalize fails
+        await asyncio.to_thread(up.resume)
+        first = await asyncio.wait_for(waiting, 20)  # within the lease: no adoption
+        assert (first.rank, first.position, first.outcome.value) == (1, 0, 1)
+        assert runs == 1
+        assert await host.deliver_event(key, "ev", 2) == 1
+        await host.await_next_settlement(handle)
+        await host.close_effect_group(handle)
+    finally:
+        await host.aclose()
+
+
 async def test_a_close_that_committed_before_its_connection_dropped_is_a_no_op_on_retry(
     up: PostgresServer, pg_schema: str
 ) -> None:
