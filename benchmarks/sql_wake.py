@@ -33,9 +33,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from queue import Queue
+from typing import IO, Any
 
 from effecthost.contract import (
     EffectEnvelope,
@@ -78,9 +80,25 @@ async def deliverer(substrate: str, target: str) -> None:
         while line := await loop.run_in_executor(None, sys.stdin.readline):
             key = line.strip()
             reached = await host.deliver_event(key, "go")
-            print(json.dumps({"key": key, "at": time.time(), "reached": reached}), flush=True)
+            answer = json.dumps({"key": key, "at": time.time(), "reached": reached})
+            print(f"{ANSWER}{answer}", flush=True)
     finally:
         await host.aclose()
+
+
+ANSWER = "answer: "
+"""Marks the deliverer's answers among whatever else it writes to stdout."""
+
+
+def _answers(stream: IO[str], answers: Queue[dict[str, Any] | None]) -> None:
+    """Read the deliverer's stdout to the end (a pipe left unread would block it once
+    full): its answers to ``answers``, anything else to our stderr; ``None`` at EOF."""
+    for line in stream:
+        if line.startswith(ANSWER):
+            answers.put(json.loads(line[len(ANSWER) :]))
+        else:
+            sys.stderr.write(line)
+    answers.put(None)
 
 
 def _spawn(substrate: str, target: str) -> subprocess.Popen[str]:
@@ -97,6 +115,8 @@ async def measure(substrate: str, target: str, samples: int) -> dict[str, Any]:
     await host.start()
     other = _spawn(substrate, target)
     assert other.stdin is not None and other.stdout is not None
+    answers: Queue[dict[str, Any] | None] = Queue()
+    threading.Thread(target=_answers, args=(other.stdout, answers), daemon=True).start()
     loop = asyncio.get_running_loop()
     wakes: list[float] = []
     try:
@@ -109,7 +129,8 @@ async def measure(substrate: str, target: str, samples: int) -> dict[str, Any]:
             other.stdin.flush()
             settlement = await asyncio.wait_for(waiting, 60)
             woke = time.time()
-            answer = json.loads(await loop.run_in_executor(None, other.stdout.readline))
+            answer = await loop.run_in_executor(None, answers.get)
+            assert answer is not None, "the deliverer exited"
             assert answer["key"] == key and answer["reached"] == 1, answer
             assert settlement.rank == 1
             await host.close_effect_group(handle)

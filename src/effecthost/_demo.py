@@ -178,6 +178,23 @@ async def survivor(db: Path, state: Path, slow_seconds: float, started: float) -
             await aclose()
 
 
+async def _relay(process: asyncio.subprocess.Process, ready: asyncio.Event) -> None:
+    """Print the worker's lines until it says ``READY``, then read the rest of its
+    output to the end unprinted: a pipe left unread would block a worker that writes
+    more than the pipe holds."""
+    assert process.stdout is not None
+    pending = b""
+    while chunk := await process.stdout.read(65536):
+        if ready.is_set():
+            continue
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            if line.strip() == b"READY":
+                ready.set()
+                break
+            print(line.decode(errors="replace"), flush=True)
+
+
 async def run_demo(*, slow_seconds: float = 2.0, deadline_seconds: float = 0.3) -> int:
     with tempfile.TemporaryDirectory(prefix="effecthost-demo-") as tmp:
         db, state = Path(tmp) / "effects.sqlite3", Path(tmp) / "cursor.json"
@@ -192,18 +209,20 @@ async def run_demo(*, slow_seconds: float = 2.0, deadline_seconds: float = 0.3) 
             str(slow_seconds),
             str(deadline_seconds),
             str(started),
-            stdout=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,  # read to the end below; stderr is ours
         )
-        assert process.stdout is not None
-        while line := (await process.stdout.readline()).decode():
-            if line.strip() == "READY":
-                break
-            print(line, end="", flush=True)
-        else:
+        ready = asyncio.Event()
+        relay = asyncio.ensure_future(_relay(process, ready))
+        said = asyncio.ensure_future(ready.wait())
+        await asyncio.wait({relay, said}, return_when=asyncio.FIRST_COMPLETED)
+        if not ready.is_set():  # the output ended: the worker exited
+            said.cancel()
+            await process.wait()
             print("the worker exited before it saved its cursor", file=sys.stderr)
             return 1
         process.send_signal(signal.SIGKILL)
         await process.wait()
+        await relay
         print(
             f"  [{time.monotonic() - started:6.3f}s] SIGKILL -> worker {process.pid} "
             f"(exit {process.returncode}); a new host opens the same file",

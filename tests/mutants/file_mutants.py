@@ -374,6 +374,26 @@ FILE_MUTANTS: dict[str, tuple[type[FileHost], str, str | None]] = {
 }
 
 
+# -- retirement waits for every child (R-11) ---------------------------------------------------
+
+
+class ClosedGroupFreesItsKeysFileHost(FileHost):
+    """R-11: the replay-key lookup skips closed groups, so a closed group whose loser
+    still runs no longer holds its keys and a new group reusing one opens."""
+
+    async def replay_key_holder(self, replay_key: str) -> str | None:
+        holder = await super().replay_key_holder(replay_key)
+        record = None if holder is None else self.store.read(holder)
+        return None if record is not None and record["closed"] else holder
+
+
+FILE_MUTANTS[ClosedGroupFreesItsKeysFileHost.__name__] = (
+    ClosedGroupFreesItsKeysFileHost,
+    "R-11",
+    "claimed_until_it_retires",
+)
+
+
 def _register() -> None:
     if "pytest" not in sys.modules:  # the deployment process: nothing to register
         return

@@ -1148,6 +1148,47 @@ class UnwiredDrainRefusedHost(MemoryEffectHost):
         return super().drain()
 
 
+# -- retirement waits for every child (R-11) --------------------------------------------------
+
+
+@mutant("R-11", select="claimed_until_it_retires")
+class FreesReplayKeysAtCloseHost(MemoryEffectHost):
+    """R-11: close releases the group's replay-key claims at once, while a
+    ``RUN_TO_COMPLETION`` loser still runs, so a new group reusing its key opens."""
+
+    async def close_effect_group(
+        self, handle: GroupHandle, disposition: LoserPolicy | None = None
+    ) -> None:
+        await super().close_effect_group(handle, disposition)
+        record = self._groups.get(handle.group_key)
+        if record is not None:
+            for child in record.children:
+                self._replay_keys.pop(child.replay_key, None)
+
+
+@mutant("R-11", select="closed_group_until_it_retires")
+class ClosedGroupIgnoresEventsHost(MemoryEffectHost):
+    """R-11: ``deliver_event`` to a closed group settles nothing and returns 0, as if the
+    group had retired at close; its pending event wait never settles and the group never
+    retires."""
+
+    async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
+        record = self._groups.get(group_key)
+        if record is not None and record.closed:
+            return 0
+        return await super().deliver_event(group_key, name, payload)
+
+
+@mutant("R-11", select="until_it_retires")
+class KeepsClaimsAfterRetirementHost(MemoryEffectHost):
+    """R-11: retirement drops the group's ranks but keeps its replay-key claims, so the
+    keys of a retired group are refused for ever."""
+
+    def _maybe_retire(self, record: _Group) -> None:
+        claims = {c.replay_key: record.key for c in record.children}
+        super()._maybe_retire(record)
+        if record.key in self._retired:
+            self._replay_keys.update(claims)
 # -- R-13: the losers of a decided CANCEL group stay down ---------------------------------------
 
 

@@ -434,6 +434,60 @@ TIER_MUTANTS: list[TierMutant] = [
 ]
 
 
+# -- SQL outages: killed by tests/sql/test_outages.py ---------------------------------
+
+SQL_HOST = "effecthost.hosts.sql._host:SqlEffectHost"
+OUTAGES = "tests/sql/test_outages.py"
+TIER_MUTANTS += [
+    TierMutant(
+        "AwaitLetsTheDriverErrorOut",
+        "R-12",
+        "R-12: an await whose database is unreachable does not wait: asyncpg's connection "
+        "error reaches the caller.",
+        f"{SQL_HOST}.await_next_settlement",
+        "except self.store.driver_errors as exc:",
+        "except ZeroDivisionError as exc:",
+        (f"{OUTAGES}::test_an_await_rides_out_a_postgres_restart",),
+    ),
+    TierMutant(
+        "RetriedOpenLeavesItsOwnLeases",
+        "R-12",
+        "R-12: a retried open whose first try committed is a reopen but does not start the "
+        "tool calls that try leased to this host, so they wait for the lease to expire.",
+        f"{SQL_HOST}._open",
+        "if retried:",
+        "if False:",
+        (
+            f"{OUTAGES}::test_an_open_that_committed_before_its_connection_dropped_is_a_reopen_on_retry",
+        ),
+    ),
+    TierMutant(
+        "FinalizeGivesUpInAnOutage",
+        "R-12",
+        "R-12: a finalize that cannot reach the database fails its child at once instead of "
+        "trying again while the lease lasts, so the outcome is lost and the rank waits for "
+        "the lease to expire and the tool to run again.",
+        f"{SQL_HOST}._flush",
+        "if self._dead or isinstance(exc, self.store.input_errors):",
+        "if True:",
+        (f"{OUTAGES}::test_a_tool_that_finishes_during_an_outage_is_recorded_once_afterwards",),
+    ),
+    TierMutant(
+        "RetriedCloseForgetsItsCancels",
+        "R-12",
+        "R-12: a retried CANCEL close whose first try committed is a no-op that does not "
+        "issue the cancels that try never got to, so the group's event wait never settles "
+        "and the group never retires.",
+        f"{SQL_HOST}._close",
+        "if retried and row is not None",
+        "if False and row is not None",
+        (
+            f"{OUTAGES}::test_a_close_that_committed_before_its_connection_dropped_is_a_no_op_on_retry",
+        ),
+    ),
+]
+
+
 def by_name(name: str) -> TierMutant:
     return next(m for m in TIER_MUTANTS if m.name == name)
 

@@ -7,10 +7,12 @@ import asyncio
 from effecthost.contract import (
     DispositionWidened,
     EffectController,
+    EffectGroup,
     GroupClosed,
     GroupHandle,
     HandleMismatch,
     LoserPolicy,
+    ReplayMismatch,
     UnknownGroup,
     WakePolicy,
 )
@@ -31,6 +33,25 @@ async def ranks_complete(t: CheckContext, ctl: EffectController, key: str, count
             return count
 
     await t.eventually(ranked, lambda n: n >= count, f"every child of {key!r} to take a rank")
+
+
+async def claims_freed(t: CheckContext, ctl: EffectController, heir: EffectGroup) -> GroupHandle:
+    """Open ``heir``, a group reusing replay keys of a closed group, once that group has
+    retired and its claims are gone (R-11); until then the open is ``ReplayMismatch``
+    (R-6) and records nothing, so it is retried until the check's timeout."""
+
+    async def claim() -> GroupHandle | None:
+        try:
+            return await asyncio.wait_for(ctl.open_effect_group(heir), t.timeout)
+        except ReplayMismatch:
+            return None
+
+    handle = await t.eventually(
+        claim, lambda opened: opened is not None, f"the replay keys of {heir.key!r} to be free"
+    )
+    assert handle is not None
+    t.remember(handle)
+    return handle
 
 
 @check("G-26")
@@ -146,6 +167,39 @@ async def check_run_to_completion_losers_finish_after_close(t: CheckContext) -> 
     await t.finished("lose")
     t.expect(t.count("cancelled", "lose") == 0, "a RUN_TO_COMPLETION loser was cancelled")
     await ranks_complete(t, ctl, handle.group_key, 2)
+
+
+@check("G-17", "G-28")
+async def check_a_closed_groups_replay_keys_stay_claimed_until_it_retires(
+    t: CheckContext,
+) -> None:
+    """Ruling R-11: a closed group retires only once every child has settled. While its
+    ``RUN_TO_COMPLETION`` loser still runs, a new group reusing one of its replay keys is
+    ``ReplayMismatch`` naming the closed group (R-6) and records nothing; once the loser
+    settled and the group retired, its replay keys are free for a new group."""
+    ctl = await t.ctl()
+    closed = t.group("closed", [t.step("win", gate=False), t.step("lose")], wake=WakePolicy.FIRST)
+    handle = await t.open(ctl, closed)
+    await t.next_is(ctl, handle, "win")
+    await t.started("lose")
+    await ctl.close_effect_group(handle)
+    for label in ("win", "lose"):
+        thief = t.group(f"thief-{label}", [t.step(f"own-{label}", gate=False), t.step(label)])
+        error = await t.refuses(
+            ReplayMismatch,
+            ctl.open_effect_group(thief),
+            f"reusing replay key {label!r} of a closed group whose loser still runs",
+        )
+        t.expect(
+            closed.key in str(error),
+            f"the refusal must name the closed group {closed.key!r}: {error}",
+        )
+        t.expect(t.count("started", f"own-{label}") == 0, "a child of a refused group ran")
+    t.expect(t.count("finished", "lose") == 0, "the loser finished before it was released")
+    t.release("lose")
+    await t.finished("lose")
+    await claims_freed(t, ctl, t.group("heir", [t.step("win", gate=False), t.step("lose")]))
+    await t.started("lose", 2)  # the heir's child runs: not deduplicated onto the old one
 
 
 @check("G-28", "G-29", requires=("restart",))

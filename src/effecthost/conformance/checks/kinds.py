@@ -18,7 +18,7 @@ from effecthost.contract import (
 
 from .._context import INPUT_MARKER, CheckContext
 from .._registry import check
-from .closing import ranks_complete
+from .closing import claims_freed, ranks_complete
 
 
 @check("G-51")
@@ -228,10 +228,9 @@ async def check_a_malformed_sleep_refuses_the_first_open(t: CheckContext) -> Non
 async def check_an_event_reaches_one_group(t: CheckContext) -> None:
     """Ruling R-5: ``deliver_event(key, name, payload)`` settles that group's unsettled
     ``await_event`` children of that name — every one of them — and no other group's, and
-    returns how many it settled; an event to a closed group is not refused (R-4's edge: it
-    settles a pending wait until the group retired, a tier that deletes a closed group's
-    state at once, G-41, returns 0); a retired key returns 0; a key never recorded is
-    ``UnknownGroup``, naming ids only (never the payload)."""
+    returns how many it settled; an event to a closed group is not refused (R-4's edge,
+    R-11: it settles the pending wait of a group not yet retired); a retired key returns
+    0; a key never recorded is ``UnknownGroup``, naming ids only (never the payload)."""
     ctl = await t.ctl()
     one = t.group("one", [t.event("e1", "ping"), t.event("e1b", "ping"), t.event("o", "pong")])
     two = t.group("two", [t.event("e2", "ping")])
@@ -254,10 +253,33 @@ async def check_an_event_reaches_one_group(t: CheckContext) -> None:
     handle = await t.open(ctl, closed)
     await ctl.close_effect_group(handle)
     reached = await t.within(ctl.deliver_event(closed.key, "ping", 3), "an event to a closed group")
-    t.expect(reached in (0, 1), f"an event to a closed group's single wait settled {reached}")
+    t.expect(reached == 1, f"an event to a closed group's single wait settled {reached}")
     await ranks_complete(t, ctl, closed.key, 1)
     reached = await t.within(ctl.deliver_event(closed.key, "ping", 4), "an event to a retired key")
     t.expect(reached == 0, f"an event to a retired key settled {reached}")
+
+
+@check("G-51", "G-17")
+async def check_an_event_reaches_a_closed_group_until_it_retires(t: CheckContext) -> None:
+    """Ruling R-11 (R-4's edge, R-5): a closed group whose ``await_event`` child is still
+    pending has not retired. ``deliver_event`` to it settles that child and returns 1;
+    the child takes its rank and the group retires (its replay key is free for a new
+    group); after retirement the same delivery returns 0."""
+    ctl = await t.ctl()
+    closed = t.group(
+        "closed", [t.step("win", gate=False), t.event("late", "ping")], wake=WakePolicy.FIRST
+    )
+    handle = await t.open(ctl, closed)
+    await t.next_is(ctl, handle, "win")
+    await ctl.close_effect_group(handle)
+    reached = await t.within(
+        ctl.deliver_event(closed.key, "ping", 1), "an event to a closed, unretired group"
+    )
+    t.expect(reached == 1, f"an event to a closed group's pending wait settled {reached}, not 1")
+    await ranks_complete(t, ctl, closed.key, 2)
+    await claims_freed(t, ctl, t.group("heir", [t.event("late", "ping")]))
+    reached = await t.within(ctl.deliver_event(closed.key, "ping", 2), "an event to a retired key")
+    t.expect(reached == 0, f"an event to a retired group settled {reached} children")
 
 
 @check("G-15", "G-17")

@@ -42,9 +42,9 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from effecthost._inspect import outcome_status
 from effecthost.contract import (
@@ -54,6 +54,7 @@ from effecthost.contract import (
     EffectGroup,
     EffectHostError,
     EffectKind,
+    EngineUnavailable,
     ExecutionInput,
     GroupDrain,
     GroupExecutors,
@@ -100,6 +101,14 @@ log = logging.getLogger("effecthost.sql")
 DEFAULT_LEASE_TTL = 30.0
 DEFAULT_RENEW_EVERY = 10.0
 DEFAULT_MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
+DEFAULT_OUTAGE_BOUND = 30.0
+"""Seconds an open, close or ``deliver_event`` retries an unreachable database before it
+raises ``EngineUnavailable`` (R-12)."""
+OUTAGE_FIRST_DELAY = 0.05
+OUTAGE_MAX_DELAY = 2.0
+"""Backoff between tries against an unreachable database: doubling from the first delay
+up to the maximum (R-12)."""
+_T = TypeVar("_T")
 
 _CANCEL = LoserPolicy.CANCEL.value
 READ_AHEAD = 64
@@ -164,6 +173,10 @@ class SqlEffectHost(WiredController):
             default) records every outcome inline as plain JSON, as before.
         fault: a test hook called with named points (``claim``, ``finalize:after_update``,
             ``finalize:after_commit``, ``close:before_commit``, ``wake``…).
+        outage_bound: how long (seconds) an open, close, ``deliver_event``, a drain pass
+            or a listing retries a database it cannot reach before it raises
+            ``EngineUnavailable`` (R-12). An await is not bounded by it: it waits with
+            backoff until the database is back or its caller's deadline.
     """
 
     def __init__(
@@ -179,6 +192,7 @@ class SqlEffectHost(WiredController):
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         payloads: PayloadPolicy | None = None,
         fault: Callable[[str], None] | None = None,
+        outage_bound: float = DEFAULT_OUTAGE_BOUND,
     ) -> None:
         if not 0 < renew_every < lease_ttl - lease_ttl / 6:
             raise ValueError("renew_every must be positive and under lease_ttl - lease_ttl/6")
@@ -194,6 +208,7 @@ class SqlEffectHost(WiredController):
             payloads = replace(payloads, store=store.payload_store())
         self.payloads = payloads
         self.fault = fault
+        self.outage_bound = outage_bound
         self._drivers: dict[str, _Driver] = {}
         # the batched finalize: per group, children waiting to finalize, and the task
         # that drains them (whatever is pending when a transaction ends goes in the next)
@@ -237,9 +252,11 @@ class SqlEffectHost(WiredController):
         return self.lease_ttl / 6
 
     async def start(self) -> None:
-        """Connect, create or check the schema, start the keeper and timer loops.
+        """Connect, create or check the schema, start the keeper and timer loops. An
+        unreachable database is retried up to :attr:`outage_bound` (R-12).
 
         Raises:
+            EngineUnavailable: the database stayed unreachable past the bound.
             SchemaVersionError: the database records another schema version.
         A host without a sealer on a sealed deployment starts (it reads, and a sealed
         outcome it cannot open is :class:`SealedPayloadUnreadable`) but writes no outcome:
@@ -247,6 +264,9 @@ class SqlEffectHost(WiredController):
         its close records the cancel requests but leaves the cancelled outcomes to a
         sealing writer.
         """
+        await self._bounded("start", None, lambda _retried: self._start())
+
+    async def _start(self) -> None:
         if self._started:
             return
         if self._start_lock is None:
@@ -273,7 +293,7 @@ class SqlEffectHost(WiredController):
 
     async def _ready(self) -> None:
         if not self._started:
-            await self.start()
+            await self._start()  # inside a call that bounds its own outage (R-12)
 
     async def idle(self) -> None:
         """Wait until every child this host runs has finalized (or lost its lease): what a
@@ -385,16 +405,61 @@ class SqlEffectHost(WiredController):
             self._urgent = True  # a close: learn of cancels now, not at the next tick
             self._keeper_changed.set()
 
+    # -- outages (R-12) ---------------------------------------------------------------------
+
+    async def _bounded(
+        self, operation: str, group_key: str | None, call: Callable[[bool], Awaitable[_T]]
+    ) -> _T:
+        """``call(retried)``, tried again with backoff while the database cannot be reached,
+        up to :attr:`outage_bound`; then ``EngineUnavailable``. A driver error never
+        leaves: a refused value is ``InvalidEnvelope`` (the callers' own wrapping), an
+        outage is retried. ``retried`` tells the call an earlier try may have committed."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        delay = OUTAGE_FIRST_DELAY
+        retried = False
+        while True:
+            try:
+                return await call(retried)
+            except EffectHostError:
+                raise
+            except self.store.input_errors as exc:
+                raise _refused(group_key, exc) from None
+            except self.store.driver_errors as exc:
+                tried = loop.time() - began
+                if tried >= self.outage_bound:
+                    where = "" if group_key is None else f" of group {group_key!r}"
+                    raise EngineUnavailable(
+                        f"{operation}{where}: the database was unreachable for {tried:.1f}s "
+                        f"({type(exc).__name__}); it may or may not have been done, and "
+                        "calling it again is safe",
+                        group_key=group_key,
+                        operation=operation,
+                        tried_for=tried,
+                    ) from None
+                _outage(operation, group_key, exc, retried)
+                await asyncio.sleep(min(delay, self.outage_bound - tried))
+                delay = min(delay * 2, OUTAGE_MAX_DELAY)
+                retried = True
+
     # -- open -----------------------------------------------------------------------------
 
     async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        key = require_group(group).key
+        began = time.monotonic()  # before any try's lease: the self-fencing start (G-33)
+        return await self._bounded("open", key, lambda retried: self._open(group, retried, began))
+
+    async def _open(self, group: EffectGroup, retried: bool, began: float) -> GroupHandle:
         """Open or reopen (G-08…G-13, R-1, R-2, R-4, R-6, R-7). Every check of the input
         runs before anything is written; a first open records the group row, owned by
         this incarnation, and all its children in one transaction, so a concurrent open
         of the same key finds either nothing or the whole group and is fenced as a
         reopen. A reopen that passes its fences makes this incarnation the owner in the
-        same store operation (on SQLite the same transaction)."""
-        self._require_wired(require_group(group).key)
+        same store operation (on SQLite the same transaction). A ``retried`` open (an
+        earlier try may have committed before the database became unreachable, R-12) that
+        finds the group recorded is a reopen, and runs the tool calls that try leased to
+        this host."""
+        self._require_wired(group.key)
         await self._ready()
         self._refuse_plaintext()
         canonical = self._check_sizes(group)
@@ -446,6 +511,8 @@ class SqlEffectHost(WiredController):
             self._held.add(group.key)  # its losers stay down (R-13)
         else:
             self._held.discard(group.key)
+        if retried:
+            self._run_own_leases(group, opened.children, began)
         await self._resume_children(group, specs, opened.children)
         return group.handle()
 
@@ -471,6 +538,27 @@ class SqlEffectHost(WiredController):
                 status = outcome.status
             statuses.append(status)
         return kit.decided(known, statuses)
+
+    def _run_own_leases(self, group: EffectGroup, rows: tuple[ChildRow, ...], sent: float) -> None:
+        """The tool calls an earlier try of this open recorded under this host's lease
+        and never started (its reply was lost, R-12): run them under that lease, as the
+        first open would have. ``sent`` is when the first try began, before any lease it
+        recorded, so the self-fencing deadline comes no later than the lease's (G-33)."""
+        for row in rows:
+            if (
+                row.kind == EffectKind.TOOL_CALL
+                and row.state == "claimed"
+                and row.lease_owner == self.owner
+                and not row.lease_expired
+                and not row.cancel_requested
+                and row.replay_key not in self._drivers
+            ):
+                envelope = group.children[row.position]
+                executor = self._resolve(envelope)
+                if executor is not None:
+                    self._dispatch(
+                        envelope, executor, row.fence, row.attempt, sent, row.envelope_hash
+                    )
 
     @contextlib.contextmanager
     def _refusing_input(self, group_key: str) -> Iterator[None]:
@@ -712,6 +800,7 @@ class SqlEffectHost(WiredController):
         through the single-child finalize, several through the batched one (each child
         still through its own fenced update; one counter bump for those that matched).
         The self-fencing deadline is checked again when the round is taken."""
+        outage = OUTAGE_FIRST_DELAY
         try:
             while batch := self._pending.pop(group_key, None):
                 live = []
@@ -747,11 +836,26 @@ class SqlEffectHost(WiredController):
                                 for d, o, _ in live
                             ],
                         )
+                except self.store.driver_errors as exc:
+                    if self._dead or isinstance(exc, self.store.input_errors):
+                        for _driver, _outcome, future in live:
+                            if not future.done():
+                                future.set_exception(exc)
+                        continue
+                    # the database is unreachable: the same fenced finalizes again, while
+                    # their leases last (the loop's deadline check fences them after);
+                    # one that committed unseen is fenced off, never recorded twice (R-12)
+                    _outage("finalize", group_key, exc, retried=outage > OUTAGE_FIRST_DELAY)
+                    self._pending[group_key] = live + self._pending.get(group_key, [])
+                    await asyncio.sleep(outage)
+                    outage = min(outage * 2, OUTAGE_MAX_DELAY)
+                    continue
                 except Exception as exc:
                     for _driver, _outcome, future in live:
                         if not future.done():
                             future.set_exception(exc)
                     continue
+                outage = OUTAGE_FIRST_DELAY
                 for (_driver, _outcome, future), seq in zip(live, seqs, strict=True):
                     if not future.done():
                         future.set_result(seq)
@@ -955,11 +1059,24 @@ class SqlEffectHost(WiredController):
         return kit.Tombstone(group_key) if await self.store.retired(group_key) else None
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        """As the contract says; an unreachable database is waited out with backoff (only
+        the caller's own deadline ends the wait, R-12). Trying again is safe: the handle
+        advances only when a rank is served."""
         key = require_handle(handle).group_key
-        try:
-            return await self._await_next(handle)
-        except self.store.input_errors as exc:
-            raise _refused(key, exc) from None
+        delay = OUTAGE_FIRST_DELAY
+        retried = False
+        while True:
+            try:
+                return await self._await_next(handle)
+            except EffectHostError:
+                raise
+            except self.store.input_errors as exc:
+                raise _refused(key, exc) from None
+            except self.store.driver_errors as exc:
+                _outage("await", key, exc, retried)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, OUTAGE_MAX_DELAY)
+                retried = True
 
     async def _await_next(self, handle: GroupHandle) -> Settlement:
         self._require_wired(handle.group_key)
@@ -1098,19 +1215,26 @@ class SqlEffectHost(WiredController):
     async def settlement_order(self, group_key: str) -> list[int]:
         limits.check_key(group_key, what="the group key of settlement_order")
         self._require_wired(group_key)
-        await self._ready()
-        if await self.store.get_group(group_key) is None:
-            raise kit.unknown_group(group_key)
-        return await self.store.settlement_order(group_key)
+
+        async def read(_retried: bool) -> list[int]:
+            await self._ready()
+            if await self.store.get_group(group_key) is None:
+                raise kit.unknown_group(group_key)
+            return await self.store.settlement_order(group_key)
+
+        return await self._bounded("settlement_order", group_key, read)
 
     async def open_group_keys(self) -> list[str]:
-        await self._ready()
-        return [g.group_key for g in await self.store.open_groups()]
+        return [g.group_key for g in await self.open_groups()]
 
     async def open_groups(self) -> list[OpenGroup]:
         """Open groups with their age (database clock) and counts (G-30, inspection)."""
-        await self._ready()
-        return await self.store.open_groups()
+
+        async def read(_retried: bool) -> list[OpenGroup]:
+            await self._ready()
+            return await self.store.open_groups()
+
+        return await self._bounded("open_groups", None, read)
 
     # -- close ----------------------------------------------------------------------------
 
@@ -1118,10 +1242,19 @@ class SqlEffectHost(WiredController):
         self, handle: GroupHandle, disposition: LoserPolicy | None = None
     ) -> None:
         disposition = coerce_disposition(require_handle(handle).group_key, disposition)
-        with self._refusing_input(handle.group_key):
-            await self._close(handle, disposition)
 
-    async def _close(self, handle: GroupHandle, disposition: LoserPolicy | None) -> None:
+        async def close(retried: bool) -> None:
+            with self._refusing_input(handle.group_key):
+                await self._close(handle, disposition, retried)
+
+        await self._bounded("close", handle.group_key, close)
+
+    async def _close(
+        self, handle: GroupHandle, disposition: LoserPolicy | None, retried: bool = False
+    ) -> None:
+        """A ``retried`` close (an earlier try may have committed, R-12) that finds the
+        group closed is a no-op that finishes what that try left: the cancels of a
+        ``CANCEL`` close and the retirement."""
         self._require_wired(handle.group_key)
         await self._ready()
         key = handle.group_key
@@ -1151,13 +1284,15 @@ class SqlEffectHost(WiredController):
             )
         except (EffectHostError, ValueError):
             expect = None  # a widening: the record decides which refusal comes first
-        _record, recorded, done = await self.store.close_group(key, decide, expect)
+        row, recorded, done = await self.store.close_group(key, decide, expect)
         # closed (or found closed or retired): nothing left to own. A refused close raised
         # above and the group stays this caller's (R-1)
         self._owned.discard(key)
         self._held.discard(key)
         self._written.pop(key, None)
         if already:
+            if retried and row is not None and row.effective == _CANCEL:
+                await self._cancel_unsettled(key)
             await self._maybe_retire(key)
             return
         if target is None:
@@ -1194,8 +1329,12 @@ class SqlEffectHost(WiredController):
     async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
         """Durably settle the unsettled ``await_event`` children named ``name`` (G-51):
         works whether or not the process that opened the group is alive."""
-        with self._refusing_input(group_key):
-            return await self._deliver_event(group_key, name, payload)
+
+        async def deliver(_retried: bool) -> int:
+            with self._refusing_input(group_key):
+                return await self._deliver_event(group_key, name, payload)
+
+        return await self._bounded("deliver_event", group_key, deliver)
 
     async def _deliver_event(self, group_key: str, name: str, payload: Any) -> int:
         self._require_wired(group_key)
@@ -1244,6 +1383,12 @@ class SqlDrain(GroupDrain):
         self.host = host
 
     async def run_pass(self) -> DrainReport:
+        """One pass; a database outage is retried up to the host's ``outage_bound``,
+        then ``EngineUnavailable`` (R-12). A pass tried again redoes only what the
+        fenced claims still allow."""
+        return await self.host._bounded("drain", None, lambda _retried: self._pass())
+
+    async def _pass(self) -> DrainReport:
         host = self.host
         await host._ready()
         if not host._seals and not host._plaintext_refused:
@@ -1297,15 +1442,32 @@ class SqlDrain(GroupDrain):
         """Run passes every ``interval`` seconds until ``stop`` is set (or cancelled)."""
         stop = stop or asyncio.Event()
         while not stop.is_set():
-            await self.run_pass()
+            try:
+                await self.run_pass()
+            except EngineUnavailable as exc:
+                log.warning("drain pass: %s; trying again at the next pass", exc)
             await _wait(stop, interval)
 
 
-def _refused(group_key: str, exc: BaseException) -> InvalidEnvelope:
+def _outage(operation: str, group_key: str | None, exc: BaseException, retried: bool) -> None:
+    """Log a try that found the database unreachable: the first one of a call as a
+    warning, the rest quietly (the driver's message is left out: it may quote values)."""
+    level = logging.DEBUG if retried else logging.WARNING
+    log.log(
+        level,
+        "%s of %s: database unreachable (%s); retrying",
+        operation,
+        group_key,
+        type(exc).__name__,
+    )
+
+
+def _refused(group_key: str | None, exc: BaseException) -> InvalidEnvelope:
     """A value the database refused, named by its group only (the driver's message may
     quote the value)."""
+    where = "" if group_key is None else f" of group {group_key!r}"
     return InvalidEnvelope(
-        f"the database refused a key or value of group {group_key!r} ({type(exc).__name__})",
+        f"the database refused a key or value{where} ({type(exc).__name__})",
         group_key=group_key,
     )
 

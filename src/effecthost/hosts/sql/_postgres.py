@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib
 import logging
 import random
 import re
@@ -559,6 +560,23 @@ DDL = [
 ]
 
 
+def _driver_errors() -> tuple[type[BaseException], ...]:
+    """What asyncpg raises when the server is down, restarting or dropped the connection
+    (and any other server error): the host retries these and never lets one reach a
+    caller (R-12). Without asyncpg, :meth:`PostgresStore.start` refuses anyway."""
+    try:
+        asyncpg: Any = importlib.import_module("asyncpg")
+    except ImportError:
+        return (OSError, TimeoutError)
+    return (
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+        asyncpg.exceptions.InternalClientError,
+        OSError,
+        TimeoutError,
+    )
+
+
 class _OwnerLive(Exception):
     """Rolls back a drain's cancel: the group's caller is live again (R-1)."""
 
@@ -689,9 +707,17 @@ class PostgresStore(Store):
         self.open_at_finalize: set[str] = set()
         self._listener: Any = None
         self._callback: Callable[[str, str], None] | None = None
+        self._relisten: asyncio.Task[None] | None = None
+        self.driver_errors = _driver_errors()
+
+    def _fault(self, point: str) -> None:
+        if self.fault is not None:
+            self.fault(point)
 
     async def start(self) -> None:
-        """Connect; create the schema when absent, or check its version.
+        """Connect; create the schema when absent, or check its version. A start that
+        failed part-way (the server went down) may be called again; once the pool exists
+        it returns at once.
 
         A schema that holds other objects but no effecthost tables is refused and nothing
         is created in it (an absent or empty schema is new). With ``create=False`` or
@@ -703,6 +729,8 @@ class PostgresStore(Store):
                 (``create=False`` or ``read_only``) no effecthost tables.
             SchemaVersionError: the schema records another schema version.
         """
+        if self._pool is not None:
+            return
         (asyncpg,) = require("postgres", "postgres", "asyncpg")
         self._asyncpg = asyncpg
         self.input_errors = (
@@ -836,10 +864,46 @@ class PostgresStore(Store):
                 await conn.execute(f"UPDATE {self.schema}.eh_sealing SET sealed = true")
 
     async def listen(self, callback: object) -> None:
+        """Deliver this schema's notifications to ``callback``. When the listening
+        connection is lost (the server restarted), it is opened again in the background,
+        with backoff; waiters poll meanwhile (R-12)."""
         assert callable(callback)
         self._callback = callback
-        self._listener = await self._asyncpg.connect(self.dsn)
-        await self._listener.add_listener(self.channel, self._on_notify)
+        if self._listener is None:
+            self._listener = await self._connect_listener()
+
+    async def _connect_listener(self) -> Any:
+        listener = await self._asyncpg.connect(self.dsn)
+        try:
+            await listener.add_listener(self.channel, self._on_notify)
+        except BaseException:
+            listener.terminate()
+            raise
+        listener.add_termination_listener(self._on_listener_lost)
+        return listener
+
+    def _on_listener_lost(self, conn: Any) -> None:
+        if self._listener is not conn or self._pool is None:
+            return  # closed by aclose, or already replaced
+        self._listener = None
+        if self._relisten is None or self._relisten.done():
+            self._relisten = asyncio.get_running_loop().create_task(
+                self._listen_again(), name="effecthost-pg-relisten"
+            )
+
+    async def _listen_again(self) -> None:
+        delay = 0.05
+        while self._pool is not None and self._listener is None:
+            try:
+                listener = await self._connect_listener()
+            except self.driver_errors:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            if self._pool is None:
+                listener.terminate()
+                return
+            self._listener = listener
 
     def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         if self._callback is not None and ":" in payload:
@@ -849,6 +913,11 @@ class PostgresStore(Store):
     async def aclose(self) -> None:
         listener, pool = self._listener, self._pool
         self._listener = self._pool = None
+        if self._relisten is not None:
+            self._relisten.cancel()
+            with contextlib.suppress(BaseException):
+                await self._relisten
+            self._relisten = None
         if listener is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(listener.close(), 5)
@@ -1353,6 +1422,7 @@ class PostgresStore(Store):
             return None  # retired: the lookup answers with the tombstone
         if done is None:
             return None  # recorded by another open: read it as a reopen does
+        self._fault("open:after_commit")
         row = GroupRow(group_key, wake, disposition, disposition, child_count, 0, "open", done)
         return Opened(True, row)
 
@@ -1449,6 +1519,7 @@ class PostgresStore(Store):
                 row["o_created"],
                 row["o_closed"],
             )
+        self._fault("close:after_commit")
         tombstone = row["o_tombstone"]
         target = decide(record, None if tombstone is None else str(tombstone))
         done = row["o_done"]

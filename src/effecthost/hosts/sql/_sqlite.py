@@ -219,6 +219,7 @@ class SqliteStore(Store):
         sqlite3.DataError,
         sqlite3.InterfaceError,
     )
+    driver_errors = (sqlite3.Error, OSError)
 
     def __init__(
         self,
@@ -445,7 +446,11 @@ class SqliteStore(Store):
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
             return conn
 
-        self._conn = await loop.run_in_executor(self._pool, connect)
+        try:
+            self._conn = await loop.run_in_executor(self._pool, connect)
+        except BaseException:
+            self._pool.shutdown(wait=False)  # a start tried again makes its own
+            raise
         try:
             if not self.read_only:
                 await loop.run_in_executor(self._pool, self._schema, self._conn)

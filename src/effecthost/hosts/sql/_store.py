@@ -262,6 +262,12 @@ class Store(ABC):
     byte, an unencodable string, an out-of-range number, a key too long to index), as
     opposed to an unreachable database. The host turns them into a typed refusal."""
 
+    driver_errors: tuple[type[BaseException], ...] = (OSError,)
+    """Errors of the driver that mean the database could not do the operation (down,
+    restarting, the connection dropped, locked past the busy timeout). Checked after
+    :attr:`input_errors`. The host retries them and never lets one reach a caller: an
+    await waits, other calls raise ``EngineUnavailable`` past the host's bound (R-12)."""
+
     open_at_finalize: set[str] = frozenset()  # type: ignore[assignment]
     """Replay keys whose finalize (by :meth:`finalize` or :meth:`finalize_many`) committed
     while the group row read ``open`` under its lock, for a store that reports it (the

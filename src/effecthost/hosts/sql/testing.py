@@ -188,6 +188,11 @@ class PostgresServer:
             proc.send_signal(signal.SIGQUIT)
             proc.wait(30)
 
+    def shutdown(self) -> None:
+        """Stop as ``pg_ctl stop -m fast`` (clients are told, a checkpoint is written),
+        keeping the data directory for :meth:`resume`."""
+        self._kill()
+
     def resume(self, timeout: float = 60.0) -> str:
         """Start again on the same data directory and port (after :meth:`crash`)."""
         if not self._launch(timeout):
