@@ -1189,6 +1189,8 @@ class KeepsClaimsAfterRetirementHost(MemoryEffectHost):
         super()._maybe_retire(record)
         if record.key in self._retired:
             self._replay_keys.update(claims)
+
+
 # -- the losers of a decided CANCEL group stay down ---------------------------------------
 
 
