@@ -25,8 +25,9 @@ from effecthost.contract import (
     WakePolicy,
     group_key,
 )
-from effecthost.hosts.restate import RestateController
+from effecthost.hosts.restate import RestateController, file_payload_policy
 from effecthost.hosts.restate.testing import LocalRestate, group_state
+from effecthost.payloads import PayloadPolicy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 TIMEOUT = 20.0
@@ -38,18 +39,37 @@ class Stack:
     lab: Lab
     local: LocalRestate
     controller: RestateController
+    payloads: PayloadPolicy | None
+
+    def reconnect(self) -> RestateController:
+        resolver = conformance_resolver(self.lab.path)
+        self.controller = self.local.controller(resolver, owner="tests", payloads=self.payloads)
+        return self.controller
 
 
-@pytest.fixture
-async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+@pytest.fixture(params=["plain", "sealed"])
+async def stack(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
+    """A server and an endpoint; ``sealed``: with a payload policy on both sides (the
+    settlements carry only sealed outcomes)."""
     lab = Lab(tmp_path / "lab")
     await lab.start()
+    payloads, args = None, []
+    if request.param == "sealed":
+        payload_dir, key_dir = tmp_path / "payloads", tmp_path / "keys"
+        payloads = file_payload_policy(payload_dir, key_dir)
+        args = ["--payload-dir", str(payload_dir), "--key-dir", str(key_dir)]
     local = LocalRestate(
-        tmp_path / "restate", "effecthost.conformance:conformance_resolver", [str(lab.path)]
+        tmp_path / "restate",
+        "effecthost.conformance:conformance_resolver",
+        [str(lab.path)],
+        endpoint_args=args,
     )
     try:
         await local.start()
-        built = Stack(lab, local, local.controller(conformance_resolver(lab.path), owner="tests"))
+        controller = local.controller(
+            conformance_resolver(lab.path), owner="tests", payloads=payloads
+        )
+        built = Stack(lab, local, controller, payloads)
         try:
             yield built
         finally:
@@ -69,7 +89,9 @@ def _step(tag: str, **options: Any) -> EffectEnvelope:
     )
 
 
-async def _crashed_race(stack: Stack, name: str, wake: WakePolicy) -> EffectGroup:
+async def _crashed_race(
+    stack: Stack, name: str, wake: WakePolicy, *, winner: dict[str, Any] | None = None
+) -> EffectGroup:
     """A 4-child ``CANCEL`` race whose winner took rank 1 and whose three losers were
     running their tools when the endpoint was SIGKILLed; the endpoint is back and the
     caller is a new incarnation."""
@@ -78,7 +100,7 @@ async def _crashed_race(stack: Stack, name: str, wake: WakePolicy) -> EffectGrou
         wake=wake,
         disposition=LoserPolicy.CANCEL,
         children=[
-            _step(f"{name}.w", gate=False, result="won"),
+            _step(f"{name}.w", **(winner or {"gate": False, "result": "won"})),
             *(_step(f"{name}.{x}") for x in LOSERS),
         ],
     )
@@ -90,7 +112,7 @@ async def _crashed_race(stack: Stack, name: str, wake: WakePolicy) -> EffectGrou
     stack.local.kill_endpoint()
     await stack.local.start_endpoint()
     await stack.controller.aclose()
-    stack.controller = stack.local.controller(conformance_resolver(stack.lab.path), owner="tests")
+    stack.reconnect()
     return group
 
 
@@ -164,3 +186,29 @@ async def test_R13_a_caller_reading_on_gets_every_rank(stack: Stack) -> None:
     assert all(s.outcome.status == "success" for s in served), served
     assert [s.rank for s in served] == [2, 3, 4]
     await ctl.close_effect_group(handle)
+
+
+@pytest.mark.parametrize(
+    ("wake", "winner"),
+    [
+        (WakePolicy.FIRST_SUCCESS, {"gate": False, "error": "Boom"}),
+        (WakePolicy.ALL, {"gate": False, "result": "won"}),
+    ],
+    ids=["first_success-after-a-failure", "all"],
+)
+async def test_R13_an_undecided_group_runs_its_losers_again(
+    stack: Stack, wake: WakePolicy, winner: dict[str, Any]
+) -> None:
+    """R-13 leaves undecided groups as they were: a ``FIRST_SUCCESS`` race whose rank 1
+    is a failure, and an ``ALL`` group (never decided), re-run their cut-off children when
+    the endpoint is back, with no caller awaiting anything."""
+    name = f"undecided.{wake.value}"
+    group = await _crashed_race(stack, name, wake, winner=winner)
+    for x in LOSERS:
+        await stack.lab.wait_for("started", f"{name}.{x}", 2, TIMEOUT)
+    assert json.loads((await group_state(stack.controller, group.key)).get("held", b"[]")) == []
+    stack.lab.open_all(f"{name}.")
+    handle = await stack.controller.open_effect_group(group)
+    for _ in group.children:
+        await asyncio.wait_for(stack.controller.await_next_settlement(handle), TIMEOUT)
+    await stack.controller.close_effect_group(handle)

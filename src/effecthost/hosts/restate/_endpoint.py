@@ -159,7 +159,8 @@ def _decided(state: dict[str, Any]) -> bool:
 
 
 HELD = {"held": True}
-"""What the tool's run of a held re-run records instead of an outcome (R-13)."""
+"""What the tool's run of a held re-run records instead of an outcome (R-13), with the
+outcome it settles with if the hold ends in a cancel (``cancelled``)."""
 
 
 def _sql_text(value: str) -> str:
@@ -957,10 +958,19 @@ def build_services(
 
         async def action() -> dict[str, Any]:
             outcome = await guarded_tool(group_key, envelope, guard, rerun)
-            if outcome == HELD or payloads is None:
-                return outcome
-            seen["status"] = outcome["status"]
-            return await encode(group_key, envelope.replay_key, req["position"], outcome)
+            if outcome == HELD:
+                # encoded now: once a cancel ends the hold the child awaits nothing more
+                # (a cancel still pending would cut that await, and the settle with it)
+                outcome = {**HELD, "cancelled": Outcome.cancelled().model_dump(mode="json")}
+            elif payloads is not None:
+                seen["status"] = outcome["status"]
+            if payloads is not None:
+                rk, position = envelope.replay_key, req["position"]
+                if outcome.get("held"):
+                    cancelled = await encode(group_key, rk, position, outcome["cancelled"])
+                    return {**outcome, "cancelled": cancelled}
+                return await encode(group_key, rk, position, outcome)
+            return outcome
 
         return action
 
@@ -987,6 +997,7 @@ def build_services(
         stored: Any = None
         outcome: Outcome | None = None
         seen: dict[str, str] = {}
+        settles_cancelled: Any = None
         try:
             if req.get("target"):
                 outcome = await route(ctx, req["target"], envelope)
@@ -1001,27 +1012,30 @@ def build_services(
             else:
                 guard = _guarded(ctx, req)
                 action = tool_action(req, envelope, guard, _rerun(ctx), seen)
-                executed: dict[str, Any] | None = await ctx.run("execute", action)
-                if executed == HELD:
+                executed: dict[str, Any] = await ctx.run("execute", action)
+                if executed.get("held"):
                     # a loser of a decided group re-run after a crash (R-13): it starts
                     # its tool only once a caller awaits a rank that does not exist yet
+                    settles_cancelled = executed["cancelled"]
                     aid, woken = ctx.awakeable(type_hint=dict)
                     ctx.object_send(hold, group_key, {"awakeable": aid, "epoch": epoch})
                     if (await woken).get("run"):
+                        settles_cancelled = None
                         action = tool_action(req, envelope, guard, False, seen)
                         executed = await ctx.run("execute held", action)
                     else:
-                        executed = None
-                        outcome = Outcome.cancelled()
-                if executed is not None and payloads is not None:
+                        executed = settles_cancelled
+                if payloads is not None:
                     stored = executed
-                elif executed is not None:
+                else:
                     outcome = Outcome.model_validate(executed)
         except TerminalError as exc:
             terminal = exc
             stored = None
             if exc.status_code == CANCELLED_CODE:
                 outcome = Outcome.cancelled()
+                if payloads is not None:
+                    stored = settles_cancelled  # a held child cut: encoded already
             else:
                 outcome = Outcome.failure("TerminalError", exc.message, code=exc.status_code)
         message: dict[str, Any] = {
