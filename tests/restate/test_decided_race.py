@@ -188,6 +188,29 @@ async def test_R13_a_caller_reading_on_gets_every_rank(stack: Stack) -> None:
     await ctl.close_effect_group(handle)
 
 
+async def test_R13_a_drain_pass_before_the_reopen_cancels_the_held_losers(stack: Stack) -> None:
+    """R-13, G-29: after the same crash, the owner's next incarnation runs a drain pass
+    before it reopens: the held losers are cancelled without their tools starting again,
+    and each takes a rank."""
+    name = "drained"
+    group = await _crashed_race(stack, name, WakePolicy.FIRST)
+    await _rerun_reached_the_tool(stack, group, name)
+    report = await asyncio.wait_for(stack.controller.drain().run_pass(), TIMEOUT)
+    assert sorted(rk for key, rk in report.cancelled if key == group.key) == sorted(
+        f"{name}.{x}" for x in LOSERS
+    )
+    assert not report.resumed
+    handle = await stack.controller.open_effect_group(group)
+    served = [
+        await asyncio.wait_for(stack.controller.await_next_settlement(handle), TIMEOUT)
+        for _ in group.children
+    ]
+    assert [s.outcome.status for s in served[1:]] == ["cancelled"] * len(LOSERS)
+    await stack.controller.close_effect_group(handle)
+    starts = {x: stack.lab.count("started", f"{name}.{x}") for x in LOSERS}
+    assert starts == dict.fromkeys(LOSERS, 1), f"losers started again: {starts}"
+
+
 @pytest.mark.parametrize(
     ("wake", "winner"),
     [

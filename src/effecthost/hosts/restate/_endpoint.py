@@ -809,6 +809,7 @@ def build_services(
             and shape.get("incarnation") != req.get("incarnation")
         ):
             cancelled = await cancel_unsettled(ctx, shape["epoch"])
+            ctx.clear("held")  # the cancels end the held losers' waits (R-13)
         return {"cancelled": cancelled}
 
     @group.handler()
