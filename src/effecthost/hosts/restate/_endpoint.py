@@ -19,6 +19,9 @@ Group object state (keyed by group key), beside nothing else:
   ``inv:{replay_key}`` per child instead; a ``RUN_TO_COMPLETION`` group finds them by
   idempotency key if a close narrows it); ``targets`` for routed children;
 - ``waiters`` → rank → awakeable ids of parked readers; ``evw:``/``evp:`` for events;
+- ``held`` → awakeable ids of losers of a decided group re-run after a crash, which
+  start their tools only once a read parks (R-13); ``decided`` once a success of a
+  ``FIRST_SUCCESS`` group declaring ``CANCEL`` took a rank;
 - after close, ``tombstone`` (so a late read is ``GroupClosed``, not a hang) with the
   disposition in force; while some child has not settled it is ``pending`` and carries
   the shape (no ``shape`` key: the group is no longer listed as open), and the rest
