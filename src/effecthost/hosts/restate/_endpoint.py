@@ -19,6 +19,9 @@ Group object state (keyed by group key), beside nothing else:
   ``inv:{replay_key}`` per child instead; a ``RUN_TO_COMPLETION`` group finds them by
   idempotency key if a close narrows it); ``targets`` for routed children;
 - ``waiters`` → rank → awakeable ids of parked readers; ``evw:``/``evp:`` for events;
+- ``held`` → awakeable ids of losers of a decided group re-run after a crash, which
+  start their tools only once a read parks (R-13); ``decided`` once a success of a
+  ``FIRST_SUCCESS`` group declaring ``CANCEL`` took a rank;
 - after close, ``tombstone`` (so a late read is ``GroupClosed``, not a hang) with the
   disposition in force; while some child has not settled it is ``pending`` and carries
   the shape (no ``shape`` key: the group is no longer listed as open), and the rest
@@ -41,7 +44,7 @@ handlers that run once per child or per read (``settle``, ``register_waiter``,
 """
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
 from typing import Any
 
@@ -54,12 +57,13 @@ from effecthost.contract import (
     LoserPolicy,
     NoExecutor,
     Outcome,
+    WakePolicy,
     canonical_json,
     kit,
     sleep_seconds,
 )
 from effecthost.hosts import require
-from effecthost.payloads import PayloadPolicy, encode_outcome
+from effecthost.payloads import PayloadPolicy, decode_outcome, encode_outcome
 
 from ._wire import (
     CHILD,
@@ -79,6 +83,7 @@ import httpx  # noqa: E402
 import restate  # noqa: E402
 from restate import TerminalError  # noqa: E402
 
+CANCEL = LoserPolicy.CANCEL.value
 CANCELLED_CODE = 409
 UNBOUND_CODE = 404
 LAYOUT = 2
@@ -131,10 +136,34 @@ def _guarded(ctx: Any, req: dict[str, Any]) -> bool:
     that run; an SDK that cannot tell counts as a re-run. A first attempt of a child of a
     group declaring ``RUN_TO_COMPLETION`` reads nothing, so most groups (``all``) cost no
     read: if a close narrows that group to ``CANCEL``, the engine's cancel stops it."""
-    if req.get("cancel"):
-        return True
+    return bool(req.get("cancel")) or _rerun(ctx)
+
+
+def _rerun(ctx: Any) -> bool:
+    """Whether this attempt replays a tool's run an earlier attempt journaled (it was cut
+    off while the tool ran); an SDK that cannot tell counts as a re-run."""
     probe = getattr(getattr(ctx, "vm", None), "is_replaying", None)
     return True if probe is None else bool(probe())
+
+
+def _decided(state: dict[str, Any]) -> bool:
+    """R-13: whether the group state read by a re-run (``shape``, ``decided``,
+    ``counter``) is of an open group whose losers stay down: ``CANCEL`` in force and its
+    wake policy met (``FIRST``: rank 1 exists; ``FIRST_SUCCESS``: a success holds a rank,
+    which ``settle`` marks as ``decided``). ``ALL`` never is."""
+    shape = state.get("shape")
+    if not isinstance(shape, dict) or shape.get("effective") != LoserPolicy.CANCEL.value:
+        return False
+    if shape.get("wake") == WakePolicy.ALL.value:
+        return False
+    if state.get("decided"):
+        return True
+    return shape.get("wake") == WakePolicy.FIRST.value and int(state.get("counter") or 0) >= 1
+
+
+HELD = {"held": True}
+"""What the tool's run of a held re-run records instead of an outcome (R-13), with the
+outcome it settles with if the hold ends in a cancel (``cancelled``)."""
 
 
 def _sql_text(value: str) -> str:
@@ -326,9 +355,12 @@ def build_services(
         target: str | None,
         *,
         cancel: bool,
+        first_success: bool = False,
     ) -> tuple[dict[str, Any], str, dict[str, str]]:
         """A child's ``run`` request, idempotency key and headers (G-37); ``cancel``: its
-        group declared ``CANCEL`` (every attempt of it reads the group's tombstone)."""
+        group declared ``CANCEL`` (every attempt of it reads the group's tombstone);
+        ``first_success``: and its wake is ``FIRST_SUCCESS`` (its settlement says whether
+        it succeeded, which decides the group, R-13)."""
         body = {
             "group_key": key,
             "epoch": epoch,
@@ -338,6 +370,8 @@ def build_services(
         }
         if cancel:
             body["cancel"] = True
+        if first_success:
+            body["first_success"] = True
         rk = envelope["replay_key"]
         return (
             body,
@@ -465,7 +499,9 @@ def build_services(
                 position,
                 envelope,
                 targets.get(str(position)),
-                cancel=req["disposition"] == LoserPolicy.CANCEL.value,
+                cancel=req["disposition"] == CANCEL,
+                first_success=req["disposition"] == CANCEL
+                and req["wake"] == WakePolicy.FIRST_SUCCESS.value,
             )
             handles.append(ctx.service_send(run, body, idempotency_key=idem, headers=headers))
         if req["disposition"] == LoserPolicy.CANCEL.value:
@@ -517,6 +553,8 @@ def build_services(
             if rank >= shape["child_count"]:
                 await retire(ctx, shape, tombstone["effective"])
             return
+        if req.get("won") and shape["wake"] == WakePolicy.FIRST_SUCCESS.value:
+            ctx.set("decided", True)  # a success holds a rank (R-13; read by re-runs)
         woken = (waiters or {}).pop(str(rank), None)
         if woken:
             for aid in woken:
@@ -547,8 +585,8 @@ def build_services(
         awakeable in its own invocation) the handle is fenced first and a refusal is the
         answer (R-2); the wait costs the caller this one invocation."""
         rank, aid = int(req["rank"]), req["awakeable"]
-        reads = _reads(ctx, "shape", "tombstone", "counter", "waiters")
-        shape, tombstone, counter, waiters = [await read for read in reads]
+        reads = _reads(ctx, "shape", "tombstone", "counter", "waiters", "held")
+        shape, tombstone, counter, waiters, held = [await read for read in reads]
         if "claim" in req:
             key = ctx.key()
             known: kit.Known = (
@@ -572,6 +610,27 @@ def build_services(
         waiters = waiters or {}
         waiters.setdefault(str(rank), []).append(aid)
         ctx.set("waiters", waiters)
+        if held:  # a caller awaits a rank that does not exist yet: the losers run (R-13)
+            for child_aid in held:
+                ctx.resolve_awakeable(child_aid, {"run": True})
+            ctx.clear("held")
+
+    @group.handler(state_preload=False)
+    async def hold(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+        """Park a re-run of a loser of a decided group (R-13) until a caller awaits a rank
+        that does not exist yet (``register_waiter`` answers ``run``) or the group closes
+        (``close`` answers ``cancel``; its cancel of the invocation ends the wait too).
+        Answered at once when a read is already parked or the group is no longer open."""
+        aid = req["awakeable"]
+        reads = _reads(ctx, "shape", "tombstone", "waiters", "held")
+        shape, tombstone, waiters, held = [await read for read in reads]
+        if shape is None or shape["epoch"] != req.get("epoch"):
+            closed_cancel = _closing(tombstone) and tombstone["effective"] == CANCEL
+            ctx.resolve_awakeable(aid, {"cancel": True} if closed_cancel else {"run": True})
+        elif any(waiters.values() if waiters else ()):
+            ctx.resolve_awakeable(aid, {"run": True})
+        else:
+            ctx.set("held", [*(held or []), aid])
 
     async def known(ctx: restate.ObjectSharedContext | restate.ObjectContext) -> kit.Known:
         """What the group object knows of its key: the record, a tombstone, or nothing."""
@@ -713,6 +772,9 @@ def build_services(
         for aids in waiters.values():
             for aid in aids:
                 ctx.resolve_awakeable(aid, {"closed": True})
+        for aid in await _get(ctx, "held") or []:  # held losers (R-13)
+            ctx.resolve_awakeable(aid, {"cancel": True} if target == CANCEL else {"run": True})
+        ctx.clear("held")
         if int(await _get(ctx, "counter") or 0) >= shape["child_count"]:
             await retire(ctx, shape, target)
             return {"ok": True, "cancelled": []}
@@ -750,6 +812,7 @@ def build_services(
             and shape.get("incarnation") != req.get("incarnation")
         ):
             cancelled = await cancel_unsettled(ctx, shape["epoch"])
+            ctx.clear("held")  # the cancels end the held losers' waits (R-13)
         return {"cancelled": cancelled}
 
     @group.handler()
@@ -794,36 +857,43 @@ def build_services(
 
     admin: list[Any] = []  # one client per endpoint process, made on first use
 
-    async def closed_with_cancel(group_key: str) -> bool:
-        """Whether the group is closed with ``CANCEL`` in force, read afresh from the group
-        object's state (admin SQL) by an attempt about to start a tool: a re-run of a
-        cut-off attempt replays journaled answers, and its cancel may arrive after it
-        began (issue 25). No invocation is spent; without ``admin_url`` nothing is read.
-        A failed read raises, so the attempt is retried and the tool does not start."""
+    async def group_view(group_key: str, keys: tuple[str, ...]) -> dict[str, Any]:
+        """The group object's state entries ``keys``, read afresh (admin SQL) by an
+        attempt about to start a tool: a re-run of a cut-off attempt replays journaled
+        answers, and its cancel may arrive after it began (issue 25). No invocation is
+        spent; without ``admin_url`` nothing is read. A failed read raises, so the
+        attempt is retried and the tool does not start."""
         if admin_url is None:
-            return False
+            return {}
         if not admin:
             admin.append(httpx.AsyncClient(timeout=10.0))
+        names = ", ".join(_sql_text(k) for k in keys)
         sql = (
-            f"SELECT value_utf8 FROM state WHERE service_name = '{GROUP}' "
-            f"AND service_key = {_sql_text(group_key)} AND key = 'tombstone'"
+            f"SELECT key, value_utf8 FROM state WHERE service_name = '{GROUP}' "
+            f"AND service_key = {_sql_text(group_key)} AND key IN ({names})"
         )
         answer = await admin[0].post(
             f"{admin_url}/query", json={"query": sql}, headers={"Accept": "application/json"}
         )
         answer.raise_for_status()
         rows = answer.json().get("rows") or []
-        if not rows:
-            return False
-        tombstone = json.loads(rows[0]["value_utf8"])
-        return bool(tombstone.get("effective") == LoserPolicy.CANCEL.value)
+        return {row["key"]: json.loads(row["value_utf8"]) for row in rows}
 
-    async def guarded_tool(group_key: str, envelope: EffectEnvelope, guard: bool) -> dict[str, Any]:
+    async def guarded_tool(
+        group_key: str, envelope: EffectEnvelope, guard: bool, rerun: bool
+    ) -> dict[str, Any]:
         """The tool's outcome, or ``cancelled`` without starting it when ``guard`` asks
         and its group was closed with ``CANCEL`` (G-27: a loser never starts after its
-        close returned)."""
-        if guard and await closed_with_cancel(group_key):
-            return Outcome.cancelled().model_dump(mode="json")
+        close returned), or :data:`HELD` without starting it when ``rerun`` and the group
+        is decided (R-13: its losers stay down after a crash)."""
+        if guard:
+            keys = ("tombstone", "shape", "decided", "counter") if rerun else ("tombstone",)
+            state = await group_view(group_key, keys)
+            tombstone = state.get("tombstone")
+            if isinstance(tombstone, dict) and tombstone.get("effective") == CANCEL:
+                return Outcome.cancelled().model_dump(mode="json")
+            if rerun and _decided(state):
+                return dict(HELD)
         return await execute_tool(envelope)
 
     async def execute_tool(envelope: EffectEnvelope) -> dict[str, Any]:
@@ -879,6 +949,44 @@ def build_services(
         document = outcome.model_dump(mode="json")
         return await ctx.run("encode outcome", encode, args=(group_key, rk, position, document))
 
+    def tool_action(
+        req: dict[str, Any],
+        envelope: EffectEnvelope,
+        guard: bool,
+        rerun: bool,
+        seen: dict[str, str],
+    ) -> Callable[[], Coroutine[Any, Any, dict[str, Any]]]:
+        """The tool's run: its outcome (with a payload policy, its stored form, the
+        plaintext status kept in ``seen``), or :data:`HELD`."""
+        group_key = req["group_key"]
+
+        async def action() -> dict[str, Any]:
+            outcome = await guarded_tool(group_key, envelope, guard, rerun)
+            if outcome == HELD:
+                # encoded now: once a cancel ends the hold the child awaits nothing more
+                # (a cancel still pending would cut that await, and the settle with it)
+                outcome = {**HELD, "cancelled": Outcome.cancelled().model_dump(mode="json")}
+            elif payloads is not None:
+                seen["status"] = outcome["status"]
+            if payloads is not None:
+                rk, position = envelope.replay_key, req["position"]
+                if outcome.get("held"):
+                    cancelled = await encode(group_key, rk, position, outcome["cancelled"])
+                    return {**outcome, "cancelled": cancelled}
+                return await encode(group_key, rk, position, outcome)
+            return outcome
+
+        return action
+
+    async def stored_status(group_key: str, rk: str, position: int, stored: Any) -> str | None:
+        """The status of a stored outcome whose run this attempt replayed (``None``:
+        unreadable here)."""
+        try:
+            decoded = await decode_outcome(payloads, group_key, rk, stored, position=position)
+        except EffectHostError:
+            return None
+        return decoded.status
+
     @child.handler()
     async def run(ctx: restate.Context, req: dict[str, Any]) -> dict[str, Any]:
         """One child, run once: execute, store the outcome, send the settlement (G-37).
@@ -892,6 +1000,8 @@ def build_services(
         terminal: TerminalError | None = None
         stored: Any = None
         outcome: Outcome | None = None
+        seen: dict[str, str] = {}
+        settles_cancelled: Any = None
         try:
             if req.get("target"):
                 outcome = await route(ctx, req["target"], envelope)
@@ -903,26 +1013,33 @@ def build_services(
                 ctx.object_send(event_wait, group_key, {"replay_key": rk, "awakeable": aid})
                 event = await arrived
                 outcome = Outcome.success(event.get("v"))
-            elif payloads is not None:
-                guard = _guarded(ctx, req)
-
-                async def sealed_action() -> dict[str, Any]:
-                    outcome = await guarded_tool(group_key, envelope, guard)
-                    return await encode(group_key, rk, position, outcome)
-
-                stored = await ctx.run("execute", sealed_action)
             else:
                 guard = _guarded(ctx, req)
-
-                async def action() -> dict[str, Any]:
-                    return await guarded_tool(group_key, envelope, guard)
-
-                outcome = Outcome.model_validate(await ctx.run("execute", action))
+                action = tool_action(req, envelope, guard, _rerun(ctx), seen)
+                executed: dict[str, Any] = await ctx.run("execute", action)
+                if executed.get("held"):
+                    # a loser of a decided group re-run after a crash (R-13): it starts
+                    # its tool only once a caller awaits a rank that does not exist yet
+                    settles_cancelled = executed["cancelled"]
+                    aid, woken = ctx.awakeable(type_hint=dict)
+                    ctx.object_send(hold, group_key, {"awakeable": aid, "epoch": epoch})
+                    if (await woken).get("run"):
+                        settles_cancelled = None
+                        action = tool_action(req, envelope, guard, False, seen)
+                        executed = await ctx.run("execute held", action)
+                    else:
+                        executed = settles_cancelled
+                if payloads is not None:
+                    stored = executed
+                else:
+                    outcome = Outcome.model_validate(executed)
         except TerminalError as exc:
             terminal = exc
             stored = None
             if exc.status_code == CANCELLED_CODE:
                 outcome = Outcome.cancelled()
+                if payloads is not None:
+                    stored = settles_cancelled  # a held child cut: encoded already
             else:
                 outcome = Outcome.failure("TerminalError", exc.message, code=exc.status_code)
         message: dict[str, Any] = {
@@ -936,6 +1053,14 @@ def build_services(
                 stored = await encoded(ctx, group_key, rk, position, outcome)
             message["stored"] = stored
             result: dict[str, Any] = stored
+            if req.get("first_success"):
+                status = (
+                    seen.get("status")
+                    or (outcome.status if outcome is not None else None)
+                    or await stored_status(group_key, rk, position, stored)
+                )
+                if status == "success":
+                    message["won"] = True
         else:
             assert outcome is not None
             document = outcome.model_dump(mode="json")
@@ -945,6 +1070,8 @@ def build_services(
             else:
                 message["outcome"] = document
             result = document
+            if req.get("first_success") and outcome.status == "success":
+                message["won"] = True
         ctx.object_send(settle, group_key, message)
         if terminal is not None:
             raise terminal
