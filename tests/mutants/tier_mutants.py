@@ -369,15 +369,15 @@ TIER_MUTANTS: list[TierMutant] = [
     TierMutant(
         "CloseClearsOnlyTheShape",
         "G-41",
-        "G-41: close clears the keys it names (shape, children, counter, waiters) and "
+        "G-41: retirement clears the keys it names (shape, children, counter, waiters) and "
         "leaves the per-rank, per-child and invocation keys behind, so a closed group's "
         "object state grows with every child it ever had.",
         ENDPOINT,
-        "        ctx.clear_all()  # the tombstone retires the group: it holds no replay key now\n"
-        '        ctx.set("tombstone"',
+        "        ctx.clear_all()\n"
+        '        ctx.set("tombstone", {"effective": effective',
         '        for name in ("shape", "children", "counter", "waiters"):\n'
         "            ctx.clear(name)\n"
-        '        ctx.set("tombstone"',
+        '        ctx.set("tombstone", {"effective": effective',
         (f"{RESTATE}test_G41_close_leaves_only_the_tombstone",),
     ),
     TierMutant(
