@@ -68,6 +68,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy  #
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError  # noqa: E402
 from temporalio.service import RPCError, RPCStatusCode  # noqa: E402
 
+from ._claims import Claims  # noqa: E402
 from ._codec import is_sealed_payload_error, sealed_client  # noqa: E402
 from ._shared import (  # noqa: E402
     AWAIT_RANKS_UPDATE,
@@ -191,6 +192,7 @@ class TemporalEffectHost(WiredController):
         self._expected: dict[str, bool] = {}
         self._owned: dict[str, tuple[int, str, str]] = {}
         self._batches: dict[str, _Batch] = {}
+        self._claims = Claims(client)
         self.incarnation = f"{uuid.uuid4().hex}"
         _LIVE_OPENERS.add(self.incarnation)
 
@@ -251,10 +253,42 @@ class TemporalEffectHost(WiredController):
     async def _open(self, group: EffectGroup, *, check_routes: bool) -> GroupHandle:
         self._require_wired(group.key)
         plan = self._plan(group)
-        if check_routes:
-            miss = self._first_unresolvable(group)
-            if miss is not None and not await self._exists(group.key):
-                raise group_shape_error(group, *miss)
+        miss = self._first_unresolvable(group) if check_routes else None
+        fresh = await self._claim(group)
+        if miss is not None and not await self._exists(group.key):
+            await self._claims.release(fresh)
+            raise group_shape_error(group, *miss)
+        try:
+            await self._start(group, plan)
+        except EffectHostError:
+            if fresh and not await self._exists(group.key):
+                await self._claims.release(fresh)  # refused: the open records nothing
+            raise
+        self._expected[group.key] = True
+        self._owned[group.key] = (
+            group.child_count,
+            group.wake.value,
+            group.disposition.value,
+        )
+        return group.handle()
+
+    async def _claim(self, group: EffectGroup) -> list[tuple[str, str]]:
+        """Claim the group's replay keys (R-6; :mod:`._claims`): the claims started here.
+        A key another live group holds refuses a first open and records nothing; a
+        reopen goes on to the group's own fences (R-2: ``GroupClosed`` and the shape come
+        first, and its children are fenced against its record)."""
+        claimed = await self._claims.claim(group.key, [c.replay_key for c in group.children])
+        if claimed.holder is None:
+            return claimed.fresh
+        if await self._exists(group.key):
+            return claimed.fresh
+        await self._claims.release(claimed.fresh)
+        assert claimed.position is not None and claimed.replay_key is not None
+        raise kit.replay_key_taken(group.key, claimed.position, claimed.replay_key, claimed.holder)
+
+    async def _start(self, group: EffectGroup, plan: _Plan) -> None:
+        """Record the group (or reopen it): update-with-start, then the chunks the run
+        still lacks."""
         start = WithStartWorkflowOperation(
             EffectGroupWorkflow.run,
             plan.spec,
@@ -285,13 +319,6 @@ class TemporalEffectHost(WiredController):
         # cut as its manifest says (the children matched its digest).
         for index, lo, hi in opened.get("missing") or ():
             await self._send_chunk(group.key, index, plan.entries[lo:hi])
-        self._expected[group.key] = True
-        self._owned[group.key] = (
-            group.child_count,
-            group.wake.value,
-            group.disposition.value,
-        )
-        return group.handle()
 
     async def _send_chunk(self, key: str, index: int, entries: list[dict[str, Any]]) -> None:
         digest = children_digest(_pairs(entries))
