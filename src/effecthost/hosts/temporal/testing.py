@@ -179,6 +179,34 @@ class DevServer:
             self._log.close()
             self._log = None
 
+    async def kill(self) -> None:
+        """SIGKILL: a crash, not a shutdown (the database file stays)."""
+        process, self.process = self.process, None
+        if process is not None:
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(process.wait)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    async def restart(self, client: Client | None = None) -> None:
+        """Start again on the same ports and database file; returns once it answers
+        (through ``client`` when given: its connection is the one that must recover)."""
+        self._spawn()
+        probe = client or await connect(self.address)
+        deadline = time.monotonic() + 60
+        delay = 0.05
+        while True:
+            try:
+                await probe.workflow_service.get_system_info(GetSystemInfoRequest())
+                return
+            except RPCError:
+                if time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(delay)  # the server is not answering yet: back off
+            delay = min(delay * 2, 0.5)
+
 
 def _drain(pipe: IO[bytes], log_path: Path) -> None:
     """Copy ``pipe`` to the end of ``log_path`` until the writer closes it: a pipe nobody
