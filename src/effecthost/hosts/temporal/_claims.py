@@ -91,11 +91,18 @@ class Claims:
     a group key, which is plaintext as a workflow id anyway."""
 
     def __init__(self, client: Client) -> None:
-        self._client = Client(
-            client.service_client,
-            namespace=client.namespace,
-            data_converter=DataConverter.default,
-        )
+        self._of = client
+        self._plain: Client | None = None
+
+    @property
+    def _client(self) -> Client:
+        if self._plain is None:
+            self._plain = Client(
+                self._of.service_client,
+                namespace=self._of.namespace,
+                data_converter=DataConverter.default,
+            )
+        return self._plain
 
     async def claim(self, group_key: str, replay_keys: Sequence[str]) -> Claimed:
         """Claim every key of ``replay_keys`` for ``group_key``. Refused (``holder`` set)

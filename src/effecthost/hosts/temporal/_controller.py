@@ -785,6 +785,8 @@ class TemporalEffectHost(WiredController):
                 value,
                 id=f"deliver-{uuid.uuid4().hex}",  # a retry is answered, not applied again
             )
+        except WorkflowUpdateFailedError as exc:
+            _raise_from(exc.cause, group_key)  # a group whose chunked open is partial
         except RPCError as exc:
             if exc.status != RPCStatusCode.NOT_FOUND:
                 raise
