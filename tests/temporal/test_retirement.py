@@ -14,6 +14,7 @@ from effecthost.contract import (
     EffectEnvelope,
     EffectGroup,
     EffectKind,
+    GroupShapeMismatch,
     LoserPolicy,
     ReplayMismatch,
     WakePolicy,
@@ -49,7 +50,8 @@ def test_R6_a_live_groups_prefixed_keys_refuse_another_group(tmp_path: Path) -> 
     """R-6: keys of the form ``{prefix}:{n}`` (the combinators') are claimed per prefix:
     a group reusing one that a live group holds is ``ReplayMismatch`` naming both group
     keys, and nothing of it is recorded (no workflow, no child started); a plain key
-    likewise; the holder's own reopen is not refused."""
+    likewise; the holder's own reopen is not refused, and its refused reopen with another
+    child claims nothing (that child's key opens in another group)."""
     asyncio.run(_prefixed(tmp_path))
 
 
@@ -69,6 +71,14 @@ async def _prefixed(root: Path) -> None:
             assert refused.value.replay_key == reused and refused.value.position == 1
             assert not await _listed(ctl, other.key)
         assert lab.count("started", "r6.own") == 0
+        with pytest.raises(GroupShapeMismatch):  # a refused reopen claims nothing
+            await ctl.open_effect_group(_group(holder, step("r6.extra")))
+        extra = await ctl.open_effect_group(
+            _group("r6:group:c:0", step("r6.extra", gate=False, result="X"))
+        )
+        settled = await asyncio.wait_for(ctl.await_next_settlement(extra), 20)
+        assert settled.outcome.value == "X"
+        await ctl.close_effect_group(extra)
         lab.open_all("")
         for _ in range(3):
             await asyncio.wait_for(ctl.await_next_settlement(handle), 20)

@@ -399,8 +399,9 @@ class TemporalEffectHost(WiredController):
         except EngineUnavailable:
             raise  # it may have committed: a retry of the open is its reopen
         except EffectHostError:
-            if fresh and not await self._exists(group.key):
-                await self._release(fresh)  # refused: the open records nothing
+            # Refused: the open records nothing. A claim it started was not its group's
+            # before (a group holding the key is answered, not started), so it goes too.
+            await self._release(fresh)
             raise
         self._expected[group.key] = True
         self._owned[group.key] = (
