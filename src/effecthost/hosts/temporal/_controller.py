@@ -271,9 +271,8 @@ class TemporalEffectHost(WiredController):
     assigns the ranks as it records the reports (G-43). No run then holds more pending
     activities than one shard. By default (``shard_size=None``) a group of up to
     ``SHARD_CHILDREN`` runs in one workflow and a wider one in shards of
-    ``WIDE_SHARD_CHILDREN``. Smaller shards cost the server less per child, but a
-    10,000-child group in shards of 100 was seen to stall its worker (docs/temporal.md,
-    "Limits"): measure before lowering it.
+    ``WIDE_SHARD_CHILDREN``. Smaller shards cost the server less per child; measure
+    before lowering it (docs/temporal.md, "Limits").
 
     A group whose encoded children exceed ``chunk_bytes`` (one workflow input may be at
     most 2 MiB) opens in chunks: the run starts with the shape and the children's digests,
