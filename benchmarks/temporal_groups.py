@@ -1,6 +1,7 @@
 """Temporal tier benchmark: effecthost groups against a native Temporal workflow.
 
     .venv/bin/python benchmarks/temporal_groups.py [--rounds 60] [--runs 3] [--out FILE]
+        [--against native|unclaimed]
 
 Starts a dev server (the tier's ``DevServer``, on free ports) unless
 ``EFFECTHOST_TEMPORAL_ADDRESS`` is set (then that server and
@@ -18,9 +19,12 @@ file with ``--worker``):
 For a 2-child race and a 50-child all it measures, one group at a time from one caller
 (effecthost and native rounds interleaved, in ``--runs`` runs), group latency p50/p95
 and groups/s of both, and the ratio (effecthost groups/s ÷ native groups/s: the median of
-the per-run ratios, with their range). Prints a table and writes JSON
-(``--out``, default benchmarks/results/temporal.json). Every process it starts is
-stopped, even on error.
+the per-run ratios, with their range). ``--against unclaimed`` compares effecthost with
+itself without the replay-key claim of each open (R-6: the open path of the release
+before it), rounds alternating in one run, instead of with the native workflow. Prints
+a table and writes JSON (``--out``, default benchmarks/results/temporal.json, or
+temporal_unclaimed.json against ``unclaimed``). Every process it starts is stopped, even on
+error.
 """
 
 from __future__ import annotations
@@ -150,6 +154,19 @@ def bench_worker(kind: str, address: str, namespace: str, task_queue: str, log: 
     return process
 
 
+def _unclaimed() -> type:
+    from effecthost.contract import EffectGroup
+    from effecthost.hosts.temporal import TemporalEffectHost
+
+    class Unclaimed(TemporalEffectHost):
+        """The controller without the replay-key claim of each open (R-6)."""
+
+        async def _claim(self, group: EffectGroup) -> list[tuple[str, str]]:
+            return []
+
+    return Unclaimed
+
+
 # -- measuring -------------------------------------------------------------------------
 
 
@@ -209,7 +226,9 @@ def rounds_for(n: int, rounds: int, runs: int) -> int:
     return rounds if n == 2 else max(runs, rounds // 4)
 
 
-async def run_benchmark(rounds: int, runs: int, work_dir: Path) -> dict[str, Any]:
+async def run_benchmark(
+    rounds: int, runs: int, work_dir: Path, against: str = "native"
+) -> dict[str, Any]:
     from effecthost.combinators import Scope, all_, race, tool
     from effecthost.contract import LoserPolicy
     from effecthost.hosts.temporal import TemporalEffectHost
@@ -220,6 +239,7 @@ async def run_benchmark(rounds: int, runs: int, work_dir: Path) -> dict[str, Any
         connect,
     )
 
+    Unclaimed = _unclaimed()
     namespace = os.environ.get(NAMESPACE_ENV, "default")
     address = os.environ.get(ADDRESS_ENV, "")
     server = None if address else DevServer(work_dir / "temporal")
@@ -238,6 +258,7 @@ async def run_benchmark(rounds: int, runs: int, work_dir: Path) -> dict[str, Any
             workers.append(worker)
             await worker.start()
         host = TemporalEffectHost(client, queues["effecthost"], bench_tools())
+        unclaimed = Unclaimed(client, queues["effecthost"], bench_tools())
         scope = Scope(scope_id=f"bench-{suffix}")
 
         rows = []
@@ -258,8 +279,14 @@ async def run_benchmark(rounds: int, runs: int, work_dir: Path) -> dict[str, Any
                     task_queue=queues["native"],
                 )
 
+            async def without_claims(op: str = op, calls: list[Any] = calls) -> Any:
+                if op == "race":
+                    return await race(unclaimed, scope, calls, disposition=LoserPolicy.CANCEL)
+                return await all_(unclaimed, scope, calls)
+
+            other = native if against == "native" else without_claims
             measured = await measure(
-                {"effecthost": grouped, "native": native}, rounds_for(n, rounds, runs), runs
+                {"effecthost": grouped, "native": other}, rounds_for(n, rounds, runs), runs
             )
             rows.append({"workload": f"{n}-child {op}", **measured})
     except Exception:
@@ -274,6 +301,7 @@ async def run_benchmark(rounds: int, runs: int, work_dir: Path) -> dict[str, Any
         if server is not None:
             await server.stop()
     return {
+        "against": against,
         "temporal": cli_version() if server is not None else f"external server {address}",
         "python": platform.python_version(),
         "cpus": os.cpu_count() or 0,
@@ -300,12 +328,12 @@ def dump_logs(work_dir: Path) -> None:
             print("\n".join(lines), file=sys.stderr)
 
 
-async def main(rounds: int, runs: int, work_dir: Path) -> dict[str, Any]:
+async def main(rounds: int, runs: int, work_dir: Path, against: str) -> dict[str, Any]:
     # A SIGTERM cancels the run like Ctrl-C does, so the cleanup above still runs.
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    return await run_benchmark(rounds, runs, work_dir)
+    return await run_benchmark(rounds, runs, work_dir, against)
 
 
 # -- report ----------------------------------------------------------------------------
@@ -316,9 +344,11 @@ def table(document: dict[str, Any]) -> str:
         f"{'workload':<15}{'groups':>7}{'eh p50 ms':>11}{'eh p95 ms':>11}{'eh groups/s':>13}"
         f"{'nat p50 ms':>12}{'nat p95 ms':>12}{'nat groups/s':>14}{'ratio':>7}{'(range)':>13}"
     )
+    other = document.get("against", "native")
+    what = "native workflow" if other == "native" else "effecthost without replay-key claims"
     lines = [
         f"temporal={document['temporal']}  python={document['python']}  "
-        f"cpus={document['cpus']}  (eh = effecthost, nat = native workflow)",
+        f"cpus={document['cpus']}  (eh = effecthost, nat = {what})",
         header,
         "-" * len(header),
     ]
@@ -354,8 +384,12 @@ def _cli() -> None:
         "--rounds", type=int, default=60, help="groups per workload (the all runs a quarter)"
     )
     parser.add_argument("--runs", type=int, default=3, help="runs per workload (ratio range)")
+    parser.add_argument("--out", type=Path, help="the JSON file to write")
     parser.add_argument(
-        "--out", type=Path, default=Path(__file__).parent / "results" / "temporal.json"
+        "--against",
+        choices=["native", "unclaimed"],
+        default="native",
+        help="compare with the native workflow, or with effecthost without R-6's claims",
     )
     parser.add_argument("--worker", choices=["effecthost", "native"], help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
@@ -368,13 +402,15 @@ def _cli() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="effecthost-bench-") as tmp:
         try:
-            document = asyncio.run(main(options.rounds, options.runs, Path(tmp)))
+            document = asyncio.run(main(options.rounds, options.runs, Path(tmp), options.against))
         except (KeyboardInterrupt, asyncio.CancelledError):
             raise SystemExit("interrupted; the server and workers were stopped") from None
     document["wall_s"] = round(time.perf_counter() - started, 1)
     print(table(document))
-    write_json(document, options.out)
-    print(f"wrote {options.out} in {document['wall_s']} s")
+    name = "temporal.json" if options.against == "native" else "temporal_unclaimed.json"
+    out = options.out or Path(__file__).parent / "results" / name
+    write_json(document, out)
+    print(f"wrote {out} in {document['wall_s']} s")
 
 
 if __name__ == "__main__":

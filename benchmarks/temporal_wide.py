@@ -11,7 +11,10 @@ of ``s``), alternating which goes first each round. A group over one workflow in
 these children) opens in chunks. Each row also gives the group's history event count (a
 run may hold 51,200), its open time, and the CPU the dev server and the worker spent per
 child (Linux ``/proc``; less noisy than wall time on a shared machine, and the server's
-is most of the cost). Prints a table and writes JSON (``--out``, default
+is most of the cost), and how much the worker wrote to its log meanwhile (its stderr,
+and its stdout, which the tier's ``WorkerProcess`` copies there after the ``ready`` line:
+the SDK core's warnings go to stdout, and an unread pipe blocked the worker once they
+passed about 64 KiB). Prints a table and writes JSON (``--out``, default
 benchmarks/results/temporal_wide.json).
 """
 
@@ -89,18 +92,22 @@ async def run(
         cpu: dict[tuple[int, str], list[tuple[float, float]]] = {cell: [] for cell in cells}
         events: dict[tuple[int, str], int] = {}
         loads: dict[tuple[int, str], list[float]] = {cell: [] for cell in cells}
+        logged: dict[tuple[int, str], list[int]] = {cell: [] for cell in cells}
+        log = work_dir / "w.log"
         names = list(hosts)
         for i in range(rounds):
             for n in widths:
                 calls = [tool(WORK, j) for j in range(n)]
                 for name in names[i % len(names) :] + names[: i % len(names)]:
                     c0 = [_cpu_seconds(pid) for pid in pids]
+                    b0 = log.stat().st_size
                     t0 = time.perf_counter()
                     values = await all_(hosts[name], scope, calls)
                     samples[n, name].append(time.perf_counter() - t0)
                     c1 = [_cpu_seconds(pid) for pid in pids]
                     cpu[n, name].append((c1[0] - c0[0], c1[1] - c0[1]))
                     loads[n, name].append(os.getloadavg()[0])
+                    logged[n, name].append(log.stat().st_size - b0)
                     assert values == list(range(n))
                     key, open_time = opened[-1]
                     opens[n, name].append(open_time)
@@ -123,6 +130,7 @@ async def run(
                     "server_cpu_us_per_child_median": server_cpu,
                     "worker_cpu_us_per_child_median": worker_cpu,
                     "load_average_range": load,
+                    "worker_log_bytes": logged[n, name],
                 }
             )
             print(
@@ -131,7 +139,7 @@ async def run(
                 f"{min(per_child):.0f}–{max(per_child):.0f}  open "
                 f"{statistics.median(opens[n, name]):.2f} s  history {events[n, name]} events  "
                 f"cpu/child server {server_cpu:.0f} µs worker {worker_cpu:.0f} µs  "
-                f"load {load[0]:.1f}–{load[1]:.1f}",
+                f"load {load[0]:.1f}–{load[1]:.1f}  worker log +{max(logged[n, name])} bytes",
                 flush=True,
             )
         for host in hosts.values():

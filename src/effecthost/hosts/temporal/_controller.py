@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from effecthost.contract import (
     CursorExhausted,
@@ -19,6 +21,7 @@ from effecthost.contract import (
     EffectGroup,
     EffectHostError,
     EffectKind,
+    EngineUnavailable,
     GroupClosed,
     GroupDrain,
     GroupExecutors,
@@ -58,16 +61,21 @@ require("temporal", "temporal", "temporalio")
 
 from temporalio.client import (  # noqa: E402
     Client,
+    RPCTimeoutOrCancelledError,
     WithStartWorkflowOperation,
     WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
-    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy  # noqa: E402
-from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError  # noqa: E402
+from temporalio.exceptions import (  # noqa: E402
+    ApplicationError,
+    TemporalError,
+    WorkflowAlreadyStartedError,
+)
 from temporalio.service import RPCError, RPCStatusCode  # noqa: E402
 
+from ._claims import Claims  # noqa: E402
 from ._codec import is_sealed_payload_error, sealed_client  # noqa: E402
 from ._shared import (  # noqa: E402
     AWAIT_RANKS_UPDATE,
@@ -101,7 +109,137 @@ _ERRORS: dict[str, type[EffectHostError]] = {
     )
 }
 
-_NOT_READY_PATIENCE = 30.0
+RETRY_FOR = 60.0
+"""How long an open, a close or a ``deliver_event`` retries a transient outage by default
+before raising ``EngineUnavailable`` (R-12; the controller's ``retry_for``)."""
+
+MAX_BACKOFF = 5.0
+"""The longest pause between two tries of a call the server did not answer."""
+
+_TRANSIENT = frozenset(
+    {
+        RPCStatusCode.UNAVAILABLE,  # the server is down or unreachable
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.FAILED_PRECONDITION,  # no worker polls, or the run's task is not done
+        RPCStatusCode.ABORTED,
+        RPCStatusCode.INTERNAL,
+        RPCStatusCode.UNKNOWN,
+        RPCStatusCode.CANCELLED,
+    }
+)
+"""Answers that say nothing about the group: the call is tried again."""
+
+
+@dataclass(frozen=True)
+class _Operation:
+    """The public call in progress: what it is, its group, since when it tries and for
+    how long (``None``: until the caller's own deadline, as an await)."""
+
+    name: str
+    key: str | None
+    started: float
+    bound: float | None
+
+
+_CURRENT: contextvars.ContextVar[_Operation | None] = contextvars.ContextVar(
+    "effecthost_temporal_operation", default=None
+)
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def _key_of(first: Any) -> str | None:
+    if isinstance(first, EffectGroup):
+        return first.key
+    if isinstance(first, GroupHandle):
+        return first.group_key
+    return first if isinstance(first, str) else None
+
+
+@contextlib.contextmanager
+def _operation(name: str, key: str | None, bound: float | None) -> Iterator[None]:
+    """Run a public call (R-12): its RPCs retry a transient outage for ``bound`` seconds
+    (``None``: until the caller's own deadline), and no exception of the SDK leaves it:
+    what is left is ``EngineUnavailable``."""
+    operation = _Operation(name, key, time.monotonic(), bound)
+    token = _CURRENT.set(operation)
+    try:
+        yield
+    except TemporalError as exc:
+        raise _unavailable(operation, f"the server answered {exc}") from None
+    finally:
+        _CURRENT.reset(token)
+
+
+def _public(name: str, *, waits: bool = False) -> Callable[[F], F]:
+    """A public method run as :func:`_operation` ``name`` on the group its first argument
+    names, bounded by the controller's ``retry_for`` unless it ``waits``."""
+
+    def wrap(method: F) -> F:
+        @functools.wraps(method)
+        async def guarded(self: TemporalEffectHost, *args: Any, **kwargs: Any) -> Any:
+            key = _key_of(args[0]) if args else None
+            with _operation(name, key, None if waits else self._retry_for):
+                return await method(self, *args, **kwargs)
+
+        return guarded  # type: ignore[return-value]
+
+    return wrap
+
+
+def _unavailable(operation: _Operation, why: str) -> EngineUnavailable:
+    spent = time.monotonic() - operation.started
+    subject = f"group {operation.key!r}" if operation.key is not None else "the groups"
+    return EngineUnavailable(
+        f"{operation.name} of {subject}: {why} (tried for {spent:.1f} s)",
+        group_key=operation.key,
+        operation=operation.name,
+        tried_for=spent,
+    )
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def _call(call: Callable[[], Awaitable[T]]) -> T:
+    """``call()``, tried again with backoff while the server or the group's worker does
+    not answer (R-12), within the current public call's bound; past it,
+    ``EngineUnavailable``. Cancelling the caller raises ``CancelledError`` (the SDK
+    reports a cancelled update as an RPC timeout-or-cancel error)."""
+    operation = _CURRENT.get() or _Operation("call", None, time.monotonic(), RETRY_FOR)
+    delay = 0.05
+    last = "no answer"
+    while True:
+        left = None
+        if operation.bound is not None:
+            left = operation.started + operation.bound - time.monotonic()
+            if left <= 0:
+                raise _unavailable(operation, f"the Temporal server did not answer ({last})")
+        try:
+            if left is None:
+                return await call()
+            return await asyncio.wait_for(call(), left)
+        except TimeoutError:
+            if left is None:
+                raise
+            last = "timed out"
+        except RPCTimeoutOrCancelledError as exc:
+            if _cancelling():
+                raise asyncio.CancelledError from None
+            last = str(exc)
+        except RPCError as exc:
+            if exc.status not in _TRANSIENT:
+                raise
+            if exc.status == RPCStatusCode.CANCELLED and _cancelling():
+                raise asyncio.CancelledError from None
+            last = f"{exc.status.name}: {exc.message}"
+        pause = delay if left is None else min(delay, max(0.0, left))
+        await asyncio.sleep(pause)  # the server or the worker is away: back off
+        delay = min(delay * 2, MAX_BACKOFF)
+
 
 _LIVE_OPENERS: set[str] = set()
 """Incarnations of the controllers alive in this process (see the drain)."""
@@ -133,14 +271,18 @@ class TemporalEffectHost(WiredController):
     assigns the ranks as it records the reports (G-43). No run then holds more pending
     activities than one shard. By default (``shard_size=None``) a group of up to
     ``SHARD_CHILDREN`` runs in one workflow and a wider one in shards of
-    ``WIDE_SHARD_CHILDREN``. Smaller shards cost the server less per child, but a
-    10,000-child group in shards of 100 was seen to stall its worker (docs/temporal.md,
-    "Limits"): measure before lowering it.
+    ``WIDE_SHARD_CHILDREN``. Smaller shards cost the server less per child; measure
+    before lowering it (docs/temporal.md, "Limits").
 
     A group whose encoded children exceed ``chunk_bytes`` (one workflow input may be at
     most 2 MiB) opens in chunks: the run starts with the shape and the children's digests,
     the children follow in chunk updates of at most ``chunk_bytes`` each, and the run
     starts no child until all are recorded; shards are then cut at ``chunk_bytes`` too.
+
+    Outages (R-12): a call the server or the group's worker does not answer is tried
+    again with backoff; an await until it is answered (the caller's deadline bounds it),
+    any other call for ``retry_for`` seconds, then ``EngineUnavailable``. No exception
+    of the SDK leaves the controller.
     """
 
     def __init__(
@@ -157,6 +299,7 @@ class TemporalEffectHost(WiredController):
         test_hooks: bool = False,
         shard_size: int | None = None,
         chunk_bytes: int = MAX_SPEC_BYTES,
+        retry_for: float = RETRY_FOR,
     ) -> None:
         if keys is not None:
             client = sealed_client(client, keys)
@@ -188,9 +331,13 @@ class TemporalEffectHost(WiredController):
             raise ValueError(f"chunk_bytes must be between 1 and {MAX_SPEC_BYTES}")
         self._chunk_bytes = chunk_bytes
         self._visibility_wait = visibility_wait
+        if retry_for < 0:
+            raise ValueError("retry_for must not be negative")
+        self._retry_for = retry_for
         self._expected: dict[str, bool] = {}
         self._owned: dict[str, tuple[int, str, str]] = {}
         self._batches: dict[str, _Batch] = {}
+        self._claims = Claims(client)
         self.incarnation = f"{uuid.uuid4().hex}"
         _LIVE_OPENERS.add(self.incarnation)
 
@@ -216,33 +363,23 @@ class TemporalEffectHost(WiredController):
         return self._client.get_workflow_handle(key)
 
     async def _update(self, key: str, update: Any, *args: Any, id: str | None = None) -> Any:
-        """An update, retried while the server answers that the workflow is not ready
-        (``FAILED_PRECONDITION``: its current workflow task has not completed yet).
+        """An update, tried again while the server or the worker does not answer (R-12;
+        ``FAILED_PRECONDITION`` also says the run's current workflow task has not
+        completed yet). A retry sends the same update id, so an update the server has
+        completed is answered from its stored outcome, never applied twice.
 
         Cancelling the caller while the update is in flight raises ``CancelledError``, as
-        on every tier (G-19): the SDK reports it as an RPC timeout-or-cancel error once the
-        update has been sent."""
-        delay = 0.02
-        deadline = time.monotonic() + _NOT_READY_PATIENCE
-        while True:
-            try:
-                return await self._handle(key).execute_update(update, args=list(args), id=id)
-            except WorkflowUpdateRPCTimeoutOrCancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise asyncio.CancelledError from None
-                raise
-            except RPCError as exc:
-                if exc.status != RPCStatusCode.FAILED_PRECONDITION or time.monotonic() > deadline:
-                    raise
-            await asyncio.sleep(delay)  # the server asked us to come back: back off
-            delay = min(delay * 2, 0.5)
+        on every tier (G-19)."""
+        handle = self._handle(key)
+        return await _call(lambda: handle.execute_update(update, args=list(args), id=id))
 
     # -- open ---------------------------------------------------------------------------
 
+    @_public("open")
     async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
         return await self._open(require_group(group), check_routes=True)
 
+    @_public("open")
     async def open_unresolved(self, group: EffectGroup) -> GroupHandle:
         """Open without resolving children locally (a caller that does not share the
         worker's resolver); an unbound child then ends as a terminal 404 (G-14)."""
@@ -251,31 +388,82 @@ class TemporalEffectHost(WiredController):
     async def _open(self, group: EffectGroup, *, check_routes: bool) -> GroupHandle:
         self._require_wired(group.key)
         plan = self._plan(group)
-        if check_routes:
-            miss = self._first_unresolvable(group)
-            if miss is not None and not await self._exists(group.key):
-                raise group_shape_error(group, *miss)
-        start = WithStartWorkflowOperation(
-            EffectGroupWorkflow.run,
-            plan.spec,
-            id=group.key,
-            task_queue=self._task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            memo={MEMO_STATE: "open"},
-            static_summary=_summary(group),
-            static_details=_details(group),
-        )
+        miss = self._first_unresolvable(group) if check_routes else None
+        fresh = await self._claim(group)
+        if miss is not None and not await self._exists(group.key):
+            await self._release(fresh)
+            raise group_shape_error(group, *miss)
         try:
-            opened: Any = await self._client.execute_update_with_start_workflow(
-                EffectGroupWorkflow.open, plan.fence, start_workflow_operation=start
+            await self._start(group, plan)
+        except EngineUnavailable:
+            raise  # it may have committed: a retry of the open is its reopen
+        except EffectHostError:
+            # Refused: the open records nothing. A claim it started was not its group's
+            # before (a group holding the key is answered, not started), so it goes too.
+            await self._release(fresh)
+            raise
+        self._expected[group.key] = True
+        self._owned[group.key] = (
+            group.child_count,
+            group.wake.value,
+            group.disposition.value,
+        )
+        return group.handle()
+
+    async def _claim(self, group: EffectGroup) -> list[tuple[str, str]]:
+        """Claim the group's replay keys (R-6; :mod:`._claims`): the claims started here.
+        A key another live group holds refuses a first open and records nothing; a
+        reopen goes on to the group's own fences (R-2: ``GroupClosed`` and the shape come
+        first, and its children are fenced against its record)."""
+        keys = [c.replay_key for c in group.children]
+        claimed = await _call(lambda: self._claims.claim(group.key, keys))
+        if claimed.holder is None:
+            return claimed.fresh
+        if await self._exists(group.key):
+            return claimed.fresh
+        await self._release(claimed.fresh)
+        assert claimed.position is not None and claimed.replay_key is not None
+        raise kit.replay_key_taken(group.key, claimed.position, claimed.replay_key, claimed.holder)
+
+    async def _release(self, fresh: list[tuple[str, str]]) -> None:
+        if fresh:
+            await _call(lambda: self._claims.release(fresh))
+
+    async def _start(self, group: EffectGroup, plan: _Plan) -> None:
+        """Record the group (or reopen it): update-with-start, then the chunks the run
+        still lacks."""
+        update_id = f"open-{uuid.uuid4().hex}"  # a retry is answered, not applied again
+
+        async def attempt() -> Any:
+            start = WithStartWorkflowOperation(
+                EffectGroupWorkflow.run,
+                plan.spec,
+                id=group.key,
+                task_queue=self._task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                memo={MEMO_STATE: "open"},
+                static_summary=_summary(group),
+                static_details=_details(group),
             )
+            try:
+                return await self._client.execute_update_with_start_workflow(
+                    EffectGroupWorkflow.open,
+                    plan.fence,
+                    start_workflow_operation=start,
+                    id=update_id,
+                )
+            except WorkflowAlreadyStartedError:
+                with contextlib.suppress(Exception):
+                    await start.workflow_handle()  # consume the start operation's failure
+                raise
+
+        try:
+            opened: Any = await _call(attempt)
         except WorkflowUpdateFailedError as exc:
             await self._name_mismatch(group.key, plan, exc)
             _raise_from(exc.cause, group.key)
         except WorkflowAlreadyStartedError:
-            with contextlib.suppress(Exception):
-                await start.workflow_handle()  # consume the start operation's failure too
             raise kit.group_closed(group.key) from None
         except RPCError as exc:
             if exc.status == RPCStatusCode.ALREADY_EXISTS:
@@ -285,13 +473,6 @@ class TemporalEffectHost(WiredController):
         # cut as its manifest says (the children matched its digest).
         for index, lo, hi in opened.get("missing") or ():
             await self._send_chunk(group.key, index, plan.entries[lo:hi])
-        self._expected[group.key] = True
-        self._owned[group.key] = (
-            group.child_count,
-            group.wake.value,
-            group.disposition.value,
-        )
-        return group.handle()
 
     async def _send_chunk(self, key: str, index: int, entries: list[dict[str, Any]]) -> None:
         digest = children_digest(_pairs(entries))
@@ -314,7 +495,9 @@ class TemporalEffectHost(WiredController):
         offer = _pairs(plan.entries)
         for start in range(0, len(offer), PAIRS_PAGE):
             try:
-                page: Any = await self._handle(key).query(f"{PAIRS_QUERY}{start}")
+                page: Any = await _call(
+                    functools.partial(self._handle(key).query, f"{PAIRS_QUERY}{start}")
+                )
             except (RPCError, WorkflowQueryFailedError):
                 return  # the refusal stands without a position
             recorded = [
@@ -389,7 +572,7 @@ class TemporalEffectHost(WiredController):
 
     async def _exists(self, key: str) -> bool:
         try:
-            await self._handle(key).describe()
+            await _call(self._handle(key).describe)
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 return False
@@ -403,7 +586,8 @@ class TemporalEffectHost(WiredController):
     ) -> dict[str, Any]:
         try:
             with _opened(key, rank):
-                result: dict[str, Any] = await self._handle(key).query(query, args=list(args))
+                handle = self._handle(key)
+                result: dict[str, Any] = await _call(lambda: handle.query(query, args=list(args)))
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 raise kit.unknown_group(key) from None
@@ -412,6 +596,7 @@ class TemporalEffectHost(WiredController):
             raise UnknownGroup(f"group {key!r} cannot be read: {exc}", group_key=key) from None
         return result
 
+    @_public("await", waits=True)
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
         """Serve rank ``consumed + 1`` from the batch this controller read last, else
         read a batch: a query of the ranks recorded after the cursor, and when none is,
@@ -493,6 +678,7 @@ class TemporalEffectHost(WiredController):
         first: dict[str, Any] = state["settlements"][0]
         return first
 
+    @_public("recorded_settlements")
     async def recorded_settlements(self, group_key: str) -> list[dict[str, Any]]:
         """Every settlement of ``group_key`` as history records it (outcomes in their
         stored form: a reference or an envelope when the worker has a policy). For
@@ -500,6 +686,7 @@ class TemporalEffectHost(WiredController):
         result: Any = await self._query(group_key, SETTLED_QUERY)
         return list(result)
 
+    @_public("overwrite_outcome")
     async def overwrite_outcome(self, group_key: str, replay_key: str, outcome: Any) -> None:
         """Test hook: replace the recorded outcome of a settled child (groups opened by a
         controller with ``test_hooks=True`` only; the update is refused otherwise)."""
@@ -510,6 +697,7 @@ class TemporalEffectHost(WiredController):
         except WorkflowUpdateFailedError as exc:
             _raise_from(exc.cause, group_key)
 
+    @_public("settlement_order")
     async def settlement_order(self, group_key: str) -> list[int]:
         self._require_wired(limits.check_key(group_key, what="the group key of settlement_order"))
         status = await self._query(group_key, "status")
@@ -517,6 +705,7 @@ class TemporalEffectHost(WiredController):
 
     # -- close --------------------------------------------------------------------------
 
+    @_public("close")
     async def close_effect_group(
         self, handle: GroupHandle, disposition: LoserPolicy | None = None
     ) -> None:
@@ -542,7 +731,7 @@ class TemporalEffectHost(WiredController):
             if exc.status == RPCStatusCode.RESOURCE_EXHAUSTED:
                 state = await self._query(key, "status")
                 if kit.check_close(key, handle, _record(key, state), target) is not None:
-                    await wf.signal(EffectGroupWorkflow.close_signal, target)
+                    await _call(lambda: wf.signal(EffectGroupWorkflow.close_signal, target))
             elif exc.status == RPCStatusCode.NOT_FOUND:
                 # Not found, or the run already finished (closed and retired: a later
                 # close is a no-op, R-4); the handle is still compared with the record.
@@ -574,7 +763,8 @@ class TemporalEffectHost(WiredController):
         except EffectHostError:
             return False
         try:
-            await self._handle(key).signal(EffectGroupWorkflow.close_signal, target)
+            wf = self._handle(key)
+            await _call(lambda: wf.signal(EffectGroupWorkflow.close_signal, target))
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 return False
@@ -583,11 +773,20 @@ class TemporalEffectHost(WiredController):
 
     # -- events -------------------------------------------------------------------------
 
+    @_public("deliver_event")
     async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
         self._require_wired(group_key)
         value = event_value(group_key, name, payload)
         try:
-            reached: int = await self._update(group_key, EffectGroupWorkflow.deliver, name, value)
+            reached: int = await self._update(
+                group_key,
+                EffectGroupWorkflow.deliver,
+                name,
+                value,
+                id=f"deliver-{uuid.uuid4().hex}",  # a retry is answered, not applied again
+            )
+        except WorkflowUpdateFailedError as exc:
+            _raise_from(exc.cause, group_key)  # a group whose chunked open is partial
         except RPCError as exc:
             if exc.status != RPCStatusCode.NOT_FOUND:
                 raise
@@ -604,12 +803,17 @@ class TemporalEffectHost(WiredController):
             f"WorkflowType = '{WORKFLOW_NAME}' AND ExecutionStatus = 'Running' "
             f"AND TaskQueue = '{self._task_queue}'"
         )
-        found: dict[str, bool] = {}
-        async for execution in self._client.list_workflows(query):
-            memo = await execution.memo()
-            found[execution.id] = memo.get(MEMO_STATE) == "closed"
-        return found
 
+        async def listing() -> dict[str, bool]:
+            found: dict[str, bool] = {}
+            async for execution in self._client.list_workflows(query):
+                memo = await execution.memo()
+                found[execution.id] = memo.get(MEMO_STATE) == "closed"
+            return found
+
+        return await _call(listing)
+
+    @_public("open_group_keys")
     async def open_group_keys(self) -> list[str]:
         """Groups not yet closed, from the visibility API (G-30).
 
@@ -646,6 +850,10 @@ class _TemporalDrain(GroupDrain):
         self._caller_gone = caller_gone
 
     async def run_pass(self) -> DrainReport:
+        with _operation("drain", None, self._host._retry_for):
+            return await self._run_pass()
+
+    async def _run_pass(self) -> DrainReport:
         host = self._host
         cancelled: list[tuple[str, str]] = []
         missing: list[NoExecutor] = []

@@ -35,9 +35,10 @@ WIDE_SHARD_CHILDREN = 1000
 """Children per shard of a group wider than :data:`SHARD_CHILDREN` (by default). Shards
 of 100 halve the server's CPU per child of a 10,000-child group against shards of 1,000
 (a shard sees a workflow task per few completions, and a task costs the server more the
-more activities are pending in its run), but in measured runs a 10,000-child group in
-shards of 100 left the worker polling nothing in 3 of 6 runs, so the default stays at
-1,000 until that is understood (docs/temporal.md, "Limits")."""
+more activities are pending in its run). Runs that saw a 10,000-child group in shards of
+100 leave its worker polling nothing were likely blocked by the benchmark harness's
+unread stdout pipe (docs/temporal.md, "Limits"); the default stays at 1,000 until shards
+of 100 are measured again."""
 
 
 CHILD_ACTIVITY = "effecthost.child"

@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -178,9 +179,48 @@ class DevServer:
             self._log.close()
             self._log = None
 
+    async def kill(self) -> None:
+        """SIGKILL: a crash, not a shutdown (the database file stays)."""
+        process, self.process = self.process, None
+        if process is not None:
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(process.wait)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    async def restart(self, client: Client | None = None) -> None:
+        """Start again on the same ports and database file; returns once it answers
+        (through ``client`` when given: its connection is the one that must recover)."""
+        self._spawn()
+        probe = client or await connect(self.address)
+        deadline = time.monotonic() + 60
+        delay = 0.05
+        while True:
+            try:
+                await probe.workflow_service.get_system_info(GetSystemInfoRequest())
+                return
+            except RPCError:
+                if time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(delay)  # the server is not answering yet: back off
+            delay = min(delay * 2, 0.5)
+
+
+def _drain(pipe: IO[bytes], log_path: Path) -> None:
+    """Copy ``pipe`` to the end of ``log_path`` until the writer closes it: a pipe nobody
+    reads blocks its writer once full (about 64 KiB), and the SDK's core writes its
+    warnings to the worker's stdout from the threads that poll."""
+    with open(log_path, "ab", buffering=0) as log:
+        while chunk := pipe.read1(65536):  # type: ignore[attr-defined]
+            log.write(chunk)
+
 
 class WorkerProcess:
-    """``python -m effecthost.hosts.temporal.worker`` in its own process."""
+    """``python -m effecthost.hosts.temporal.worker`` in its own process. Its stdout is
+    a pipe read for the ``ready`` line, then copied to ``log_path`` by a thread until the
+    process exits; its stderr goes to ``log_path`` directly."""
 
     def __init__(
         self,
@@ -211,6 +251,7 @@ class WorkerProcess:
         ]
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
+        self._drain: threading.Thread | None = None
 
     async def start(self) -> None:
         self._spawn()
@@ -219,6 +260,10 @@ class WorkerProcess:
         if line.strip() != b"ready":
             await self.kill()
             raise RuntimeError(f"the worker did not start; see {self.log_path.name}")
+        self._drain = threading.Thread(
+            target=_drain, args=(self.process.stdout, self.log_path), daemon=True
+        )
+        self._drain.start()
 
     def _spawn(self) -> None:
         with open(self.log_path, "ab") as log:
@@ -239,15 +284,22 @@ class WorkerProcess:
             if process.poll() is None:
                 process.send_signal(signal.SIGKILL)
             await asyncio.to_thread(process.wait)
-            if process.stdout is not None:
-                process.stdout.close()
+            await self._closed(process)
 
     async def terminate(self) -> None:
         process, self.process = self.process, None
         if process is not None:
             await _terminate(process)
-            if process.stdout is not None:
-                process.stdout.close()
+            await self._closed(process)
+
+    async def _closed(self, process: subprocess.Popen[bytes]) -> None:
+        """After the process exited: the drain reaches the pipe's end (a grandchild
+        holding it open is not waited for), then the pipe is closed."""
+        drain, self._drain = self._drain, None
+        if drain is not None:
+            await asyncio.to_thread(drain.join, 5)
+        if process.stdout is not None and (drain is None or not drain.is_alive()):
+            process.stdout.close()
 
 
 class TemporalHostUnderTest(HostUnderTest):

@@ -1,0 +1,149 @@
+"""Replay-key claims and retirement on Temporal (R-6, R-11): a replay key is held by one
+live group; a closed group holds its keys and takes events until every child settled and
+its run ended (retirement); then its keys are free and an event reaches nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowExecutionStatus
+
+from effecthost.contract import (
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    GroupShapeMismatch,
+    LoserPolicy,
+    ReplayMismatch,
+    WakePolicy,
+)
+from effecthost.hosts.temporal import TemporalEffectHost
+
+from ._support import running_host, step
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _group(key: str, *children: EffectEnvelope, wake: WakePolicy = WakePolicy.ALL) -> EffectGroup:
+    return EffectGroup(
+        key=key, wake=wake, disposition=LoserPolicy.RUN_TO_COMPLETION, children=list(children)
+    )
+
+
+async def _retired(host: object, key: str) -> None:
+    """Wait for the group's run to end (its retirement)."""
+    client = host.client  # type: ignore[attr-defined]
+    await asyncio.wait_for(client.get_workflow_handle(key).result(), 30)
+
+
+async def _listed(ctl: TemporalEffectHost, key: str) -> bool:
+    try:
+        await ctl.client.get_workflow_handle(key).describe()
+    except Exception:
+        return False
+    return True
+
+
+def test_R6_a_live_groups_prefixed_keys_refuse_another_group(tmp_path: Path) -> None:
+    """R-6: keys of the form ``{prefix}:{n}`` (the combinators') are claimed per prefix:
+    a group reusing one that a live group holds is ``ReplayMismatch`` naming both group
+    keys, and nothing of it is recorded (no workflow, no child started); a plain key
+    likewise; the holder's own reopen is not refused, and its refused reopen with another
+    child claims nothing (that child's key opens in another group)."""
+    asyncio.run(_prefixed(tmp_path))
+
+
+async def _prefixed(root: Path) -> None:
+    async with running_host(root) as (host, lab):
+        ctl = await host.controller()
+        assert isinstance(ctl, TemporalEffectHost)
+        holder = "r6:group:a:0"
+        first = _group(holder, step(f"{holder}:0"), step(f"{holder}:1"), step("r6.plain"))
+        handle = await ctl.open_effect_group(first)
+        await ctl.open_effect_group(first)  # a reopen
+        for reused in (f"{holder}:1", "r6.plain"):
+            other = _group(f"r6:group:b:{reused[-1]}", step("r6.own", gate=False), step(reused))
+            with pytest.raises(ReplayMismatch) as refused:
+                await ctl.open_effect_group(other)
+            assert holder in str(refused.value) and other.key in str(refused.value)
+            assert refused.value.replay_key == reused and refused.value.position == 1
+            assert not await _listed(ctl, other.key)
+        assert lab.count("started", "r6.own") == 0
+        with pytest.raises(GroupShapeMismatch):  # a refused reopen claims nothing
+            await ctl.open_effect_group(_group(holder, step("r6.extra")))
+        extra = await ctl.open_effect_group(
+            _group("r6:group:c:0", step("r6.extra", gate=False, result="X"))
+        )
+        settled = await asyncio.wait_for(ctl.await_next_settlement(extra), 20)
+        assert settled.outcome.value == "X"
+        await ctl.close_effect_group(extra)
+        lab.open_all("")
+        for _ in range(3):
+            await asyncio.wait_for(ctl.await_next_settlement(handle), 20)
+        await ctl.close_effect_group(handle)
+
+
+def test_R11_a_closed_groups_keys_stay_claimed_until_its_loser_settles(tmp_path: Path) -> None:
+    """R-11, R-6: a closed RUN_TO_COMPLETION race whose loser still runs holds the loser's
+    replay key: a new group reusing it is refused naming the closed group; once the loser
+    settled and the group retired, the same open succeeds."""
+    asyncio.run(_held_until_retired(tmp_path))
+
+
+async def _held_until_retired(root: Path) -> None:
+    async with running_host(root) as (host, lab):
+        ctl = await host.controller()
+        assert isinstance(ctl, TemporalEffectHost)
+        key = "r11:group:race:0"
+        loser = f"{key}:1"
+        race = _group(
+            key, step(f"{key}:0", gate=False, result="W"), step(loser), wake=WakePolicy.FIRST
+        )
+        handle = await ctl.open_effect_group(race)
+        first = await asyncio.wait_for(ctl.await_next_settlement(handle), 20)
+        assert first.replay_key == f"{key}:0"
+        await ctl.close_effect_group(handle)
+        await lab.wait_for("started", loser)
+        reuse = _group("r11:group:again:0", step(loser, gate=False, result="again"))
+        with pytest.raises(ReplayMismatch) as refused:
+            await ctl.open_effect_group(reuse)
+        assert key in str(refused.value) and reuse.key in str(refused.value)
+        assert not await _listed(ctl, reuse.key)
+        lab.open(loser)
+        await _retired(host, key)
+        again = await ctl.open_effect_group(reuse)
+        settled = await asyncio.wait_for(ctl.await_next_settlement(again), 20)
+        assert settled.replay_key == loser and settled.outcome.value == "again"
+        await ctl.close_effect_group(again)
+
+
+def test_R11_an_event_reaches_a_closed_groups_pending_wait_until_it_retires(
+    tmp_path: Path,
+) -> None:
+    """R-11, R-5: after a RUN_TO_COMPLETION race is closed on its tool's win,
+    ``deliver_event`` to its pending ``await_event`` child returns 1 and the child
+    settles, so the group retires; a later ``deliver_event`` returns 0."""
+    asyncio.run(_event_after_close(tmp_path))
+
+
+async def _event_after_close(root: Path) -> None:
+    async with running_host(root) as (host, _lab):
+        ctl = await host.controller()
+        assert isinstance(ctl, TemporalEffectHost)
+        key = "r11:group:event:0"
+        wait = EffectEnvelope(
+            replay_key=f"{key}:1", kind=EffectKind.AWAIT_EVENT, name="ping", input=None
+        )
+        race = _group(key, step(f"{key}:0", gate=False, result="W"), wait, wake=WakePolicy.FIRST)
+        handle = await ctl.open_effect_group(race)
+        await asyncio.wait_for(ctl.await_next_settlement(handle), 20)
+        await ctl.close_effect_group(handle)
+        wf = ctl.client.get_workflow_handle(key)
+        assert (await wf.describe()).status == WorkflowExecutionStatus.RUNNING
+        assert await ctl.deliver_event(key, "ping", {"n": 1}) == 1
+        await _retired(host, key)
+        settled = await ctl.recorded_settlements(key)
+        assert [s["replay_key"] for s in settled] == [f"{key}:0", f"{key}:1"]
+        assert await ctl.deliver_event(key, "ping", {"n": 2}) == 0
