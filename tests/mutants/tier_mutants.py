@@ -373,8 +373,7 @@ TIER_MUTANTS: list[TierMutant] = [
         "leaves the per-rank, per-child and invocation keys behind, so a closed group's "
         "object state grows with every child it ever had.",
         ENDPOINT,
-        "        ctx.clear_all()\n"
-        '        ctx.set("tombstone", {"effective": effective',
+        '        ctx.clear_all()\n        ctx.set("tombstone", {"effective": effective',
         '        for name in ("shape", "children", "counter", "waiters"):\n'
         "            ctx.clear(name)\n"
         '        ctx.set("tombstone", {"effective": effective',
