@@ -239,3 +239,50 @@ async def test_issue25_the_guard_and_the_target_check_fail_over_between_admin_ur
         lab.open_all("")
         await local.stop()
         await lab.stop()
+
+
+async def test_issue25_no_admin_api_answering_holds_the_tool_in_retries(tmp_path: Path) -> None:
+    """G-27, issue 25: when none of the endpoint's admin URLs answers, the guard's read
+    fails and the attempt is retried; the tool of a child of a ``CANCEL`` group never
+    starts on a guess."""
+    lab = Lab(tmp_path / "lab")
+    await lab.start()
+    local = LocalRestate(
+        tmp_path / "restate", "effecthost.conformance:conformance_resolver", [str(lab.path)]
+    )
+    local.endpoint_admin_urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    try:
+        await local.start()
+        ctl = local.controller(conformance_resolver(lab.path), owner="tests")
+        try:
+            race = EffectGroup(
+                key=group_key("noadmin", "race", 0),
+                wake=WakePolicy.FIRST,
+                disposition=LoserPolicy.CANCEL,
+                children=[_step("noadmin.a", gate=False), _step("noadmin.b", gate=False)],
+            )
+            await ctl.open_effect_group(race)
+
+            async def retried() -> list[dict[str, Any]]:
+                return await ctl.query(
+                    "SELECT retry_count, last_failure FROM sys_invocation "
+                    f"WHERE target_service_name = '{CHILD}' "
+                    "AND idempotency_key LIKE '%:noadmin.%'"
+                )
+
+            # retry_count 2: the first attempt failed (its read took ADMIN_BOUND, 10 s)
+            deadline = time.monotonic() + 60.0
+            rows = await retried()
+            while not (len(rows) == 2 and all(r["retry_count"] >= 2 for r in rows)):
+                assert time.monotonic() < deadline, rows
+                await asyncio.sleep(0.2)  # a bounded poll of the engine's state
+                rows = await retried()
+            assert all("admin" in str(r.get("last_failure")) for r in rows), rows
+            assert lab.count("started", "noadmin.a") == 0
+            assert lab.count("started", "noadmin.b") == 0
+        finally:
+            await ctl.aclose()
+    finally:
+        lab.open_all("")
+        await local.stop()
+        await lab.stop()
