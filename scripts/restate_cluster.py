@@ -1,8 +1,9 @@
 """The Restate tier on a 3-node restate-server cluster, losing a node mid-group.
 
 Starts three nodes on free loopback ports (replicated metadata and log, replication 2,
-4 partitions), waits until every partition has a leader, serves and registers the
-endpoint, then per trial runs a 20-child ``all_`` and a ``race(6 s tool, 1 s sleep)``
+4 partitions), waits until every partition has a leader, serves the endpoint (given
+every node's admin URL, so its cancel guard reads fail over) and registers it, then per
+trial runs a 20-child ``all_`` and a ``race(6 s tool, 1 s sleep)``
 declaring ``CANCEL`` while one node is SIGKILLed 0.5-1.5 s in and restarted 5-12 s
 later (every third trial kills the node the caller is talking to). Checks per trial:
 
@@ -10,8 +11,8 @@ later (every third trial kills the node the caller is talking to). Checks per tr
   them byte-identical before the group is closed;
 - side effects per child (each tool appends one line to a file when it starts and one
   when its effect is done): extra attempts and repeated effects are counted;
-- the race's CANCEL loser: starts of its tool after ``close`` returned, and whether its
-  effect happened;
+- the race's CANCEL loser: starts of its tool after ``close`` returned (the endpoint's
+  per-attempt guard keeps them at 0), and whether its effect happened;
 - nothing of the trial is left running in the engine.
 
 Prints a table and writes JSON::
@@ -308,6 +309,8 @@ async def run(
         "mode": mode,
         "kill_window": window,
         "cluster_ready_s": round(ready_s, 1),
+        "endpoint_admin_urls": list(cluster.endpoint.endpoint_admin_urls),
+        "admin_urls": list(cluster.admin_urls),
         "trials": records,
     }
 
@@ -368,6 +371,8 @@ def main() -> None:
         "completed": sum(1 for r in records if r["all_ok"] and r["race_ok"]),
         "reread_identical": sum(1 for r in records if r["reread_identical"]),
         "extra_attempts": sum(r["extra_attempts"] for r in records),
+        "extra_attempts_caller_node": sum(r["extra_attempts"] for r in records if r["caller_node"]),
+        "kills_after_close": sum(1 for r in records if r["kill_s"] > r["race_closed_s"]),
         "children": WIDTH * len(records),
         "effects_twice": sum(r["effects_twice"] for r in records),
         "loser_starts_after_close": sum(r["loser_starts_after_close"] for r in records),

@@ -40,7 +40,12 @@ async def lookup_with_deadline(ctx: restate.Context, req: dict[str, Any]) -> dic
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bind", default="127.0.0.1:9080")
-    parser.add_argument("--admin", default=None, help="the admin URL: the cancel guard")
+    parser.add_argument(
+        "--admin",
+        action="append",
+        default=None,
+        help="the admin URL: the cancel guard (repeat for every node of a cluster)",
+    )
     options = parser.parse_args()
     services = build_services(resolver(), admin_url=options.admin)
     validate_services(services)  # refuse to start without a needed handler (G-42)

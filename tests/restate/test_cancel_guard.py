@@ -25,7 +25,7 @@ from effecthost.contract import (
     group_key,
 )
 from effecthost.hosts.restate import CHILD, GROUP, RestateController
-from effecthost.hosts.restate.testing import LocalRestate, group_state
+from effecthost.hosts.restate.testing import LocalRestate, free_port, group_state
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 TIMEOUT = 20.0
@@ -189,3 +189,100 @@ async def test_issue25_a_rerun_whose_cancel_is_still_in_flight_does_not_start_it
     )
     assert stack.lab.count("started", late) == 1, rows
     assert stack.lab.count("finished", late) == 0
+
+
+async def test_issue25_the_guard_and_the_target_check_fail_over_between_admin_urls(
+    tmp_path: Path,
+) -> None:
+    """R-12, issue 25: the endpoint takes several admin URLs (the nodes of a cluster) and
+    its admin reads fail over between them: with two of three URLs dead (the first
+    and the last), a ``CANCEL``
+    race's children still read their group's tombstone (the guard) and run their tools,
+    and a routed child still finds its target unbound (G-14) instead of retrying while
+    the node it was reading is gone."""
+    lab = Lab(tmp_path / "lab")
+    await lab.start()
+    local = LocalRestate(
+        tmp_path / "restate", "effecthost.conformance:conformance_resolver", [str(lab.path)]
+    )
+    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]  # nothing listens: dead nodes
+    local.endpoint_admin_urls = [dead[0], local.admin_url, dead[1]]
+    try:
+        await local.start()
+        ctl = local.controller(conformance_resolver(lab.path), owner="tests")
+        try:
+            race = EffectGroup(
+                key=group_key("failover", "race", 0),
+                wake=WakePolicy.FIRST,
+                disposition=LoserPolicy.CANCEL,
+                children=[_step("failover.win", gate=False), _step("failover.lose")],
+            )
+            handle = await ctl.open_effect_group(race)
+            first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+            assert first.replay_key == "failover.win" and first.outcome.error is None, first
+            await asyncio.wait_for(ctl.close_effect_group(handle), TIMEOUT)
+
+            routed = EffectGroup(
+                key=group_key("failover", "routed", 0),
+                wake=WakePolicy.ALL,
+                disposition=LoserPolicy.RUN_TO_COMPLETION,
+                children=[_step("failover.routed", gate=False)],
+            )
+            handle = await ctl.open_routed(routed, {0: "NoSuchService/handler"})
+            settlement = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+            assert settlement.outcome.error is not None, settlement
+            assert settlement.outcome.error.code == 404, settlement
+            await ctl.close_effect_group(handle)
+        finally:
+            await ctl.aclose()
+    finally:
+        lab.open_all("")
+        await local.stop()
+        await lab.stop()
+
+
+async def test_issue25_no_admin_api_answering_holds_the_tool_in_retries(tmp_path: Path) -> None:
+    """G-27, issue 25: when none of the endpoint's admin URLs answers, the guard's read
+    fails and the attempt is retried; the tool of a child of a ``CANCEL`` group never
+    starts on a guess."""
+    lab = Lab(tmp_path / "lab")
+    await lab.start()
+    local = LocalRestate(
+        tmp_path / "restate", "effecthost.conformance:conformance_resolver", [str(lab.path)]
+    )
+    local.endpoint_admin_urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    try:
+        await local.start()
+        ctl = local.controller(conformance_resolver(lab.path), owner="tests")
+        try:
+            race = EffectGroup(
+                key=group_key("noadmin", "race", 0),
+                wake=WakePolicy.FIRST,
+                disposition=LoserPolicy.CANCEL,
+                children=[_step("noadmin.a", gate=False), _step("noadmin.b", gate=False)],
+            )
+            await ctl.open_effect_group(race)
+
+            async def retried() -> list[dict[str, Any]]:
+                return await ctl.query(
+                    "SELECT retry_count, last_failure FROM sys_invocation "
+                    f"WHERE target_service_name = '{CHILD}' "
+                    "AND idempotency_key LIKE '%:noadmin.%'"
+                )
+
+            # retry_count 2: the first attempt failed (its read took ADMIN_BOUND, 10 s)
+            deadline = time.monotonic() + 60.0
+            rows = await retried()
+            while not (len(rows) == 2 and all(r["retry_count"] >= 2 for r in rows)):
+                assert time.monotonic() < deadline, rows
+                await asyncio.sleep(0.2)  # a bounded poll of the engine's state
+                rows = await retried()
+            assert all("admin" in str(r.get("last_failure")) for r in rows), rows
+            assert lab.count("started", "noadmin.a") == 0
+            assert lab.count("started", "noadmin.b") == 0
+        finally:
+            await ctl.aclose()
+    finally:
+        lab.open_all("")
+        await local.stop()
+        await lab.stop()

@@ -44,7 +44,7 @@ handlers that run once per child or per read (``settle``, ``register_waiter``,
 """
 
 import json
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -52,6 +52,7 @@ from effecthost.contract import (
     EffectEnvelope,
     EffectHostError,
     EffectKind,
+    EngineUnavailable,
     ExecutionInput,
     GroupExecutors,
     LoserPolicy,
@@ -65,6 +66,7 @@ from effecthost.contract import (
 from effecthost.hosts import require
 from effecthost.payloads import PayloadPolicy, decode_outcome, encode_outcome
 
+from ._nodes import Nodes, _Unreachable, url_list
 from ._wire import (
     CHILD,
     GROUP,
@@ -90,6 +92,11 @@ LAYOUT = 2
 """The group object's state layout; groups recorded before it carry none (see docs)."""
 BATCH = 64
 """At most this many recorded ranks answer one read."""
+ADMIN_TIMEOUT = 5.0
+"""Seconds one admin request (a guard read, a target check) may take on one node."""
+ADMIN_BOUND = 10.0
+"""Seconds an admin read fails over between nodes (and through the SQL view's errors
+while partition leadership moves) before the attempt fails and is retried."""
 
 
 async def _get(ctx: Any, name: str) -> Any:
@@ -177,7 +184,7 @@ def _claim(req: dict[str, Any], consumed: int = 0) -> kit.HandleClaim:
 def build_services(
     resolver: GroupExecutors | None,
     *,
-    admin_url: str | None = None,
+    admin_url: str | Sequence[str] | None = None,
     retry_policy: Any = None,
     payloads: PayloadPolicy | None = None,
 ) -> list[Any]:
@@ -186,7 +193,8 @@ def build_services(
     ``admin_url`` lets a routed child check that its target is bound (G-14), and a tool
     child's re-runs (and every attempt of a child of a group declaring ``CANCEL``) read
     the group's tombstone before they start the tool (the per-attempt cancel guard;
-    without it only the engine's cancel stops a loser).
+    without it only the engine's cancel stops a loser). One URL or several (the nodes
+    of a cluster): a read fails over between them (R-12).
     ``retry_policy``: a ``restate.InvocationRetryPolicy`` for all three (optional).
     ``payloads``: the payload policy (store, inline threshold, sealer) every child encodes
     its outcome with before it settles; the group object then records only that stored
@@ -195,6 +203,7 @@ def build_services(
     above :data:`INLINE_LIMIT` go to the payload object and nothing is sealed.
     """
     store = payloads.store if payloads is not None else None
+    admin_urls = None if admin_url is None else url_list(admin_url, "admin API")
     options: dict[str, Any] = {}
     if retry_policy is not None:
         options["invocation_retry_policy"] = retry_policy
@@ -855,7 +864,23 @@ def build_services(
 
     # -- child service ----------------------------------------------------------------
 
-    admin: list[Any] = []  # one client per endpoint process, made on first use
+    admin: list[Nodes] = []  # one client per endpoint process, made on first use
+
+    async def admin_request(method: str, path: str, **kwargs: Any) -> Any:
+        """``method path`` on the first admin node that answers below 500 (R-12);
+        none within :data:`ADMIN_BOUND` seconds raises, so the attempt is retried."""
+        assert admin_urls is not None
+        if not admin:
+            client = httpx.AsyncClient(timeout=ADMIN_TIMEOUT)
+            admin.append(Nodes(admin_urls, client, (httpx.TransportError,)))
+        try:
+            return await admin[0].request(method, path, bound=ADMIN_BOUND, **kwargs)
+        except _Unreachable as exc:
+            raise EngineUnavailable(
+                f"no admin API of {list(admin_urls)} answered {method} {path}: {exc}",
+                operation="admin read",
+                tried_for=exc.tried_for,
+            ) from None
 
     async def group_view(group_key: str, keys: tuple[str, ...]) -> dict[str, Any]:
         """The group object's state entries ``keys``, read afresh (admin SQL) by an
@@ -863,17 +888,15 @@ def build_services(
         answers, and its cancel may arrive after it began (issue 25). No invocation is
         spent; without ``admin_url`` nothing is read. A failed read raises, so the
         attempt is retried and the tool does not start."""
-        if admin_url is None:
+        if admin_urls is None:
             return {}
-        if not admin:
-            admin.append(httpx.AsyncClient(timeout=10.0))
         names = ", ".join(_sql_text(k) for k in keys)
         sql = (
             f"SELECT key, value_utf8 FROM state WHERE service_name = '{GROUP}' "
             f"AND service_key = {_sql_text(group_key)} AND key IN ({names})"
         )
-        answer = await admin[0].post(
-            f"{admin_url}/query", json={"query": sql}, headers={"Accept": "application/json"}
+        answer = await admin_request(
+            "POST", "/query", json={"query": sql}, headers={"Accept": "application/json"}
         )
         answer.raise_for_status()
         rows = answer.json().get("rows") or []
@@ -915,10 +938,9 @@ def build_services(
         service, _, handler = target.partition("/")
 
         async def bound() -> bool:
-            if admin_url is None:
+            if admin_urls is None:
                 return True
-            async with httpx.AsyncClient(timeout=10.0) as client:
-                answer = await client.get(f"{admin_url}/services/{service}/handlers/{handler}")
+            answer = await admin_request("GET", f"/services/{service}/handlers/{handler}")
             if answer.status_code == UNBOUND_CODE:
                 return False
             answer.raise_for_status()
@@ -1083,7 +1105,7 @@ def build_services(
 def build_app(
     resolver: GroupExecutors | None,
     *,
-    admin_url: str | None = None,
+    admin_url: str | Sequence[str] | None = None,
     retry_policy: Any = None,
     extra_services: list[Any] | None = None,
     payloads: PayloadPolicy | None = None,

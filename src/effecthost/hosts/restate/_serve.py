@@ -120,7 +120,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bind", default="127.0.0.1:9080")
     parser.add_argument("--resolver", required=True, help="MODULE:CALLABLE")
     parser.add_argument("--resolver-arg", action="append", default=[])
-    parser.add_argument("--admin-url", default=None, help="lets routed children check targets")
+    parser.add_argument(
+        "--admin-url",
+        action="append",
+        default=None,
+        help="the admin API (repeat for every node of a cluster): the cancel guard, "
+        "routed children's target check",
+    )
     parser.add_argument("--fast-retries", action="store_true")
     parser.add_argument(
         "--payload-dir", default=None, help="payload store directory (enables the policy)"

@@ -156,6 +156,7 @@ class LocalRestate:
             self._ports = {name: free_port() for name in ("admin", "ingress", "node")}
             self.admin_url = f"http://127.0.0.1:{self._ports['admin']}"
             self.ingress_url = f"http://127.0.0.1:{self._ports['ingress']}"
+        self.endpoint_admin_urls = [self.admin_url]  # the endpoint's --admin-url (repeated)
         self.endpoint_port = free_port()
         self.endpoint_uri = f"http://127.0.0.1:{self.endpoint_port}"
 
@@ -215,10 +216,10 @@ class LocalRestate:
             f"127.0.0.1:{self.endpoint_port}",
             "--resolver",
             self.resolver_spec,
-            "--admin-url",
-            self.admin_url,
             "--fast-retries",
         ]
+        for url in self.endpoint_admin_urls:
+            command += ["--admin-url", url]
         for arg in self.resolver_args:
             command += ["--resolver-arg", arg]
         command += self.endpoint_args
@@ -510,6 +511,7 @@ class LocalRestateCluster:
             ingress_url=self.ingress_urls[0],
             endpoint_args=endpoint_args,
         )
+        self.endpoint.endpoint_admin_urls = list(self.admin_urls)  # the guard fails over
 
     def start_node(self, i: int) -> None:
         ports = self._ports[i]
