@@ -1014,7 +1014,12 @@ async def _what_is_left(controller: EffectController) -> tuple[int | None, int] 
     return unsettled, len(keys)
 
 
-async def _finish(controller: EffectController, log: _DrainLog, timeout: float) -> int:
+async def _finish(
+    controller: EffectController,
+    log: _DrainLog,
+    timeout: float,
+    left: tuple[int | None, int] | None,
+) -> int:
     """Keep the host open until the children this run resumed settled: the host's
     ``idle()`` (documented in ``docs/writing-a-host.md``) returns once the children its
     process runs settled. Without ``idle()``, or past ``timeout``, say how many it
@@ -1024,7 +1029,7 @@ async def _finish(controller: EffectController, log: _DrainLog, timeout: float) 
     if idle is None and not resumed:
         return ExitCode.OK
     if idle is not None:
-        log.status(f"finishing {resumed} resumed child(ren)")
+        log.status(f"finishing {resumed} resumed child(ren); {_left(left)}")
         try:
             await asyncio.wait_for(idle(), timeout)
             return ExitCode.OK
@@ -1063,7 +1068,7 @@ def _drain(args: argparse.Namespace) -> int:
                     left = await _what_is_left(controller)
                     log.report(report, left)
                     if args.once or (args.passes and log.passes >= args.passes):
-                        code = await _finish(controller, log, args.finish_timeout)
+                        code = await _finish(controller, log, args.finish_timeout, left)
                         log.done(await _what_is_left(controller))
                         return code
                     log.status(
