@@ -151,13 +151,13 @@ class UnguardedOpenFileHost(FileHost):
         yield
 
     async def replay_key_holders(self, replay_keys: Any) -> dict[str, str]:
-        records = await asyncio.to_thread(self.store.records)
-        return {
-            c["replay_key"]: r["key"]
-            for r in records
-            for c in r["children"]
-            if c["replay_key"] in replay_keys
-        }
+        holders = {}
+        for replay_key in replay_keys:  # one scan per key, each in a worker thread
+            records = await asyncio.to_thread(self.store.records)
+            for r in records:
+                if any(c["replay_key"] == replay_key for c in r["children"]):
+                    holders[replay_key] = r["key"]
+        return holders
 
     async def record_group(self, opened: Any) -> bool:
         with self.store.locked():
