@@ -5,19 +5,18 @@ exclusive ``flock`` on ``root/lock`` and replaces the file atomically (``os.repl
 Each host object is an *incarnation* that holds a ``flock`` on ``root/owners/ID`` as long
 as its process lives, so "the owner is gone" (R-1) is "its lock can be taken". Children
 run as asyncio tasks of the host's process; what survives a restart is the directory.
-The rules come from :class:`~effecthost.contract.kit.KitController`, which runs every open and
-close under :meth:`FileHost.guard` (the store's lock); what is here is the engine glue.
+The rules come from :class:`~effecthost.contract.kit.KitController` and the task, waiter
+and event plumbing from :class:`~effecthost.contract.kit.TaskChildren`; what is here is
+the engine glue.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import time
 import uuid
-from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from effecthost.contract import (
@@ -36,10 +35,9 @@ from effecthost.contract import (
     Settlement,
     Tombstone,
     kit,
-    normalize_json,
     sleep_seconds,
 )
-from effecthost.contract.kit import FirstOpen, KitController
+from effecthost.contract.kit import FirstOpen, TaskChildren
 
 from .store import FileStore, Record
 
@@ -57,7 +55,7 @@ def known(record: Record | None) -> GroupRecord | Tombstone | None:
 
 
 # [open]
-class FileHost(KitController):
+class FileHost(TaskChildren):
     """The contract's controller over a :class:`FileStore`."""
 
     def __init__(self, root: str | os.PathLike[str], resolver: GroupExecutors | None) -> None:
@@ -65,10 +63,7 @@ class FileHost(KitController):
         self.register_executors(resolver)
         self.owner = uuid.uuid4().hex
         self._owner_lock = self.store.claim_owner(self.owner)
-        self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
-        self._cancelling: set[tuple[str, int]] = set()
-        self._changed = asyncio.Event()
-        self._parked: Counter[tuple[str, int]] = Counter()
+        self.init_children()
 
     @contextlib.asynccontextmanager
     async def guard(self, key: str) -> AsyncIterator[None]:
@@ -83,13 +78,15 @@ class FileHost(KitController):
         children = self.store.read(key)["children"]  # type: ignore[index]
         return [RecordedChild(p, c["replay_key"], c["hash"]) for p, c in enumerate(children)]
 
-    async def replay_key_holder(self, replay_key: str) -> str | None:
-        """A scan of every group: fine for an example, linear in the store (R-6)."""
-        records = self.store.records()
-        return next(
-            (r["key"] for r in records for c in r["children"] if c["replay_key"] == replay_key),
-            None,
-        )
+    async def replay_key_holders(self, replay_keys: Sequence[str]) -> dict[str, str]:
+        """One scan of every group per open: fine for an example, linear in the store (R-6)."""
+        wanted, records = set(replay_keys), self.store.records()
+        return {
+            c["replay_key"]: r["key"]
+            for r in records
+            for c in r["children"]
+            if c["replay_key"] in wanted
+        }
 
     async def record_group(self, opened: FirstOpen) -> bool:
         group, now = opened.group, time.time()
@@ -130,12 +127,20 @@ class FileHost(KitController):
 
     def _start_unsettled(self, record: Record) -> None:
         for position, child in enumerate(record["children"]):
-            if child["outcome"] is None and (record["key"], position) not in self._tasks:
+            if child["outcome"] is None and not self._runs(record["key"], position, child):
                 self._start(record, position)  # a resolver miss stays unsettled (G-11)
 
     # [/open]
 
     # [children]
+    def _runs(self, key: str, position: int, child: Record) -> bool:
+        """Whether a live incarnation runs the child: this one, or the one that started
+        it if its process lives (a reopen never starts a live owner's child again, R-1)."""
+        runner = child.get("runner")
+        if runner in (None, self.owner):
+            return self.is_running(key, position)
+        return self.store.owner_alive(runner)
+
     def _start(self, record: Record, position: int, executor: Any = None) -> bool:
         """Start child ``position`` under a new attempt, in ``record`` (the caller writes
         it, under the lock); ``False`` when the resolver cannot run it. An event wait
@@ -145,43 +150,24 @@ class FileHost(KitController):
         if envelope.kind == EffectKind.AWAIT_EVENT:
             return True
         if envelope.kind == EffectKind.SLEEP:
-            work = self._sleep_until(child["due"])  # the due time recorded at open (G-51)
+            work = self.sleep_until(child["due"])  # the due time recorded at open (G-51)
         elif (executor := executor or self.resolve_child(envelope)) is None:
             return False
         else:
             work = executor.execute(ExecutionInput(envelope, attempt=child["attempt"] + 1))
-        child["attempt"] += 1
-        key = record["key"]
-        task = asyncio.create_task(self._run(key, position, child["attempt"], work))
-        self._tasks[key, position] = task
-        task.add_done_callback(lambda _: self._tasks.pop((key, position), None))
+        child.update(attempt=child["attempt"] + 1, runner=self.owner)  # who runs it (R-1)
+        self.run_child(record["key"], position, child["attempt"], work)
         return True
 
-    async def _sleep_until(self, due: float) -> Outcome:
-        await asyncio.sleep(max(0.0, due - time.time()))
-        return Outcome.success(None)
-
-    async def _run(self, key: str, position: int, attempt: int, work: Any) -> None:
-        try:
-            outcome = await work
-        except asyncio.CancelledError:
-            if (key, position) not in self._cancelling:
-                raise  # the process is going away: record nothing
-            outcome = Outcome.cancelled()
-        self._settle(key, position, attempt, outcome)
-
-    def _settle(self, key: str, position: int, attempt: int | None, outcome: Outcome) -> bool:
+    async def settle_child(
+        self, key: str, position: int, attempt: int | None, outcome: Outcome
+    ) -> bool:
         with self.store.locked():
             record = self.store.read(key)
             if record is None or not settle(record, position, attempt, outcome):
                 return False
             self.store.write(record)
-        self._notify()
         return True
-
-    def _notify(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
 
     # [/children]
 
@@ -196,20 +182,6 @@ class FileHost(KitController):
         return Settlement(
             rank=rank, position=position, replay_key=child["replay_key"], outcome=outcome
         )
-
-    async def wait_for_change(self, key: str, rank: int) -> None:
-        """Until the next settlement or close in this process; a write by another
-        process (a drain) is seen within a second."""
-        self._parked[key, rank] += 1
-        try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), 1.0)
-        finally:
-            self._parked[key, rank] -= 1
-
-    async def awaiting(self, group_key: str, rank: int) -> bool:
-        """The waiter probe the conformance harness asks (G-19)."""
-        return self._parked[group_key, rank] > 0
 
     async def settled_positions(self, key: str) -> list[int]:
         return list(self.store.read(key)["ranks"])  # type: ignore[index]
@@ -226,38 +198,13 @@ class FileHost(KitController):
         record.update(effective=disposition.value, closed=True)
         retire_if_done(record)
         self.store.write(record)
-        self._notify()  # a parked waiter wakes with GroupClosed (R-4)
+        self.after_guard(self.notify)  # a parked waiter wakes with GroupClosed (R-4)
 
-    async def cancel_unsettled(self, key: str) -> None:
-        """One cancel per unsettled child, not waiting for it to stop (G-27)."""
-        record = self.store.read(key) or {"children": []}
-        for position, child in enumerate(record["children"]):
-            if child["outcome"] is not None:
-                continue
-            task = self._tasks.get((key, position))
-            if task is None:
-                self._settle(key, position, None, Outcome.cancelled())
-            else:
-                self._cancelling.add((key, position))
-                task.cancel()
+    async def unsettled(self, key: str) -> list[tuple[int, Record]]:
+        children = (self.store.read(key) or {"children": []})["children"]
+        return [(p, c["envelope"]) for p, c in enumerate(children) if c["outcome"] is None]
 
     # [/close]
-
-    # [events]
-    async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
-        self.require_wired(group_key)
-        value = normalize_json(payload, what=f"event {name!r}", group_key=group_key)
-        record = self.store.read(group_key)
-        if record is None:
-            raise kit.unknown_group(group_key)
-        reached = 0
-        for position, child in enumerate(record["children"]):
-            envelope = child["envelope"]
-            if envelope["kind"] == EffectKind.AWAIT_EVENT and envelope["name"] == name:
-                reached += self._settle(group_key, position, None, Outcome.success(value))
-        return reached
-
-    # [/events]
 
     # [drain]
     def drain(self) -> GroupDrain:
@@ -271,42 +218,45 @@ class FileDrain(GroupDrain):
         self.host = host
 
     async def run_pass(self) -> DrainReport:
-        host, resumed, cancelled, missing = self.host, [], [], []
+        host, tally, runs = self.host, kit.DrainTally(), self.host._runs
         for key in [r["key"] for r in host.store.records()]:
             with host.store.locked():
                 record = host.store.read(key)
                 assert record is not None
-                mine, before = record["owner"] == host.owner, len(resumed + cancelled)
-                if not mine and host.store.owner_alive(record["owner"]):
-                    continue  # a live owner's group is never touched (R-1)
-                if mine and decided(record):
-                    continue  # its losers stay down until its caller awaits them (R-13)
-                for position, child in enumerate(record["children"]):
-                    ids = (key, child["replay_key"])
-                    if child["outcome"] is not None or (key, position) in host._tasks:
-                        continue
-                    if host._resolver is None:  # report, never cancel (G-12)
-                        missing.append(kit.no_executor(*ids, position, kit.NO_RESOLVER))
-                    elif not mine and record["effective"] == LoserPolicy.CANCEL:
-                        settle(record, position, None, Outcome.cancelled())
-                        cancelled.append(ids)  # the declared CANCEL stays in force (G-29)
-                    elif child["envelope"]["kind"] == EffectKind.AWAIT_EVENT:
-                        continue  # it waits for deliver_event, whoever owns it
-                    elif host._start(record, position):
-                        resumed.append(ids)
-                    else:
-                        missing.append(kit.no_executor(*ids, position, kit.RESOLVER_MISS))
-                if len(resumed + cancelled) > before:
+                mine = record["owner"] == host.owner
+                alive = not mine and host.store.owner_alive(record["owner"])
+                if not kit.drain_group(mine=mine, owner_alive=alive, decided=decided(record)):
+                    continue  # a live owner's group (R-1), or a decided one's losers (R-13)
+                children = [
+                    (
+                        c["replay_key"],
+                        c["envelope"]["kind"],
+                        c["outcome"] is not None,
+                        runs(key, p, c),
+                    )
+                    for p, c in enumerate(record["children"])
+                ]
+                if kit.drain_children(
+                    key,
+                    children,
+                    mine=mine,
+                    in_force=record["effective"],
+                    wired=host.supports_effect_groups(),
+                    start=lambda p, r=record: host._start(r, p),  # type: ignore[misc]
+                    cancel=lambda p, r=record: settle(r, p, None, CANCELLED),  # type: ignore[misc]
+                    tally=tally,
+                ):
                     host.store.write(record)
-        host._notify()
-        return DrainReport(
-            resumed=tuple(resumed), cancelled=tuple(cancelled), no_executor=tuple(missing)
-        )
+        host.notify()
+        return tally.report()
 
     # [/drain]
 
 
 # [ledger]
+CANCELLED = Outcome.cancelled()
+
+
 def settle(record: Record, position: int, attempt: int | None, outcome: Outcome) -> bool:
     """Record a child's outcome and its rank in ``record``, in one write. A stale attempt
     is fenced off first; the kit's ledger gives the first settlement of a position rank
@@ -332,9 +282,9 @@ def decided(record: Record) -> bool:
 
 
 def retire_if_done(record: Record) -> None:
-    """A closed group whose every child ranked retires whole into a tombstone: the key
-    stays closed (R-4), its replay keys are free again (G-17, G-36)."""
-    if record["closed"] and RankLedger(len(record["children"]), record["ranks"]).complete:
+    """The kit's retire rule: a closed group whose every child ranked retires whole into
+    a tombstone; the key stays closed (R-4), its replay keys are free again (G-36)."""
+    if kit.retires(record["closed"], len(record["children"]), len(record["ranks"])):
         record.update(children=[], ranks=[])
 
 

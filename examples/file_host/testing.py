@@ -6,6 +6,8 @@ the dead incarnation; the next process finds only what the directory recorded.
 """
 
 # [factory]
+import os
+
 from effecthost.conformance import (
     Deployment,
     FactoryEnv,
@@ -30,3 +32,9 @@ def factory(env: FactoryEnv) -> ProcessHostUnderTest:
 
 
 # [/factory]
+
+
+def from_env() -> FileHost:
+    """The host over ``$EFFECTHOST_FILE_ROOT``, for ``effecthost drain --host`` and
+    ``effecthost inspect --host examples.file_host.testing:from_env``."""
+    return FileHost(os.environ["EFFECTHOST_FILE_ROOT"], None)

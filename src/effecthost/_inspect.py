@@ -58,8 +58,8 @@ class ChildRow:
 
     rank: int | None
     position: int
-    replay_key: str
-    tool: str
+    replay_key: str | None
+    tool: str | None
     status: str
     settled_at: float | None
     sealed: bool | None

@@ -299,8 +299,8 @@ def _lane_svg(lane: _Lane, index: int, x: Callable[[float], float], decide: int 
         )
     parts.append(
         f'<text class="name" x="10" y="{top + 16}">#{child.position} '
-        f"{escape(_short(child.tool, 34))}</text>"
-        f'<text class="sub" x="10" y="{top + 32}">{escape(_short(child.replay_key, 40))}'
+        f"{escape(_short(child.tool or '-', 34))}</text>"
+        f'<text class="sub" x="10" y="{top + 32}">{escape(_short(child.replay_key or "-", 40))}'
         f" · {escape(child.status)}</text>"
     )
     parts.append(
@@ -386,7 +386,7 @@ def render_timeline(
         verdict = (
             f"Rank {decide} decides this {_COMBINATOR.get(group.wake or '', 'group')}: "
             "position "
-            f"{who.position} ({escape(who.tool)}), {escape(who.status)}."
+            f"{who.position} ({escape(who.tool or '-')}), {escape(who.status)}."
         )
     elif group.wake in WAKES:
         verdict = "Not decided yet: the settlement that decides this group has not happened."

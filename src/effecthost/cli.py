@@ -47,6 +47,7 @@ class ExitCode(IntEnum):
     WRITE_FAILED = 20
     FACTORY = 21
     FACTORY_TIMEOUT = 22
+    LEFT_RUNNING = 23
 
 
 async def _load_controller(spec: str) -> EffectController:
@@ -483,6 +484,101 @@ class _KeysOnly:
         await _close(self._controller)
 
 
+class _Rows:
+    """A host's own inspection (the documented interface, ``docs/writing-a-host.md``):
+    ``inspect_groups()`` gives a mapping per open group, ``inspect_group(key)`` one for
+    the group and one per child (or ``None``); the mappings' keys are the fields of
+    :class:`~effecthost._inspect.GroupRow` and :class:`~effecthost._inspect.ChildRow`,
+    any left out shown as ``-``."""
+
+    def __init__(self, controller: EffectController) -> None:
+        self._controller = controller
+
+    async def groups(self) -> list[Any]:
+        from effecthost._inspect import GroupRow
+
+        found = await self._controller.inspect_groups()  # type: ignore[attr-defined]
+        return [_row(GroupRow, g) for g in found]
+
+    async def group(self, group_key: str) -> tuple[Any, list[Any]]:
+        from effecthost._inspect import ChildRow, GroupRow, UnknownGroupKey, in_rank_order
+
+        found = await self._controller.inspect_group(group_key)  # type: ignore[attr-defined]
+        if found is None:
+            raise UnknownGroupKey(group_key)
+        group, children = found
+        return _row(GroupRow, group), in_rank_order([_row(ChildRow, c) for c in children])
+
+    async def aclose(self) -> None:
+        await _close(self._controller)
+
+
+def _row(cls: Any, given: Any) -> Any:
+    """``cls`` from a mapping (or an object) of its fields; a missing field is ``None``."""
+    import dataclasses
+
+    if isinstance(given, cls):
+        return given
+    names = [f.name for f in dataclasses.fields(cls)]
+    if isinstance(given, dict):
+        return cls(**{name: given.get(name) for name in names})
+    return cls(**{name: getattr(given, name, None) for name in names})
+
+
+class _KitRows:
+    """A kit host (``KitController``) without its own inspection: the columns the kit's
+    hooks give (wake, disposition in force, settled of total; per child its rank,
+    position, replay key and status), over its open group keys."""
+
+    def __init__(self, controller: Any) -> None:
+        self._controller = controller
+
+    async def _row(self, key: str) -> Any:
+        from effecthost._inspect import GroupRow, UnknownGroupKey
+        from effecthost.contract.kit import GroupRecord
+
+        record = await self._controller.find_group(key)
+        if not isinstance(record, GroupRecord) or record.closed:
+            raise UnknownGroupKey(key)
+        settled = len(await self._controller.settled_positions(key))
+        wake, disposition = record.wake.value, record.in_force.value
+        return GroupRow(key, None, wake, disposition, settled, record.child_count, None)
+
+    async def groups(self) -> list[Any]:
+        from effecthost._inspect import UnknownGroupKey
+
+        rows = []
+        for key in await self._controller.open_group_keys():
+            with contextlib.suppress(UnknownGroupKey):  # closed since it was listed
+                rows.append(await self._row(key))
+        return rows
+
+    async def group(self, group_key: str) -> tuple[Any, list[Any]]:
+        from effecthost._inspect import RUNNING, ChildRow
+
+        row = await self._row(group_key)
+        recorded = await self._controller.recorded_children(group_key)
+        replay_keys = {child.position: child.replay_key for child in recorded}
+        children, seen = [], set()
+        for rank in range(1, row.total + 1):
+            found = await self._controller.read_rank(group_key, rank)
+            if found is None:
+                break
+            seen.add(found.position)
+            status = found.outcome.status
+            children.append(
+                ChildRow(rank, found.position, found.replay_key, None, status, None, None)
+            )
+        for position in range(row.total):
+            if position not in seen:
+                replay_key = replay_keys.get(position)
+                children.append(ChildRow(None, position, replay_key, None, RUNNING, None, None))
+        return row, children
+
+    async def aclose(self) -> None:
+        await _close(self._controller)
+
+
 class _HostInspector:
     """The inspector of a controller named by ``--host``; closing it closes the host."""
 
@@ -519,6 +615,12 @@ def _inspector_of(controller: EffectController) -> Any:
         from effecthost.hosts.temporal._inspect import TemporalInspector
 
         return _HostInspector(TemporalInspector(client), controller)
+    if callable(getattr(controller, "inspect_groups", None)):
+        return _Rows(controller)
+    from effecthost.contract.kit import KitController
+
+    if isinstance(controller, KitController):
+        return _KitRows(controller)
     return _KeysOnly(controller)
 
 
@@ -841,7 +943,7 @@ class _DrainLog:
     def _emit(self, text: str, doc: dict[str, Any]) -> None:
         self._progress.line(json.dumps(doc) if self._json else text)
 
-    def report(self, report: Any, left: tuple[int, int] | None) -> None:
+    def report(self, report: Any, left: tuple[int | None, int] | None) -> None:
         self.passes += 1
         touched = {
             "resumed": [tuple(child) for child in report.resumed],
@@ -868,31 +970,80 @@ class _DrainLog:
                     },
                 )
 
-    def done(self, left: tuple[int, int] | None) -> None:
+    def done(self, left: tuple[int | None, int] | None) -> None:
         self._emit(
             f"done: {self.passes} pass(es), {self.so_far()}; {_left(left)}",
             {"event": "done", "passes": self.passes, **self.totals, **_left_doc(left)},
         )
 
 
-def _left(left: tuple[int, int] | None) -> str:
+def _left(left: tuple[int | None, int] | None) -> str:
     if left is None:
         return "left: unknown (the host lists no open groups)"
+    if left[0] is None:
+        return f"left: {left[1]} open group(s)"
     return f"left: {left[0]} unsettled in {left[1]} open group(s)"
 
 
-def _left_doc(left: tuple[int, int] | None) -> dict[str, int | None]:
+def _left_doc(left: tuple[int | None, int] | None) -> dict[str, int | None]:
     return {"unsettled": left[0] if left else None, "open_groups": left[1] if left else None}
 
 
-async def _what_is_left(controller: EffectController) -> tuple[int, int] | None:
-    """Unsettled children of open groups and how many groups are open, when the host can
-    list them (the SQL hosts can)."""
+async def _what_is_left(controller: EffectController) -> tuple[int | None, int] | None:
+    """Unsettled children of open groups and how many groups are open: from the SQL
+    hosts' ``open_groups()``, else from ``open_group_keys()`` (G-30), counting the
+    unsettled children when the host is a kit host; ``None`` when the host lists
+    nothing."""
     listing = getattr(controller, "open_groups", None)
-    if listing is None:
+    if listing is not None:
+        groups = await listing()
+        return sum(g.child_count - g.settled for g in groups), len(groups)
+    try:
+        keys = await controller.open_group_keys()
+    except NotImplementedError:
         return None
-    groups = await listing()
-    return sum(g.child_count - g.settled for g in groups), len(groups)
+    from effecthost.contract.kit import GroupRecord, KitController
+
+    if not isinstance(controller, KitController):
+        return None, len(keys)
+    unsettled = 0
+    for key in keys:
+        record = await controller.find_group(key)
+        if isinstance(record, GroupRecord):
+            unsettled += record.child_count - len(await controller.settled_positions(key))
+    return unsettled, len(keys)
+
+
+async def _finish(
+    controller: EffectController,
+    log: _DrainLog,
+    timeout: float,
+    left: tuple[int | None, int] | None,
+) -> int:
+    """Keep the host open until the children this run resumed settled: the host's
+    ``idle()`` (documented in ``docs/writing-a-host.md``) returns once the children its
+    process runs settled. Without ``idle()``, or past ``timeout``, say how many it
+    leaves running: they stop with this process."""
+    resumed = log.totals["resumed"]
+    idle = getattr(controller, "idle", None)
+    if idle is None and not resumed:
+        return ExitCode.OK
+    if idle is not None:
+        log.status(f"finishing {resumed} resumed child(ren); {_left(left)}")
+        try:
+            await asyncio.wait_for(idle(), timeout)
+            return ExitCode.OK
+        except TimeoutError:
+            pass
+    running = getattr(controller, "running", None)
+    still = len(running) if isinstance(running, dict) else resumed
+    why = "the host has no idle()" if idle is None else f"after {timeout:g}s"
+    print(
+        f"effecthost: drain leaves {still} resumed child(ren) running ({why}); "
+        "they stop with this process and a later drain resumes them",
+        file=sys.stderr,
+    )
+    return ExitCode.LEFT_RUNNING
 
 
 def _drain(args: argparse.Namespace) -> int:
@@ -902,6 +1053,11 @@ def _drain(args: argparse.Namespace) -> int:
             controller = await _sql_drain_host(args, resolver)
         else:
             controller = await _load_host(args)
+            if resolver is not None:
+                register = getattr(controller, "register_executors", None)
+                if register is None:
+                    raise Refused(ExitCode.USAGE, "the host takes no --resolver")
+                register(resolver)
         drain = controller.drain()
         log = _DrainLog(args.json)
         try:
@@ -912,16 +1068,9 @@ def _drain(args: argparse.Namespace) -> int:
                     left = await _what_is_left(controller)
                     log.report(report, left)
                     if args.once or (args.passes and log.passes >= args.passes):
-                        idle = getattr(controller, "idle", None)
-                        if idle is not None:
-                            # let the children this run resumed finish
-                            log.status(
-                                f"finishing {log.totals['resumed']} resumed child(ren); "
-                                f"{_left(left)}"
-                            )
-                            await idle()
+                        code = await _finish(controller, log, args.finish_timeout, left)
                         log.done(await _what_is_left(controller))
-                        return ExitCode.OK
+                        return code
                     log.status(
                         f"pass {log.passes} done, next in {args.interval:g}s "
                         f"(so far: {log.so_far()}; {_left(left)})"
@@ -1097,6 +1246,14 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--passes", type=int, default=0, help="stop after N passes")
     drain.add_argument("--interval", type=float, default=5.0, help="seconds between passes")
     drain.add_argument(
+        "--finish-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="after the last pass, how long the children it resumed may take to settle "
+        "before the drain exits leaving them running (default 300)",
+    )
+    drain.add_argument(
         "--json", action="store_true", help="print JSON lines (pass, per child, done)"
     )
     drain.set_defaults(run=_drain)
@@ -1132,6 +1289,7 @@ EXIT_CODES = {
     ExitCode.WRITE_FAILED: "inspect --html: the page cannot be written (directory, disk…)",
     ExitCode.FACTORY: "conformance: the factory cannot be loaded, fails or gives no host",
     ExitCode.FACTORY_TIMEOUT: "conformance: the factory gave no host within --factory-timeout",
+    ExitCode.LEFT_RUNNING: "drain --host: resumed children still ran after --finish-timeout",
 }
 
 

@@ -74,9 +74,17 @@ class ReadRankOffByOneFileHost(FileHost):
 class LastCompletionWinsFileHost(FileHost):
     """G-15: a completion of a child already settled (a duplicate delivery) overwrites its
     recorded outcome; the ledger refuses it a second rank, so nothing looks wrong, but
-    rank n now reads another value than it did."""
+    rank n now reads another value than it did. Its ``unsettled`` lists every child,
+    leaving the refusal of a settled one to the settlement, so a second event delivery
+    reaches it."""
 
-    def _settle(self, key: str, position: int, attempt: int | None, outcome: Outcome) -> bool:
+    async def unsettled(self, key: str) -> list[tuple[int, Record]]:
+        children = (self.store.read(key) or {"children": []})["children"]
+        return [(p, c["envelope"]) for p, c in enumerate(children)]
+
+    async def settle_child(
+        self, key: str, position: int, attempt: int | None, outcome: Outcome
+    ) -> bool:
         with self.store.locked():
             record = self.store.read(key)
             if record is not None and record["children"]:
@@ -85,7 +93,7 @@ class LastCompletionWinsFileHost(FileHost):
                     child["outcome"] = outcome.model_dump(mode="json")
                     self.store.write(record)
                     return False
-        return super()._settle(key, position, attempt, outcome)
+        return await super().settle_child(key, position, attempt, outcome)
 
 
 class FastPathServesClosedFileHost(FileHost):
@@ -142,12 +150,14 @@ class UnguardedOpenFileHost(FileHost):
     async def guard(self, key: str) -> AsyncIterator[None]:
         yield
 
-    async def replay_key_holder(self, replay_key: str) -> str | None:
-        records = await asyncio.to_thread(self.store.records)
-        return next(
-            (r["key"] for r in records for c in r["children"] if c["replay_key"] == replay_key),
-            None,
-        )
+    async def replay_key_holders(self, replay_keys: Any) -> dict[str, str]:
+        holders = {}
+        for replay_key in replay_keys:  # one scan per key, each in a worker thread
+            records = await asyncio.to_thread(self.store.records)
+            for r in records:
+                if any(c["replay_key"] == replay_key for c in r["children"]):
+                    holders[replay_key] = r["key"]
+        return holders
 
     async def record_group(self, opened: Any) -> bool:
         with self.store.locked():
@@ -164,7 +174,7 @@ class ResumeRerunsSettledFileHost(FileHost):
         assert record is not None
         record["owner"] = self.owner
         for position in range(len(record["children"])):
-            if (group.key, position) not in self._tasks:
+            if not self.is_running(group.key, position):
                 self._start(record, position)
         self.store.write(record)
 
@@ -179,7 +189,7 @@ class ReopenKeepsTheOldOwnerFileHost(FileHost):
         record = self.store.read(group.key)
         assert record is not None
         for position, child in enumerate(record["children"]):
-            if child["outcome"] is None and (group.key, position) not in self._tasks:
+            if child["outcome"] is None and not self._runs(group.key, position, child):
                 self._start(record, position)
         self.store.write(record)
 
@@ -222,8 +232,8 @@ class CancelsEveryTaskFileHost(FileHost):
 
     async def cancel_unsettled(self, key: str) -> None:
         await super().cancel_unsettled(key)
-        for task_key, task in list(self._tasks.items()):
-            self._cancelling.add(task_key)
+        for task_key, task in list(self.running.items()):
+            self.cancelling.add(task_key)
             task.cancel()
 
 
@@ -308,7 +318,7 @@ class EventIgnoresNameFileHost(FileHost):
         reached = 0
         for position, child in enumerate(record["children"]):
             if child["envelope"]["kind"] == EffectKind.AWAIT_EVENT:
-                reached += self._settle(group_key, position, None, Outcome.success(value))
+                reached += await self.settle(group_key, position, None, Outcome.success(value))
         return reached
 
 
@@ -381,10 +391,10 @@ class ClosedGroupFreesItsKeysFileHost(FileHost):
     """R-11: the replay-key lookup skips closed groups, so a closed group whose loser
     still runs no longer holds its keys and a new group reusing one opens."""
 
-    async def replay_key_holder(self, replay_key: str) -> str | None:
-        holder = await super().replay_key_holder(replay_key)
-        record = None if holder is None else self.store.read(holder)
-        return None if record is not None and record["closed"] else holder
+    async def replay_key_holders(self, replay_keys: Any) -> dict[str, str]:
+        holders = await super().replay_key_holders(replay_keys)
+        closed = {h for h in holders.values() if (self.store.read(h) or {}).get("closed")}
+        return {k: h for k, h in holders.items() if h not in closed}
 
 
 FILE_MUTANTS[ClosedGroupFreesItsKeysFileHost.__name__] = (

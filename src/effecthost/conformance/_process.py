@@ -3,7 +3,7 @@
 A host whose children run in its own process cannot restart honestly inside the
 suite's process: a child task of the dead incarnation would still be running, and a
 restart check could pass on it. :class:`ProcessHostUnderTest` runs the hosts a builder
-makes (``python -m effecthost.conformance._process CONFIG``), drives them over a unix
+makes (``main`` of this module, run by ``python -c``), drives them over a unix
 socket, and on ``restart()`` SIGKILLs that process and marks its pid killed in the lab,
 so an event from the dead incarnation fails the check it arrives in.
 
@@ -253,7 +253,8 @@ class ProcessHostUnderTest(HostUnderTest):
         if self._log is None:
             self._log = open(self._dir / "deployment.log", "ab")
         return subprocess.Popen(
-            [sys.executable, "-m", "effecthost.conformance._process", str(config)],
+            # not ``-m``: the package imports this module first, and runpy would warn
+            [sys.executable, "-c", _LAUNCH, str(config)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -457,6 +458,9 @@ def main(argv: list[str]) -> None:
             sys.path.insert(0, entry)
     asyncio.run(_serve(config))
 
+
+_LAUNCH = "import sys; from effecthost.conformance._process import main; main(sys.argv[1:])"
+"""The deployment process's command (``python -c``)."""
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -6,7 +6,8 @@ knows about a key and either answers or raises the contract's typed error, so it
 same in an async controller, a SQL transaction's decide callback, a Temporal workflow
 validator (deterministic, sandboxed) or a Restate exclusive handler. Nothing here does
 I/O, reads a clock or keeps state between calls (:class:`RankLedger` excepted, which holds
-only what its caller gives it).
+only what its caller gives it). :class:`KitController` builds a controller on them, and
+:class:`TaskChildren` adds the plumbing of a host whose children are tasks of its process.
 
 What a host knows about a key is one of three things:
 
@@ -20,16 +21,29 @@ host: the kit") and ``docs/spec.md``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+import contextvars
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from enum import Enum
+from typing import Any, NamedTuple, Protocol, TypeVar
 
-from ._controller import EffectExecutor, WiredController, first_unresolvable, group_shape_error
+from ._controller import (
+    DrainReport,
+    EffectExecutor,
+    WiredController,
+    first_unresolvable,
+    group_shape_error,
+)
 from ._errors import (
     CursorExhausted,
     DispositionWidened,
+    EngineUnavailable,
     GroupClosed,
     GroupShapeMismatch,
     HandleMismatch,
@@ -41,17 +55,23 @@ from ._kinds import is_host_kind, sleep_durations
 from ._types import (
     EffectEnvelope,
     EffectGroup,
+    EffectKind,
     GroupHandle,
     LoserPolicy,
+    Outcome,
     Settlement,
     WakePolicy,
     coerce_disposition,
+    normalize_json,
     require_handle,
 )
 
 __all__ = [
     "NO_RESOLVER",
     "RESOLVER_MISS",
+    "DrainChild",
+    "DrainStep",
+    "DrainTally",
     "FirstOpen",
     "GroupRecord",
     "HandleClaim",
@@ -61,6 +81,8 @@ __all__ = [
     "Offer",
     "RankLedger",
     "RecordedChild",
+    "Retry",
+    "TaskChildren",
     "Tombstone",
     "check_await",
     "check_children",
@@ -70,6 +92,9 @@ __all__ = [
     "check_reopen",
     "decided",
     "decided_kind",
+    "drain_child",
+    "drain_children",
+    "drain_group",
     "first_unresolvable",
     "group_closed",
     "group_shape_error",
@@ -78,6 +103,7 @@ __all__ = [
     "no_executor",
     "replay_key_taken",
     "resolve_first_open",
+    "retires",
     "unknown_group",
 ]
 
@@ -451,6 +477,119 @@ def decided_kind(record: GroupRecord) -> bool:
     return record.in_force is LoserPolicy.CANCEL and record.wake is not WakePolicy.ALL
 
 
+def retires(closed: bool, child_count: int, ranked: int) -> bool:
+    """The retire rule (G-36, R-11): a group retires (its record goes, its replay keys are
+    free again, its key keeps a tombstone, R-4) exactly when it is closed and every child
+    holds a rank. Evaluate it in the same atomic step as the write that made it true:
+    both the close and every settlement, so whichever lands last retires the group."""
+    return closed and ranked == child_count
+
+
+# -- the drain's decisions ---------------------------------------------------------------------
+
+
+class DrainStep(Enum):
+    """What a drain pass does with one child (R-1, G-11, G-12, G-29, R-13)."""
+
+    LEAVE = "leave"
+    """Settled, running somewhere live, or an event wait its owner keeps."""
+    START = "start"
+    """Start it (again) under this incarnation; a resolver miss is reported, not started."""
+    CANCEL = "cancel"
+    """Settle it ``cancelled`` (its owner is gone and ``CANCEL`` is in force)."""
+    NO_RESOLVER = "no_resolver"
+    """Report it as :data:`NO_RESOLVER`; never cancel it (G-12)."""
+
+
+def drain_group(*, mine: bool, owner_alive: bool, decided: bool) -> bool:
+    """Whether a drain pass touches a group at all: never a live owner's group of another
+    incarnation (R-1), never the losers of this incarnation's :func:`decided` group
+    (R-13: they run only when its caller awaits them)."""
+    if not mine and owner_alive:
+        return False
+    return not (mine and decided)
+
+
+def drain_child(
+    *, mine: bool, in_force: LoserPolicy | str, kind: str, settled: bool, running: bool, wired: bool
+) -> DrainStep:
+    """The drain's decision for one child of a group :func:`drain_group` lets it touch.
+    ``running`` is true when a live incarnation (this one or another) runs it; ``wired``
+    when a resolver is registered."""
+    if settled or running:
+        return DrainStep.LEAVE
+    if not wired:
+        return DrainStep.NO_RESOLVER
+    if not mine and LoserPolicy(in_force) is LoserPolicy.CANCEL:
+        return DrainStep.CANCEL  # the disposition in force, not the declared one (G-29)
+    if kind == EffectKind.AWAIT_EVENT:
+        return DrainStep.LEAVE  # it waits for deliver_event, whoever owns it
+    return DrainStep.START
+
+
+class DrainChild(NamedTuple):
+    """What a drain reads of one child (a plain 4-tuple in this order works too): its
+    replay key and kind, whether it holds a rank, whether a live incarnation runs it."""
+
+    replay_key: str
+    kind: str
+    settled: bool
+    running: bool
+
+
+@dataclass
+class DrainTally:
+    """What a drain pass did so far; :meth:`report` is its :class:`DrainReport`."""
+
+    resumed: list[tuple[str, str]] = field(default_factory=list)
+    cancelled: list[tuple[str, str]] = field(default_factory=list)
+    no_executor: list[NoExecutor] = field(default_factory=list)
+
+    def report(self) -> DrainReport:
+        return DrainReport(
+            resumed=tuple(self.resumed),
+            cancelled=tuple(self.cancelled),
+            no_executor=tuple(self.no_executor),
+        )
+
+
+def drain_children(
+    key: str,
+    children: Iterable[tuple[str, str, bool, bool]],
+    *,
+    mine: bool,
+    in_force: LoserPolicy | str,
+    wired: bool,
+    start: Callable[[int], bool],
+    cancel: Callable[[int], object],
+    tally: DrainTally,
+) -> bool:
+    """Apply :func:`drain_child` to each child of one group, in the engine's lock or
+    transaction on it: ``start(position)`` starts a child and returns ``False`` for a
+    resolver miss, ``cancel(position)`` settles it ``cancelled`` through the rank rule.
+    Adds what it did to ``tally``; returns whether anything was started or cancelled
+    (whether the caller must write the group)."""
+    touched = False
+    for position, (replay_key, kind, settled, running) in enumerate(children):
+        ids = (key, replay_key)
+        step = drain_child(
+            mine=mine, in_force=in_force, kind=kind, settled=settled, running=running, wired=wired
+        )
+        if step is DrainStep.NO_RESOLVER:
+            tally.no_executor.append(no_executor(*ids, position, NO_RESOLVER))
+        elif step is DrainStep.CANCEL:
+            cancel(position)
+            tally.cancelled.append(ids)
+            touched = True
+        elif step is DrainStep.START:
+            if start(position):
+                tally.resumed.append(ids)
+                touched = True
+            else:
+                tally.no_executor.append(no_executor(*ids, position, RESOLVER_MISS))
+    return touched
+
+
 # -- first open ------------------------------------------------------------------------------
 
 T = TypeVar("T")
@@ -553,6 +692,20 @@ def next_rank(count: int, already_ranked: bool) -> int | None:
     return None if already_ranked else count + 1
 
 
+_DEFERRED: contextvars.ContextVar[list[Callable[[], object]] | None] = contextvars.ContextVar(
+    "effecthost_kit_deferred", default=None
+)
+
+
+class Retry(Exception):
+    """An optimistic guard's conflict: raised by :meth:`KitController.guard` (on entry or
+    on exit, e.g. a Redis ``EXEC`` that returned nothing, a compare-and-set that lost) or
+    by a hook inside it, it tells the kit that what the step read is stale. The kit drops
+    what the step deferred with :meth:`KitController.after_guard` and runs the whole step
+    again from its first read, up to :attr:`KitController.guard_attempts` times; then the
+    call raises :class:`~effecthost.contract.EngineUnavailable`."""
+
+
 # -- a base for hosts whose engine lets the rules run in the controller ------------------------
 
 
@@ -579,8 +732,46 @@ class KitController(WiredController):
     Each open and close checks, then acts, inside :meth:`guard`: a host with several
     writers to one group (processes sharing a directory or a database) makes the guard a
     lock or a transaction on the key, and the check and the write become one step (R-7,
-    R-4). Awaits only read and take no guard.
+    R-4). Awaits only read and take no guard. An optimistic engine's guard raises
+    :class:`Retry` on a conflict and the kit runs the step again (see :meth:`guard`).
     """
+
+    guard_attempts = 50
+    """How many times an open or close runs its step before a run of :class:`Retry`
+    conflicts becomes :class:`~effecthost.contract.EngineUnavailable`."""
+
+    def after_guard(self, action: Callable[[], object]) -> None:
+        """Run ``action`` once the current step's guard was left without :class:`Retry`
+        (a commit that held); drop it when the step is run again. Start children this way
+        from :meth:`record_group` and :meth:`resume_group` under an optimistic guard, so a
+        step that lost its race starts nothing. Outside a step it runs at once."""
+        deferred = _DEFERRED.get()
+        if deferred is None:
+            action()
+        else:
+            deferred.append(action)
+
+    async def _guarded(self, key: str, operation: str, step: Callable[[], Awaitable[T]]) -> T:
+        """``step`` inside :meth:`guard`, run again on :class:`Retry`; the actions it
+        deferred run once it held."""
+        for _attempt in range(self.guard_attempts):
+            deferred: list[Callable[[], object]] = []
+            token = _DEFERRED.set(deferred)
+            try:
+                async with self.guard(key):
+                    result = await step()
+            except Retry:
+                continue
+            finally:
+                _DEFERRED.reset(token)
+            for action in deferred:
+                action()
+            return result
+        raise EngineUnavailable(
+            f"group {key!r}: {operation} lost {self.guard_attempts} optimistic races in a row",
+            group_key=key,
+            operation=operation,
+        )
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -593,7 +784,15 @@ class KitController(WiredController):
         one writer (one process) whose hooks do not yield to the loop between the read
         and the write. A guard that blocks the thread (``flock``) needs hooks that never
         suspend while it is held; children started inside it must not settle before it
-        is left (an asyncio task first runs after the base returns)."""
+        is left (an asyncio task first runs after the base returns).
+
+        The retry contract, for an optimistic engine (Redis ``WATCH``/``MULTI``, a
+        compare-and-set, a serializable transaction): the guard may raise :class:`Retry`
+        on entry, on exit (the commit failed) or let a hook raise it; the kit then runs
+        the step again from :meth:`find_group`, with nothing kept from the failed run.
+        The hooks must therefore buffer their writes in the guard's transaction and defer
+        every side effect that is not one (starting a child, waking a waiter) with
+        :meth:`after_guard`. A guard must never hold a lock a killed process keeps."""
         return contextlib.nullcontext()
 
     async def find_group(self, key: str) -> Known:
@@ -610,9 +809,22 @@ class KitController(WiredController):
 
     async def replay_key_holder(self, replay_key: str) -> str | None:
         """The key of the unretired group that records ``replay_key``, or ``None``
-        (R-6: replay keys are unique in the host's store). Called for each child of a
-        first open, before anything is recorded."""
+        (R-6: replay keys are unique in the host's store). Called by the default
+        :meth:`replay_key_holders` for each child; a host implements one of the two."""
         raise NotImplementedError
+
+    async def replay_key_holders(self, replay_keys: Sequence[str]) -> Mapping[str, str]:
+        """The batch form of :meth:`replay_key_holder`, called once per first open with
+        every child's replay key, before anything is recorded: the holder of each key an
+        unretired group records (a closed group holds its keys until it retires, R-11);
+        keys nobody holds may be left out. Override it to ask the engine once (one
+        ``MGET``, one ``WHERE replay_key IN (...)``)."""
+        holders = {}
+        for replay_key in replay_keys:
+            holder = await self.replay_key_holder(replay_key)
+            if holder is not None:
+                holders[replay_key] = holder
+        return holders
 
     def resolve_child(self, envelope: EffectEnvelope) -> EffectExecutor | None:
         """A fresh executor for a ``tool_call`` child from the registered resolver
@@ -683,30 +895,32 @@ class KitController(WiredController):
         self.require_wired(group.key)
         sleep_durations(group)  # a malformed sleep is refused before anything (G-10)
         offer = Offer.of(group)
+
+        async def step() -> bool:
+            known = await self.find_group(group.key)
+            recorded = (
+                await self.recorded_children(group.key) if isinstance(known, GroupRecord) else ()
+            )
+            if check_reopen(offer, known, recorded):
+                assert isinstance(known, GroupRecord)
+                hold = decided_kind(known) and decided(
+                    known, await self._statuses(group.key, known.wake)
+                )
+                await self.resume_group(group, restart=not hold)
+                return True
+            holders = await self.replay_key_holders([c.replay_key for c in group.children])
+            for position, child in enumerate(group.children):
+                holder = holders.get(child.replay_key)
+                if holder is not None and holder != group.key:
+                    raise replay_key_taken(group.key, position, child.replay_key, holder)
+            executors = resolve_first_open(
+                group, self.resolve_child, skip=lambda _p, child: is_host_kind(child)
+            )
+            return await self.record_group(FirstOpen(group, tuple(executors)))
+
         for _attempt in range(2):  # a lost race to record the key is a reopen (R-7)
-            async with self.guard(group.key):
-                known = await self.find_group(group.key)
-                recorded = (
-                    await self.recorded_children(group.key)
-                    if isinstance(known, GroupRecord)
-                    else ()
-                )
-                if check_reopen(offer, known, recorded):
-                    assert isinstance(known, GroupRecord)
-                    hold = decided_kind(known) and decided(
-                        known, await self._statuses(group.key, known.wake)
-                    )
-                    await self.resume_group(group, restart=not hold)
-                    return group.handle()
-                for position, child in enumerate(group.children):
-                    holder = await self.replay_key_holder(child.replay_key)
-                    if holder is not None and holder != group.key:
-                        raise replay_key_taken(group.key, position, child.replay_key, holder)
-                executors = resolve_first_open(
-                    group, self.resolve_child, skip=lambda _p, child: is_host_kind(child)
-                )
-                if await self.record_group(FirstOpen(group, tuple(executors))):
-                    return group.handle()
+            if await self._guarded(group.key, "open", step):
+                return group.handle()
         raise RuntimeError(f"group {group.key!r}: record_group refused twice with no record")
 
     async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
@@ -741,11 +955,14 @@ class KitController(WiredController):
         disposition = coerce_disposition(require_handle(handle).group_key, disposition)
         key = handle.group_key
         self.require_wired(key)
-        async with self.guard(key):
+
+        async def step() -> LoserPolicy | None:
             target = check_close(key, handle, await self.find_group(key), disposition)
-            if target is None:
-                return
-            await self.record_close(key, target)
+            if target is not None:
+                await self.record_close(key, target)
+            return target
+
+        target = await self._guarded(key, "close", step)
         if target is LoserPolicy.CANCEL:
             await self.cancel_unsettled(key)
 
@@ -754,3 +971,161 @@ class KitController(WiredController):
         if not isinstance(await self.find_group(group_key), GroupRecord):
             raise unknown_group(group_key)
         return list(await self.settled_positions(group_key))
+
+
+# -- children as tasks of this process, waiters and events --------------------------------------
+
+_log = logging.getLogger("effecthost.kit")
+
+
+class TaskChildren(KitController):
+    """The plumbing a host whose children run as asyncio tasks of its own process shares
+    with every other such host: starting and cancelling a child, settling it through the
+    host's one atomic write, waking the waiters, and the event and cancel methods. A
+    subclass calls :meth:`init_children` in ``__init__`` and implements
+    :meth:`settle_child` and :meth:`unsettled` on top of
+    :class:`KitController`'s hooks.
+
+    A settlement write that fails (the engine is down, a pool is exhausted) is retried
+    with a growing pause, :attr:`settle_attempts` times; if it still fails, the child is
+    left unsettled and not running, so this owner's next drain pass starts it again. It is
+    never dropped silently, so an ``all_`` awaiting it never hangs on a lost write.
+    """
+
+    poll_seconds = 1.0
+    """How long a waiter parks before it reads again: bounds how late a write by another
+    process (a drain, a second incarnation) is seen."""
+
+    settle_attempts = 8
+
+    def init_children(self) -> None:
+        self.running: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self.cancelling: set[tuple[str, int]] = set()
+        self._changed = asyncio.Event()
+        self._parked: Counter[tuple[str, int]] = Counter()
+
+    # -- hooks -------------------------------------------------------------------------
+
+    async def settle_child(
+        self, key: str, position: int, attempt: int | None, outcome: Outcome
+    ) -> bool:
+        """The one atomic step that settles a child: unless ``attempt`` is stale (not
+        ``None`` and not the child's current attempt) or the group retired, record the
+        outcome and give the child its rank by the rank rule (:class:`RankLedger`:
+        ``count + 1``, none for a second settlement of a position), and retire the group
+        when :func:`retires` (closed, every child ranked). Return whether it took a rank.
+        Raise if the write failed; the kit retries it."""
+        raise NotImplementedError
+
+    async def unsettled(self, key: str) -> Sequence[tuple[int, Mapping[str, Any]]]:
+        """The children of ``key`` without a rank, as (position, envelope) pairs in
+        position order, the envelope as recorded (its JSON form); empty for a retired
+        group. What a ``CANCEL`` close cancels and an event settles (R-5)."""
+        raise NotImplementedError
+
+    # -- the plumbing ------------------------------------------------------------------
+
+    def is_running(self, key: str, position: int) -> bool:
+        """Whether this process runs the child."""
+        return (key, position) in self.running
+
+    def run_child(self, key: str, position: int, attempt: int, work: Awaitable[Outcome]) -> None:
+        """Run ``work`` as the child's ``attempt``-th run; its outcome (``cancelled`` if
+        :meth:`cancel_child` stopped it) is settled through :meth:`settle`. Cancelled
+        otherwise (the process is going away), it records nothing."""
+
+        async def run() -> None:
+            try:
+                outcome = await work
+            except asyncio.CancelledError:
+                if (key, position) not in self.cancelling:
+                    raise
+                outcome = Outcome.cancelled()
+            with contextlib.suppress(Exception):  # logged; a drain pass starts it again
+                await self.settle(key, position, attempt, outcome)
+
+        task = asyncio.create_task(run())
+        self.running[key, position] = task
+
+        def done(_: object) -> None:
+            if self.running.get((key, position)) is task:
+                del self.running[key, position]
+            self.cancelling.discard((key, position))
+
+        task.add_done_callback(done)
+
+    async def idle(self) -> None:
+        """Return once no child runs in this process (each settled or gave up): what a
+        one-shot ``effecthost drain --host`` waits for before it closes the host."""
+        while self.running:  # asyncio.wait: cancelling the wait cancels no child
+            await asyncio.wait(list(self.running.values()))
+
+    def cancel_child(self, key: str, position: int) -> bool:
+        """Cancel the child's task here; ``False`` when this process does not run it."""
+        task = self.running.get((key, position))
+        if task is None:
+            return False
+        self.cancelling.add((key, position))
+        task.cancel()
+        return True
+
+    async def settle(self, key: str, position: int, attempt: int | None, outcome: Outcome) -> bool:
+        """:meth:`settle_child`, retried while the write fails; wakes the waiters when it
+        took a rank."""
+        pause = 0.05
+        for tries in range(1, self.settle_attempts + 1):
+            try:
+                ranked = await self.settle_child(key, position, attempt, outcome)
+                break
+            except Exception:
+                if tries == self.settle_attempts:
+                    _log.exception("group %r position %d: settlement not recorded", key, position)
+                    raise
+                await asyncio.sleep(pause)  # a backoff, not an ordering
+                pause = min(pause * 2, 2.0)
+        if ranked:
+            self.notify()
+        return ranked
+
+    def notify(self) -> None:
+        """Wake every parked waiter of this process (they read again)."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait_for_change(self, key: str, rank: int) -> None:
+        self._parked[key, rank] += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), self.poll_seconds)
+        finally:
+            self._parked[key, rank] -= 1
+
+    @staticmethod
+    async def sleep_until(due: float) -> Outcome:
+        """A ``sleep`` child's work: ``success(null)`` at ``due`` (epoch seconds), the due
+        time recorded at open, so a restart does not sleep it again in full (G-51)."""
+        await asyncio.sleep(max(0.0, due - time.time()))
+        return Outcome.success(None)
+
+    async def awaiting(self, group_key: str, rank: int) -> bool:
+        """The waiter probe (G-19): a caller is parked on rank ``rank`` of the group."""
+        return self._parked[group_key, rank] > 0
+
+    async def cancel_unsettled(self, key: str) -> None:
+        """One cancel per unsettled child (G-27): its task's if it runs here, else a
+        ``cancelled`` settlement; never waits for a task to stop."""
+        for position, _envelope in await self.unsettled(key):
+            if not self.cancel_child(key, position):
+                await self.settle(key, position, None, Outcome.cancelled())
+
+    async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
+        """R-5: settle the group's unsettled waits for ``name``; 0 for a retired group."""
+        self.require_wired(group_key)
+        value = normalize_json(payload, what=f"event {name!r}", group_key=group_key)
+        if await self.find_group(group_key) is None:
+            raise unknown_group(group_key)
+        reached = 0
+        for position, envelope in await self.unsettled(group_key):
+            if envelope["kind"] == EffectKind.AWAIT_EVENT and envelope["name"] == name:
+                reached += await self.settle(group_key, position, None, Outcome.success(value))
+        return reached
