@@ -6,6 +6,7 @@ it without pulling in a tier.
 
 from . import kit, limits
 from ._controller import (
+    ChildInfo,
     DrainReport,
     EffectController,
     EffectExecutor,
@@ -17,6 +18,7 @@ from ._controller import (
     ToolFunction,
     ToolRegistry,
     WiredController,
+    current_child,
     group_shape_error,
     refuse_membership,
     validate_deployment,
@@ -40,6 +42,7 @@ from ._errors import (
     MembershipConflict,
     MembershipUnsupported,
     NoExecutor,
+    NotInChild,
     PayloadMissing,
     PayloadShredded,
     PayloadTooLarge,
@@ -72,6 +75,7 @@ from ._types import (
 from .kit import GroupRecord, HandleClaim, Offer, RankLedger, RecordedChild, Tombstone
 
 __all__ = [
+    "ChildInfo",
     "CursorExhausted",
     "DispositionWidened",
     "DrainReport",
@@ -107,6 +111,7 @@ __all__ = [
     "MembershipConflict",
     "MembershipUnsupported",
     "NoExecutor",
+    "NotInChild",
     "OccurrenceCounter",
     "Offer",
     "Outcome",
@@ -130,6 +135,7 @@ __all__ = [
     "batch_id",
     "canonical_json",
     "coerce_disposition",
+    "current_child",
     "group_key",
     "group_shape_error",
     "is_host_kind",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from ._errors import (
     InvalidEnvelope,
     MembershipUnsupported,
     NoExecutor,
+    NotInChild,
 )
 from ._kinds import is_host_kind
 from ._types import (
@@ -46,6 +48,48 @@ class ExecutionInput:
     attempt: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class ChildInfo:
+    """Who the running tool is, for side effects that must be idempotent across attempts.
+
+    ``replay_key`` (with ``group_key`` and ``position``) is the same on every attempt of a
+    child; ``attempt`` is 1 on the first run and grows on each re-run the engine makes
+    (after a crash, a lost lease or an activity retry). ``group_key`` and ``position`` are
+    ``None`` for an ungrouped envelope.
+    """
+
+    replay_key: str
+    group_key: str | None
+    position: int | None
+    attempt: int
+    kind: str
+    name: str
+
+
+_CURRENT: ContextVar[ExecutionInput] = ContextVar("effecthost_current_child")
+
+
+def current_child() -> ChildInfo:
+    """The identity of the child whose tool is running in this context (like Temporal's
+    ``activity.info()``). Tasks and ``asyncio.to_thread`` calls the tool starts copy it.
+
+    Raises:
+        NotInChild: called outside a child's tool.
+    """
+    call = _CURRENT.get(None)
+    if call is None:
+        raise NotInChild("current_child() is only available while a child's tool runs")
+    envelope, membership = call.envelope, call.envelope.membership
+    return ChildInfo(
+        replay_key=envelope.replay_key,
+        group_key=membership.group_key if membership is not None else None,
+        position=membership.position if membership is not None else None,
+        attempt=call.attempt,
+        kind=envelope.kind,
+        name=envelope.name,
+    )
+
+
 class EffectExecutor(ABC):
     """Runs one child once. ``execute`` consumes it: a retry resolves a fresh one (G-09).
 
@@ -73,12 +117,15 @@ class EffectExecutor(ABC):
             )
         self._used = True
         key = call.envelope.replay_key
+        token = _CURRENT.set(call)  # the input itself: a ChildInfo is built only when asked
         try:
             value = await self.run(call)
         except ToolError as exc:
             return _recorded(key, Outcome.failure, exc.type, exc.message, exc.data, exc.code)
         except Exception as exc:  # a tool's own bug is still the child's outcome
             return _recorded(key, _failure_of, exc)
+        finally:
+            _CURRENT.reset(token)
         return _recorded(key, Outcome.success, value)
 
     @abstractmethod

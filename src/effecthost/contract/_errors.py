@@ -41,6 +41,7 @@ class RuntimeErrorCode(StrEnum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     STORE_REFUSED = "store_refused"
     ENGINE_UNAVAILABLE = "engine_unavailable"
+    NOT_IN_CHILD = "not_in_child"
 
 
 class EffectHostError(Exception):
@@ -186,6 +187,12 @@ class ExecutorConsumed(EffectHostError):
     """An executor was asked to run twice; executors are single-use (G-09)."""
 
     code = RuntimeErrorCode.EXECUTOR_CONSUMED
+
+
+class NotInChild(EffectHostError):
+    """:func:`current_child` was called outside a running child's tool."""
+
+    code = RuntimeErrorCode.NOT_IN_CHILD
 
 
 class LeaseLost(EffectHostError):

@@ -903,7 +903,7 @@ def build_services(
         return {row["key"]: json.loads(row["value_utf8"]) for row in rows}
 
     async def guarded_tool(
-        group_key: str, envelope: EffectEnvelope, guard: bool, rerun: bool
+        group_key: str, envelope: EffectEnvelope, guard: bool, rerun: bool, invocation: str | None
     ) -> dict[str, Any]:
         """The tool's outcome, or ``cancelled`` without starting it when ``guard`` asks
         and its group was closed with ``CANCEL`` (G-27: a loser never starts after its
@@ -917,9 +917,27 @@ def build_services(
                 return Outcome.cancelled().model_dump(mode="json")
             if rerun and _decided(state):
                 return dict(HELD)
-        return await execute_tool(envelope)
+        return await execute_tool(envelope, await attempt_of(invocation))
 
-    async def execute_tool(envelope: EffectEnvelope) -> dict[str, Any]:
+    async def attempt_of(invocation: str | None) -> int:
+        """The attempt ``current_child()`` reports (issue 25): 1 on a first run; on a re-run
+        of a tool an earlier attempt was cut off in (``invocation`` given), the server's
+        retry count of the invocation, at least 2 (2 without an admin URL). A failed read
+        raises, so the attempt is retried and the tool does not start."""
+        if invocation is None:
+            return 1
+        if admin_urls is None:
+            return 2
+        sql = f"SELECT retry_count FROM sys_invocation WHERE id = {_sql_text(invocation)}"
+        answer = await admin_request(
+            "POST", "/query", json={"query": sql}, headers={"Accept": "application/json"}
+        )
+        answer.raise_for_status()
+        rows = answer.json().get("rows") or []
+        count = rows[0].get("retry_count") if rows else None
+        return max(2, count) if isinstance(count, int) else 2
+
+    async def execute_tool(envelope: EffectEnvelope, attempt: int = 1) -> dict[str, Any]:
         if resolver is None:
             raise NoExecutor(
                 f"child {envelope.replay_key!r}: this endpoint has no resolver registered",
@@ -931,7 +949,7 @@ def build_services(
                 f"child {envelope.replay_key!r}: the resolver returned None",
                 replay_key=envelope.replay_key,
             )
-        outcome = await executor.execute(ExecutionInput(envelope))
+        outcome = await executor.execute(ExecutionInput(envelope, attempt))
         return outcome.model_dump(mode="json")
 
     async def route(ctx: restate.Context, target: str, envelope: EffectEnvelope) -> Outcome:
@@ -977,13 +995,14 @@ def build_services(
         guard: bool,
         rerun: bool,
         seen: dict[str, str],
+        invocation: str | None = None,
     ) -> Callable[[], Coroutine[Any, Any, dict[str, Any]]]:
         """The tool's run: its outcome (with a payload policy, its stored form, the
         plaintext status kept in ``seen``), or :data:`HELD`."""
         group_key = req["group_key"]
 
         async def action() -> dict[str, Any]:
-            outcome = await guarded_tool(group_key, envelope, guard, rerun)
+            outcome = await guarded_tool(group_key, envelope, guard, rerun, invocation)
             if outcome == HELD:
                 # encoded now: once a cancel ends the hold the child awaits nothing more
                 # (a cancel still pending would cut that await, and the settle with it)
@@ -1036,8 +1055,9 @@ def build_services(
                 event = await arrived
                 outcome = Outcome.success(event.get("v"))
             else:
-                guard = _guarded(ctx, req)
-                action = tool_action(req, envelope, guard, _rerun(ctx), seen)
+                guard, rerun = _guarded(ctx, req), _rerun(ctx)
+                invocation = ctx.request().id if rerun else None  # a re-run's attempt count
+                action = tool_action(req, envelope, guard, rerun, seen, invocation)
                 executed: dict[str, Any] = await ctx.run("execute", action)
                 if executed.get("held"):
                     # a loser of a decided group re-run after a crash (R-13): it starts
@@ -1047,7 +1067,7 @@ def build_services(
                     ctx.object_send(hold, group_key, {"awakeable": aid, "epoch": epoch})
                     if (await woken).get("run"):
                         settles_cancelled = None
-                        action = tool_action(req, envelope, guard, False, seen)
+                        action = tool_action(req, envelope, guard, False, seen, invocation)
                         executed = await ctx.run("execute held", action)
                     else:
                         executed = settles_cancelled

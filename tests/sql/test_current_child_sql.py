@@ -1,0 +1,99 @@
+"""Issue 25 on the SQL tier: a registry tool reads its child's identity with
+``current_child()``, and a child re-run after its driver was SIGKILLed (its lease expired)
+sees the same replay key, group key and position with attempt 2."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effecthost.contract import (
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    LoserPolicy,
+    ToolRegistry,
+    WakePolicy,
+    current_child,
+)
+from effecthost.hosts.sql import SqlEffectHost, SqliteStore
+
+WORKER = str(Path(__file__).with_name("_worker.py"))
+
+
+async def who(_value: object) -> dict[str, Any]:
+    child = current_child()
+    return {
+        "replay_key": child.replay_key,
+        "group_key": child.group_key,
+        "position": child.position,
+        "attempt": child.attempt,
+    }
+
+
+def one_child(key: str) -> EffectGroup:
+    """The group ``_worker.py hold`` opens with one child (same envelope, same hash)."""
+    return EffectGroup(
+        key=key,
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[
+            EffectEnvelope(replay_key=f"{key}/0", kind=EffectKind.TOOL_CALL, name="echo", input=0)
+        ],
+    )
+
+
+async def identity_after(path: Path, key: str, *, drain: bool) -> Any:
+    host = SqlEffectHost(
+        SqliteStore(path), ToolRegistry({"echo": who}), lease_ttl=0.6, renew_every=0.1
+    )
+    await host.start()
+    try:
+        handle = await host.open_effect_group(one_child(key))
+        if drain:
+            passes = host.drain()
+            deadline = time.monotonic() + 30
+            while any(r.state != "settled" for r in await host.store.children(key)):
+                assert time.monotonic() < deadline, "the killed driver's child never re-ran"
+                await passes.run_pass()
+                await asyncio.sleep(0.05)  # the database clock passing the dead lease's TTL
+        settlement = await asyncio.wait_for(host.await_next_settlement(handle), 30)
+        return settlement.outcome.value
+    finally:
+        await host.aclose()
+
+
+@pytest.mark.timeout(120)
+def test_a_rerun_after_sigkill_sees_attempt_two(tmp_path: Path) -> None:
+    """Issue 25 (G-09): the first run of a child sees attempt 1; after its driver is
+    SIGKILLed mid-tool and the lease expires, the re-run sees the same replay key, group
+    key and position with attempt 2 (the child row's attempt)."""
+    path = tmp_path / "identity.sqlite3"
+    fresh = asyncio.run(identity_after(path, "id:group:fresh:0", drain=False))
+    assert fresh == {
+        "replay_key": "id:group:fresh:0/0",
+        "group_key": "id:group:fresh:0",
+        "position": 0,
+        "attempt": 1,
+    }
+    key = "id:group:killed:0"
+    caller = subprocess.Popen(
+        [sys.executable, WORKER, "hold", str(path), key, "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert caller.stdout is not None
+    line = caller.stdout.readline()
+    caller.send_signal(signal.SIGKILL)
+    _out, err = caller.communicate(timeout=30)
+    assert line.strip() == "running", err
+    rerun = asyncio.run(identity_after(path, key, drain=True))
+    assert rerun == {"replay_key": f"{key}/0", "group_key": key, "position": 0, "attempt": 2}
