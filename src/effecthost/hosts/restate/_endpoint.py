@@ -90,6 +90,12 @@ LAYOUT = 2
 """The group object's state layout; groups recorded before it carry none (see docs)."""
 BATCH = 64
 """At most this many recorded ranks answer one read."""
+COLLECT_FROM = 100
+"""Groups of at least this many children that wake on ``ALL`` and run their losers to
+completion have their settlements collected and recorded in batches (see ``collect``)."""
+SWEEP = 1024
+"""How many of the collector's unfinished children it looks at per wake-up (the oldest
+first): each wake-up costs this much at most, not the group's width."""
 
 
 async def _get(ctx: Any, name: str) -> Any:
@@ -410,6 +416,68 @@ def build_services(
             cancelled.append(envelope["replay_key"])
         return cancelled
 
+    def collected(req: dict[str, Any]) -> bool:
+        """Whether a first open hands its children to ``collect``: a wide group that wakes
+        on ``ALL`` and runs its losers to completion (no cancel needs the invocation ids
+        at hand, and no early rank is held up by a batch)."""
+        return (
+            req["child_count"] >= COLLECT_FROM
+            and req["wake"] == WakePolicy.ALL.value
+            and req["disposition"] == LoserPolicy.RUN_TO_COMPLETION.value
+        )
+
+    @group.handler(kind="shared")
+    async def collect(ctx: restate.ObjectSharedContext, req: dict[str, Any]) -> None:
+        """Start a wide group's children as calls and rank what they settle in batches.
+
+        Each child (``collect`` in its request) returns its settlement instead of sending
+        it, so a child costs one invocation, not two; this invocation gathers the
+        settlements of the children that finished while the previous batch was being
+        recorded and sends them to ``settle_batch`` in the order it saw them finish. The
+        group object stays the rank authority (it ranks each batch in order, with the
+        usual dedup). A child that ends with a terminal error (a cancel after a close
+        narrowed the group, an unbound target) settles itself as before, and so does one
+        a close started first by its idempotency key: their calls here answer without
+        a settlement. Shared: it never holds the group's lock (G-39)."""
+        key = ctx.key()
+        children = await _get(ctx, "children") or []
+        targets: dict[str, str] = await _get(ctx, "targets") or {}
+        pending: list[Any] = []
+        for position, entry in enumerate(children):
+            body, idem, headers = child_request(
+                key,
+                req["epoch"],
+                position,
+                entry["envelope"],
+                targets.get(str(position)),
+                cancel=False,
+            )
+            body["collect"] = True
+            pending.append(ctx.service_call(run, body, idempotency_key=idem, headers=headers))
+        ready: list[dict[str, Any]] = []
+        recording: Any = None
+        while pending or ready or recording is not None:
+            if recording is None and ready:
+                recording = ctx.object_call(settle_batch, key, {"settlements": ready})
+                ready = []
+            watched = pending[:SWEEP] + ([recording] if recording is not None else [])
+            await restate.wait_completed(*watched)
+            if recording is not None and recording.is_completed():
+                await recording
+                recording = None
+            still: list[Any] = []
+            for index, call in enumerate(pending):
+                if index >= SWEEP or not call.is_completed():
+                    still.append(call)
+                    continue
+                try:
+                    result = await call
+                except TerminalError:
+                    continue  # it settled itself
+                if isinstance(result, dict) and "settlement" in result:
+                    ready.append(result["settlement"])
+            pending = still
+
     @group.handler()
     async def open(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
         key = ctx.key()
@@ -491,6 +559,10 @@ def build_services(
         targets: dict[str, str] = req.get("targets") or {}
         if targets:
             ctx.set("targets", targets)  # a cancel may send a routed child again
+        if collected(req):
+            # a wide group: its collector starts the children and settles them in batches
+            ctx.object_send(collect, key, {"epoch": epoch})
+            return {"ok": True, "epoch": epoch, "reopened": False, "parked": req.get("waiter")}
         handles = []
         for position, envelope in enumerate(envelopes):
             body, idem, headers = child_request(
@@ -511,14 +583,15 @@ def build_services(
             ctx.set("invs", [await handle.invocation_id() for handle in handles])
         return {"ok": True, "epoch": epoch, "reopened": False, "parked": req.get("waiter")}
 
-    @group.handler(state_preload=False)
-    async def settle(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
-        """Rank authority: dedup, ``rank = counter + 1``, store the reference, wake — in
-        one handler step (G-38). State is read lazily, all four keys in one round trip,
-        so a settle costs the same in a group of 10 or 10,000 children."""
+    async def record(
+        ctx: restate.ObjectContext, state: dict[str, Any], req: dict[str, Any], settled: bool
+    ) -> None:
+        """Rank one settlement against ``state`` (``shape``, ``counter``, ``waiters``,
+        ``tombstone`` as read, updated here): dedup, ``rank = counter + 1``, store the
+        record, wake its readers (G-38). ``state["waiters_dirty"]`` tells the caller to
+        write ``waiters`` back; a retirement clears everything and sets ``retired``."""
         rk = req["replay_key"]
-        reads = _reads(ctx, "shape", f"settled:{rk}", "counter", "waiters", "tombstone")
-        shape, settled, counter, waiters, tombstone = [await read for read in reads]
+        shape, tombstone = state["shape"], state["tombstone"]
         closing = shape is None and _closing(tombstone)
         if closing:
             shape = tombstone["shape"]
@@ -530,14 +603,14 @@ def build_services(
             if store is not None and isinstance(stored, dict) and stored.get("form") == "ref":
                 await ctx.run("delete late payload", delete_payloads, args=(ctx.key(),))
             return
-        rank = kit.next_rank(int(counter or 0), settled is not None)
+        rank = kit.next_rank(int(state["counter"] or 0), settled)
         if rank is None:
             return  # the child holds a rank already: a duplicate takes none
-        record = {"position": req["position"], "replay_key": rk}
+        entry = {"position": req["position"], "replay_key": rk}
         if "stored" in req:
-            record["stored"] = req["stored"]
+            entry["stored"] = req["stored"]
         elif "ref" in req:
-            record["ref"] = req["ref"]
+            entry["ref"] = req["ref"]
             if not shape.get("spilled"):
                 shape["spilled"] = True  # retirement clears the payload object only then
                 if closing:  # ``shape`` is the tombstone's own
@@ -545,21 +618,55 @@ def build_services(
                 else:
                     ctx.set("shape", shape)
         else:
-            record["outcome"] = req["outcome"]
+            entry["outcome"] = req["outcome"]
+        state["counter"] = rank
         ctx.set("counter", rank)
-        ctx.set(f"rank:{rank}", record)
+        ctx.set(f"rank:{rank}", entry)
         ctx.set(f"settled:{rk}", rank)
         if closing:  # a closed group's child: its rank is never served (R-11)
             if rank >= shape["child_count"]:
                 await retire(ctx, shape, tombstone["effective"])
+                state.update(shape=None, tombstone={"effective": tombstone["effective"]})
+                state.update(retired=True, waiters_dirty=False)
             return
         if req.get("won") and shape["wake"] == WakePolicy.FIRST_SUCCESS.value:
             ctx.set("decided", True)  # a success holds a rank (R-13; read by re-runs)
-        woken = (waiters or {}).pop(str(rank), None)
+        waiters = state["waiters"] or {}
+        woken = waiters.pop(str(rank), None)
         if woken:
             for aid in woken:
-                ctx.resolve_awakeable(aid, {"record": record})
-            ctx.set("waiters", waiters)
+                ctx.resolve_awakeable(aid, {"record": entry})
+            state["waiters"] = waiters
+            state["waiters_dirty"] = True
+
+    @group.handler(state_preload=False)
+    async def settle(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+        """Rank authority: dedup, ``rank = counter + 1``, store the reference, wake — in
+        one handler step (G-38). State is read lazily, all five keys in one round trip,
+        so a settle costs the same in a group of 10 or 10,000 children."""
+        await settle_batch(ctx, {"settlements": [req]})
+
+    @group.handler(state_preload=False)
+    async def settle_batch(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+        """``settle`` for several settlements in one handler step, ranked in the order
+        given (what the collector of a wide group saw finish, see ``collect``)."""
+        batch: list[dict[str, Any]] = req["settlements"]
+        keys = dict.fromkeys(f"settled:{m['replay_key']}" for m in batch)
+        reads = _reads(ctx, "shape", "counter", "waiters", "tombstone", *keys)
+        shape, counter, waiters, tombstone, *marks = [await read for read in reads]
+        state: dict[str, Any] = {
+            "shape": shape,
+            "counter": counter,
+            "waiters": waiters,
+            "tombstone": tombstone,
+        }
+        done = {k for k, mark in zip(keys, marks, strict=True) if mark is not None}
+        for message in batch:
+            name = f"settled:{message['replay_key']}"
+            await record(ctx, state, message, name in done)
+            done.add(name)
+        if state.get("waiters_dirty"):
+            ctx.set("waiters", state["waiters"])
 
     async def ranks_from(
         ctx: restate.ObjectContext | restate.ObjectSharedContext, rank: int, counter: int
@@ -1072,6 +1179,8 @@ def build_services(
             result = document
             if req.get("first_success") and outcome.status == "success":
                 message["won"] = True
+        if req.get("collect") and terminal is None:
+            return {"settlement": message}  # its group's collector settles it (``collect``)
         ctx.object_send(settle, group_key, message)
         if terminal is not None:
             raise terminal
