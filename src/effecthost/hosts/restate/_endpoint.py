@@ -420,7 +420,7 @@ def build_services(
         """Whether a first open hands its children to ``collect``: a wide group that wakes
         on ``ALL`` and runs its losers to completion (no cancel needs the invocation ids
         at hand, and no early rank is held up by a batch)."""
-        return (
+        return bool(
             req["child_count"] >= COLLECT_FROM
             and req["wake"] == WakePolicy.ALL.value
             and req["disposition"] == LoserPolicy.RUN_TO_COMPLETION.value
