@@ -156,12 +156,17 @@ async def widths(
                 pair: dict[str, float] = {}
                 for handler in ("native", "effecthost"):
                     t0, cpu0 = time.perf_counter(), cpu_seconds(pids)
+                    split0 = [cpu_seconds([pid]) for pid in pids]
                     answer = await client.post(
                         f"{ingress}/Wide/{handler}", json={"op": "all", "n": n}
                     )
                     answer.raise_for_status()
                     assert answer.json() == n, answer.text
                     elapsed, cpu = time.perf_counter() - t0, cpu_seconds(pids) - cpu0
+                    server, endpoint = (
+                        cpu_seconds([pid]) - before
+                        for pid, before in zip(pids, split0, strict=True)
+                    )
                     pair[handler] = elapsed
                     rows.append(
                         {
@@ -170,13 +175,16 @@ async def widths(
                             "ms": elapsed * 1e3,
                             "us_per_child": elapsed * 1e6 / n,
                             "cpu_us_per_child": cpu * 1e6 / n,
+                            "server_cpu_us_per_child": server * 1e6 / n,
+                            "endpoint_cpu_us_per_child": endpoint * 1e6 / n,
                             "load": os.getloadavg()[0],
                         }
                     )
                     print(
                         f"{handler:<11}{n:>7} children {elapsed * 1e3:>10.0f} ms"
                         f" {elapsed * 1e6 / n:>9.0f} µs/child {cpu * 1e6 / n:>9.0f} µs CPU/child"
-                        f" (server + endpoint) load {os.getloadavg()[0]:.1f}",
+                        f" (server {server * 1e6 / n:.0f} + endpoint {endpoint * 1e6 / n:.0f})"
+                        f" load {os.getloadavg()[0]:.1f}",
                         flush=True,
                     )
                 print(

@@ -93,9 +93,9 @@ BATCH = 64
 COLLECT_FROM = 100
 """Groups of at least this many children that wake on ``ALL`` and run their losers to
 completion have their settlements collected and recorded in batches (see ``collect``)."""
-SWEEP = 1024
-"""How many of the collector's unfinished children it looks at per wake-up (the oldest
-first): each wake-up costs this much at most, not the group's width."""
+COLLECT_SLICE = 128
+"""Children per ``collect`` invocation of a wide group: what one wake-up of a collector
+looks at, whatever the group's width."""
 
 
 async def _get(ctx: Any, name: str) -> Any:
@@ -426,31 +426,29 @@ def build_services(
             and req["disposition"] == LoserPolicy.RUN_TO_COMPLETION.value
         )
 
-    @group.handler(kind="shared")
+    @group.handler(kind="shared", state_preload=False)
     async def collect(ctx: restate.ObjectSharedContext, req: dict[str, Any]) -> None:
-        """Start a wide group's children as calls and rank what they settle in batches.
+        """Start a slice of a wide group's children as calls and have what they settle
+        ranked in batches.
 
         Each child (``collect`` in its request) returns its settlement instead of sending
-        it, so a child costs one invocation, not two; this invocation gathers the
-        settlements of the children that finished while the previous batch was being
-        recorded and sends them to ``settle_batch`` in the order it saw them finish. The
-        group object stays the rank authority (it ranks each batch in order, with the
-        usual dedup). A child that ends with a terminal error (a cancel after a close
-        narrowed the group, an unbound target) settles itself as before, and so does one
-        a close started first by its idempotency key: their calls here answer without
-        a settlement. Shared: it never holds the group's lock (G-39)."""
-        key = ctx.key()
-        children = await _get(ctx, "children") or []
-        targets: dict[str, str] = await _get(ctx, "targets") or {}
+        it, so a child costs one invocation, not two. While a batch is being recorded
+        this invocation waits for that call only; then it takes the settlements of the
+        children of its slice that finished meanwhile and sends them, in the order the
+        engine journaled their results, to ``settle_batch``. The group object stays the
+        rank authority (it ranks each batch in order, with the usual dedup). A child that
+        ends with a terminal error (a cancel after a close narrowed the group, an unbound
+        target) settles itself as before, and so does one a close started first by its
+        idempotency key: their calls answer here without a settlement. A slice holds at
+        most :data:`COLLECT_SLICE` children, so a wake-up costs the same at any width.
+        Shared: it never holds the group's lock (G-39)."""
+        key, first = ctx.key(), int(req["first"])
+        targets: dict[str, str] = req.get("targets") or {}
         pending: list[Any] = []
-        for position, entry in enumerate(children):
+        for offset, envelope in enumerate(req["children"]):
+            position = first + offset
             body, idem, headers = child_request(
-                key,
-                req["epoch"],
-                position,
-                entry["envelope"],
-                targets.get(str(position)),
-                cancel=False,
+                key, req["epoch"], position, envelope, targets.get(str(position)), cancel=False
             )
             body["collect"] = True
             pending.append(ctx.service_call(run, body, idempotency_key=idem, headers=headers))
@@ -460,14 +458,14 @@ def build_services(
             if recording is None and ready:
                 recording = ctx.object_call(settle_batch, key, {"settlements": ready})
                 ready = []
-            watched = pending[:SWEEP] + ([recording] if recording is not None else [])
-            await restate.wait_completed(*watched)
-            if recording is not None and recording.is_completed():
-                await recording
+            if recording is not None:
+                await recording  # the children's results gather meanwhile
                 recording = None
+            else:
+                await restate.wait_completed(*pending)
             still: list[Any] = []
-            for index, call in enumerate(pending):
-                if index >= SWEEP or not call.is_completed():
+            for call in pending:
+                if not call.is_completed():
                     still.append(call)
                     continue
                 try:
@@ -560,8 +558,19 @@ def build_services(
         if targets:
             ctx.set("targets", targets)  # a cancel may send a routed child again
         if collected(req):
-            # a wide group: its collector starts the children and settles them in batches
-            ctx.object_send(collect, key, {"epoch": epoch})
+            # a wide group: its collectors start the children and settle them in batches
+            for first in range(0, len(envelopes), COLLECT_SLICE):
+                part = range(first, min(first + COLLECT_SLICE, len(envelopes)))
+                ctx.object_send(
+                    collect,
+                    key,
+                    {
+                        "epoch": epoch,
+                        "first": first,
+                        "children": envelopes[part.start : part.stop],
+                        "targets": {str(p): targets[str(p)] for p in part if str(p) in targets},
+                    },
+                )
             return {"ok": True, "epoch": epoch, "reopened": False, "parked": req.get("waiter")}
         handles = []
         for position, envelope in enumerate(envelopes):
@@ -619,8 +628,7 @@ def build_services(
                     ctx.set("shape", shape)
         else:
             entry["outcome"] = req["outcome"]
-        state["counter"] = rank
-        ctx.set("counter", rank)
+        state["counter"] = rank  # written once per batch (``settle_batch``)
         ctx.set(f"rank:{rank}", entry)
         ctx.set(f"settled:{rk}", rank)
         if closing:  # a closed group's child: its rank is never served (R-11)
@@ -665,6 +673,10 @@ def build_services(
             name = f"settled:{message['replay_key']}"
             await record(ctx, state, message, name in done)
             done.add(name)
+        if state.get("retired"):
+            return  # everything went with the retirement but the tombstone
+        if state["counter"] != counter:
+            ctx.set("counter", state["counter"])
         if state.get("waiters_dirty"):
             ctx.set("waiters", state["waiters"])
 
