@@ -37,7 +37,7 @@ from effecthost.contract import (
     group_key,
 )
 from effecthost.hosts.restate import CHILD, GROUP, PAYLOAD, REPLAY_KEY, RestateController
-from effecthost.hosts.restate._endpoint import COLLECT_FROM
+from effecthost.hosts.restate._endpoint import COLLECT_FROM, COLLECT_SLICE
 from effecthost.hosts.restate.testing import (
     UNBOUND_TARGET,
     LocalRestate,
@@ -684,10 +684,10 @@ async def test_G38_a_wide_all_group_is_collected_and_each_child_takes_one_rank(
     stack: Stack,
 ) -> None:
     """G-37, G-38, R-11: a group of ``COLLECT_FROM`` children or more that waits for all
-    and runs its losers to completion has its children started by the collector and
-    settled in batches: every child runs once and takes exactly one rank, ranks 1..n are
-    served in order, the close retires the group and nothing is left running."""
-    n = COLLECT_FROM + 20
+    and runs its losers to completion has its children started by collectors (three
+    here) and settled in batches: every child runs once and takes exactly one rank, ranks
+    1..n are served in order, the close retires the group and nothing is left running."""
+    n = 2 * COLLECT_SLICE + 5  # three collectors
     tags = [f"wide.c{i}" for i in range(n)]
     group = EffectGroup(
         key=group_key("wide", "all", 0),
@@ -716,7 +716,7 @@ async def test_G41_a_wide_collected_group_narrowed_to_cancel_cancels_its_losers(
     """G-41, R-11: a collected group closed with ``CANCEL`` while some children hold
     cancels those (found by idempotency key); they settle themselves as cancelled, the
     group retires, the collector ends and the held tools never finish."""
-    n, held = COLLECT_FROM, 3
+    n, held = max(COLLECT_FROM, 40), 3
     tags = [f"widec.c{i}" for i in range(n)]
     group = EffectGroup(
         key=group_key("widec", "all", 0),
@@ -745,7 +745,7 @@ async def test_G38_an_endpoint_crash_mid_collected_group_keeps_ranks_and_settles
     last children hold: the ranks recorded read back byte-identical from a fresh handle,
     the collector and the held children resume from their journals and each of those
     takes exactly one of the remaining ranks; every tool finishes once."""
-    n, k = COLLECT_FROM, 3
+    n, k = max(COLLECT_FROM, 40), 3
     tags = [f"widek.c{i}" for i in range(n)]
     group = EffectGroup(
         key=group_key("widek", "all", 0),

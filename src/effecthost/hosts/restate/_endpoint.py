@@ -90,7 +90,7 @@ LAYOUT = 2
 """The group object's state layout; groups recorded before it carry none (see docs)."""
 BATCH = 64
 """At most this many recorded ranks answer one read."""
-COLLECT_FROM = 100
+COLLECT_FROM = 2
 """Groups of at least this many children that wake on ``ALL`` and run their losers to
 completion have their settlements collected and recorded in batches (see ``collect``)."""
 COLLECT_SLICE = 128
