@@ -38,6 +38,11 @@ anything and releases what it claimed when a claim is refused. Close releases
 nothing: a claim of a key whose holder has retired takes the key over, so retiring a
 group costs no invocation per child.
 
+An ``ALL`` group that runs its losers to completion has its children started by the
+group object's shared ``collect`` handler (one invocation per :data:`COLLECT_SLICE`
+children), each child returning its settlement to it, and ranked by ``settle_batch`` in
+batches; other groups' children send their settlement to ``settle`` themselves.
+
 No exclusive handler awaits anything another handler of the same key resolves. The
 handlers that run once per child or per read (``settle``, ``register_waiter``,
 ``await_rank``) read state lazily, so their cost does not grow with the group.
