@@ -599,11 +599,12 @@ def build_services(
 
     async def record(
         ctx: restate.ObjectContext, state: dict[str, Any], req: dict[str, Any], settled: bool
-    ) -> None:
+    ) -> bool:
         """Rank one settlement against ``state`` (``shape``, ``counter``, ``waiters``,
         ``tombstone`` as read, updated here): dedup, ``rank = counter + 1``, store the
-        record, wake its readers (G-38). ``state["waiters_dirty"]`` tells the caller to
-        write ``waiters`` back; a retirement clears everything and sets ``retired``."""
+        record, wake its readers (G-38); whether it took a rank. ``state["waiters_dirty"]``
+        tells the caller to write ``waiters`` back; a retirement clears everything and sets
+        ``retired``."""
         rk = req["replay_key"]
         shape, tombstone = state["shape"], state["tombstone"]
         closing = shape is None and _closing(tombstone)
@@ -616,10 +617,10 @@ def build_services(
             stored = req.get("stored")
             if store is not None and isinstance(stored, dict) and stored.get("form") == "ref":
                 await ctx.run("delete late payload", delete_payloads, args=(ctx.key(),))
-            return
+            return False
         rank = kit.next_rank(int(state["counter"] or 0), settled)
         if rank is None:
-            return  # the child holds a rank already: a duplicate takes none
+            return False  # the child holds a rank already: a duplicate takes none
         entry = {"position": req["position"], "replay_key": rk}
         if "stored" in req:
             entry["stored"] = req["stored"]
@@ -641,7 +642,7 @@ def build_services(
                 await retire(ctx, shape, tombstone["effective"])
                 state.update(shape=None, tombstone={"effective": tombstone["effective"]})
                 state.update(retired=True, waiters_dirty=False)
-            return
+            return True
         if req.get("won") and shape["wake"] == WakePolicy.FIRST_SUCCESS.value:
             ctx.set("decided", True)  # a success holds a rank (R-13; read by re-runs)
         waiters = state["waiters"] or {}
@@ -651,6 +652,7 @@ def build_services(
                 ctx.resolve_awakeable(aid, {"record": entry})
             state["waiters"] = waiters
             state["waiters_dirty"] = True
+        return True
 
     @group.handler(state_preload=False)
     async def settle(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
@@ -676,8 +678,8 @@ def build_services(
         done = {k for k, mark in zip(keys, marks, strict=True) if mark is not None}
         for message in batch:
             name = f"settled:{message['replay_key']}"
-            await record(ctx, state, message, name in done)
-            done.add(name)
+            if await record(ctx, state, message, name in done):
+                done.add(name)
         if state.get("retired"):
             return  # everything went with the retirement but the tombstone
         if state["counter"] != counter:
