@@ -422,11 +422,14 @@ def build_services(
         return cancelled
 
     def collected(req: dict[str, Any]) -> bool:
-        """Whether a first open hands its children to ``collect``: a wide group that wakes
-        on ``ALL`` and runs its losers to completion (no cancel needs the invocation ids
-        at hand, and no early rank is held up by a batch)."""
+        """Whether a first open hands its children to ``collect``: a group that wakes on
+        ``ALL`` and runs its losers to completion (no cancel needs the invocation ids at
+        hand, and no early rank is held up by a batch), opened by a controller that asks
+        for it: an open of the release before, replayed here after a cut, sends its
+        children itself as its journal says."""
         return bool(
-            req["child_count"] >= COLLECT_FROM
+            req.get("collect")
+            and req["child_count"] >= COLLECT_FROM
             and req["wake"] == WakePolicy.ALL.value
             and req["disposition"] == LoserPolicy.RUN_TO_COMPLETION.value
         )
@@ -634,7 +637,8 @@ def build_services(
                     ctx.set("shape", shape)
         else:
             entry["outcome"] = req["outcome"]
-        state["counter"] = rank  # written once per batch (``settle_batch``)
+        state["counter"] = rank
+        ctx.set("counter", rank)
         ctx.set(f"rank:{rank}", entry)
         ctx.set(f"settled:{rk}", rank)
         if closing:  # a closed group's child: its rank is never served (R-11)
@@ -666,24 +670,22 @@ def build_services(
         """``settle`` for several settlements in one handler step, ranked in the order
         given (what the collector of a wide group saw finish, see ``collect``)."""
         batch: list[dict[str, Any]] = req["settlements"]
-        keys = dict.fromkeys(f"settled:{m['replay_key']}" for m in batch)
-        reads = _reads(ctx, "shape", "counter", "waiters", "tombstone", *keys)
-        shape, counter, waiters, tombstone, *marks = [await read for read in reads]
+        first, *others = dict.fromkeys(f"settled:{m['replay_key']}" for m in batch)
+        # the reads and writes of a batch of one are those of ``settle`` before batches
+        # existed, in the same order: a settle of that release cut off mid-step replays
+        reads = _reads(ctx, "shape", first, "counter", "waiters", "tombstone", *others)
+        shape, mark, counter, waiters, tombstone, *marks = [await read for read in reads]
         state: dict[str, Any] = {
             "shape": shape,
             "counter": counter,
             "waiters": waiters,
             "tombstone": tombstone,
         }
-        done = {k for k, mark in zip(keys, marks, strict=True) if mark is not None}
+        done = {k for k, m in zip([first, *others], [mark, *marks], strict=True) if m is not None}
         for message in batch:
             name = f"settled:{message['replay_key']}"
             if await record(ctx, state, message, name in done):
                 done.add(name)
-        if state.get("retired"):
-            return  # everything went with the retirement but the tombstone
-        if state["counter"] != counter:
-            ctx.set("counter", state["counter"])
         if state.get("waiters_dirty"):
             ctx.set("waiters", state["waiters"])
 
