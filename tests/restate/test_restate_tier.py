@@ -783,3 +783,58 @@ async def test_G38_an_endpoint_crash_mid_collected_group_keeps_ranks_and_settles
     await ctl.close_effect_group(restored)
     assert await _idle(ctl) == []
     assert set(await group_state(ctl, group.key)) == {"tombstone"}
+
+
+async def _group_calls(ctl: RestateController, key: str) -> dict[str, int]:
+    rows = await ctl.query(
+        "SELECT target_handler_name AS h, count(*) AS n FROM sys_invocation "
+        f"WHERE target_service_name = '{GROUP}' AND target_service_key = '{key}' "
+        "GROUP BY target_handler_name"
+    )
+    return {row["h"]: int(row["n"]) for row in rows}
+
+
+async def test_an_open_without_collect_of_the_release_before_sends_its_children_itself(
+    stack: Stack,
+) -> None:
+    """Upgrade (issue 26): an ``ALL`` group opened by a request of the release before (no
+    ``collect`` in it) is not collected: its open sends the children, each settles with
+    its own ``settle`` as it did, so such an open replays its journal unchanged; this
+    release's controller's open of the same shape is collected (``collect`` once per
+    slice, ``settle_batch``, no ``settle``)."""
+    ctl = stack.controller
+    n = 5
+    old, new = (
+        EffectGroup(
+            key=group_key(name, "all", 0),
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[_step(f"{name}.c{i}", gate=False) for i in range(n)],
+        )
+        for name in ("oldopen", "newopen")
+    )
+    body = {
+        "child_count": n,
+        "wake": old.wake.value,
+        "disposition": old.disposition.value,
+        "children": [child.model_dump(mode="json") for child in old.children],
+        "hashes": [child.envelope_hash() for child in old.children],
+        "targets": {},
+        "owner": "tests",
+        "incarnation": "before",
+    }
+    async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+        answer = await client.post(f"{stack.local.ingress_url}/{GROUP}/{old.key}/open", json=body)
+        answer.raise_for_status()
+        assert answer.json()["ok"], answer.text
+    await ctl.open_effect_group(new)
+    for group in (old, new):
+        handle = group.handle()
+        got = [await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT) for _ in range(n)]
+        assert [s.rank for s in got] == list(range(1, n + 1))
+        await ctl.close_effect_group(handle)
+    assert await _idle(ctl) == []
+    calls_old, calls_new = await _group_calls(ctl, old.key), await _group_calls(ctl, new.key)
+    assert calls_old.get("settle") == n and "collect" not in calls_old, calls_old
+    assert calls_new.get("collect") == 1 and "settle" not in calls_new, calls_new
+    assert calls_new.get("settle_batch", 0) >= 1, calls_new
