@@ -638,7 +638,8 @@ def build_services(
         else:
             entry["outcome"] = req["outcome"]
         state["counter"] = rank
-        ctx.set("counter", rank)
+        if not state.get("batched"):
+            ctx.set("counter", rank)  # where ``settle`` wrote it (a batch: once, at its end)
         ctx.set(f"rank:{rank}", entry)
         ctx.set(f"settled:{rk}", rank)
         if closing:  # a closed group's child: its rank is never served
@@ -680,12 +681,15 @@ def build_services(
             "counter": counter,
             "waiters": waiters,
             "tombstone": tombstone,
+            "batched": len(batch) > 1,
         }
         done = {k for k, m in zip([first, *others], [mark, *marks], strict=True) if m is not None}
         for message in batch:
             name = f"settled:{message['replay_key']}"
             if await record(ctx, state, message, name in done):
                 done.add(name)
+        if state["batched"] and not state.get("retired") and state["counter"] != counter:
+            ctx.set("counter", state["counter"])
         if state.get("waiters_dirty"):
             ctx.set("waiters", state["waiters"])
 
