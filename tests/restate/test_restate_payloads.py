@@ -159,14 +159,24 @@ async def test_nothing_sealed_is_plaintext_in_the_restate_state(sealed: Sealed) 
     group_dir = sealed.payload_dir / group_directory_name(key)
     files = list(group_dir.glob("*.payload"))
     assert len(files) == 1 and LARGE_SECRET.encode() not in files[0].read_bytes()
-    # the child invocations' journals carry the stored form only
+    # the child invocations' journals carry the stored form only (children of an ALL
+    # group are started by the group object's ``collect``, others by its ``open``)
     journal = await ctl.query(
         f"SELECT j.* FROM sys_journal j JOIN sys_invocation i ON j.id = i.id "
         f"WHERE i.target_service_name = 'EffecthostChild' "
-        f"AND i.invoked_by_target = {_sql(f'{GROUP}/{key}/open')}"
+        f"AND i.invoked_by_target IN ({_sql(f'{GROUP}/{key}/open')}, "
+        f"{_sql(f'{GROUP}/{key}/collect')})"
     )
     recorded = _all_bytes(journal)
     assert b'"ciphertext"' in recorded, "the journal does not hold the stored form"
+    assert SMALL_SECRET.encode() not in recorded and LARGE_SECRET.encode() not in recorded
+    # and so do the group object's (``collect`` receives the settlements, ``settle_batch``
+    # records them)
+    journal = await ctl.query(
+        f"SELECT j.* FROM sys_journal j JOIN sys_invocation i ON j.id = i.id "
+        f"WHERE i.target_service_name = {_sql(GROUP)} AND i.target_service_key = {_sql(key)}"
+    )
+    recorded = _all_bytes(journal)
     assert SMALL_SECRET.encode() not in recorded and LARGE_SECRET.encode() not in recorded
 
     values = {}

@@ -37,6 +37,7 @@ from effecthost.contract import (
     group_key,
 )
 from effecthost.hosts.restate import CHILD, GROUP, PAYLOAD, REPLAY_KEY, RestateController
+from effecthost.hosts.restate._endpoint import COLLECT_FROM, COLLECT_SLICE
 from effecthost.hosts.restate.testing import (
     UNBOUND_TARGET,
     LocalRestate,
@@ -666,3 +667,174 @@ async def test_G41_close_leaves_only_the_tombstone(stack: Stack) -> None:
     assert set(state) == {"tombstone"}, sorted(state)
     await ctl.close_effect_group(handle)
     assert await group_state(ctl, group.key) == state
+
+
+async def _idle(ctl: RestateController) -> list[dict[str, Any]]:
+    """Invocations the engine has not completed, re-read until none is left or TIMEOUT
+    (a retirement and the collector's end have no event to wait on)."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        rows = await ctl.query("SELECT id FROM sys_invocation WHERE status != 'completed'")
+        if not rows or time.monotonic() > deadline:
+            return rows
+        await asyncio.sleep(0.05)
+
+
+async def test_G38_a_wide_all_group_is_collected_and_each_child_takes_one_rank(
+    stack: Stack,
+) -> None:
+    """G-37, G-38, R-11: a group of ``COLLECT_FROM`` children or more that waits for all
+    and runs its losers to completion has its children started by collectors (three
+    here) and settled in batches: every child runs once and takes exactly one rank, ranks
+    1..n are served in order, the close retires the group and nothing is left running."""
+    n = 2 * COLLECT_SLICE + 5  # three collectors
+    tags = [f"wide.c{i}" for i in range(n)]
+    group = EffectGroup(
+        key=group_key("wide", "all", 0),
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[_step(tag, gate=False, result={"i": i}) for i, tag in enumerate(tags)],
+    )
+    ctl = stack.controller
+    handle = await ctl.open_effect_group(group)
+    got = [await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT) for _ in tags]
+    assert [s.rank for s in got] == list(range(1, n + 1))
+    assert sorted(s.replay_key for s in got) == sorted(tags)
+    assert all(s.outcome.ok and s.outcome.value == {"i": tags.index(s.replay_key)} for s in got)
+    with pytest.raises(CursorExhausted):
+        await ctl.await_next_settlement(handle)
+    await ctl.close_effect_group(handle)
+    assert set(await group_state(ctl, group.key)) == {"tombstone"}
+    assert await _idle(ctl) == []
+    for tag in tags:
+        assert stack.lab.count("finished", tag) == 1, tag
+
+
+async def test_G41_a_wide_collected_group_narrowed_to_cancel_cancels_its_losers(
+    stack: Stack,
+) -> None:
+    """G-41, R-11: a collected group closed with ``CANCEL`` while some children hold
+    cancels those (found by idempotency key); they settle themselves as cancelled, the
+    group retires, the collector ends and the held tools never finish."""
+    n, held = max(COLLECT_FROM, 40), 3
+    tags = [f"widec.c{i}" for i in range(n)]
+    group = EffectGroup(
+        key=group_key("widec", "all", 0),
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[_step(tag, gate=i < held) for i, tag in enumerate(tags)],
+    )
+    ctl = stack.controller
+    handle = await ctl.open_effect_group(group)
+    for _ in range(n - held):
+        await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+    for tag in tags[:held]:
+        await stack.lab.wait_for("started", tag, 1, TIMEOUT)
+    await ctl.close_effect_group(handle, LoserPolicy.CANCEL)
+    assert await _idle(ctl) == []
+    assert set(await group_state(ctl, group.key)) == {"tombstone"}
+    stack.lab.open_all("")
+    for tag in tags[:held]:
+        assert stack.lab.count("finished", tag) == 0, tag
+
+
+async def test_G38_an_endpoint_crash_mid_collected_group_keeps_ranks_and_settles_once(
+    stack: Stack,
+) -> None:
+    """G-38, G-40: SIGKILL of the endpoint (and the server) while a collected group's
+    last children hold: the ranks recorded read back byte-identical from a fresh handle,
+    the collector and the held children resume from their journals and each of those
+    takes exactly one of the remaining ranks; every tool finishes once."""
+    n, k = max(COLLECT_FROM, 40), 3
+    tags = [f"widek.c{i}" for i in range(n)]
+    group = EffectGroup(
+        key=group_key("widek", "all", 0),
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+        children=[_step(tag, gate=i < k, result={"i": i}) for i, tag in enumerate(tags)],
+    )
+    ctl = stack.controller
+    handle = await ctl.open_effect_group(group)
+    before = [
+        await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT) for _ in range(n - k)
+    ]
+    for tag in tags[:k]:
+        await stack.lab.wait_for("started", tag, 1, TIMEOUT)
+    saved = handle.to_json()
+
+    stack.local.kill_endpoint()
+    await stack.local.restart(server=True)
+    ctl = await stack.reconnect()
+
+    reopened = await ctl.open_effect_group(group)
+    again = [
+        await asyncio.wait_for(ctl.await_next_settlement(reopened), TIMEOUT) for _ in range(n - k)
+    ]
+    assert [s.model_dump_json() for s in again] == [s.model_dump_json() for s in before]
+    restored = type(handle).from_json(saved)
+    for tag in tags[:k]:
+        await stack.lab.wait_for("started", tag, 2, TIMEOUT)  # re-run by the new endpoint
+        stack.lab.open(tag)
+    rest = [await asyncio.wait_for(ctl.await_next_settlement(restored), TIMEOUT) for _ in range(k)]
+    assert [s.rank for s in rest] == list(range(n - k + 1, n + 1))
+    assert sorted(s.replay_key for s in rest) == sorted(tags[:k])
+    for tag in tags:
+        assert stack.lab.count("finished", tag) == 1, tag
+    await ctl.close_effect_group(restored)
+    assert await _idle(ctl) == []
+    assert set(await group_state(ctl, group.key)) == {"tombstone"}
+
+
+async def _group_calls(ctl: RestateController, key: str) -> dict[str, int]:
+    rows = await ctl.query(
+        "SELECT target_handler_name AS h, count(*) AS n FROM sys_invocation "
+        f"WHERE target_service_name = '{GROUP}' AND target_service_key = '{key}' "
+        "GROUP BY target_handler_name"
+    )
+    return {row["h"]: int(row["n"]) for row in rows}
+
+
+async def test_an_open_without_collect_of_the_release_before_sends_its_children_itself(
+    stack: Stack,
+) -> None:
+    """Upgrade (issue 26): an ``ALL`` group opened by a request of the release before (no
+    ``collect`` in it) is not collected: its open sends the children, each settles with
+    its own ``settle`` as it did, so such an open replays its journal unchanged; this
+    release's controller's open of the same shape is collected (``collect`` once per
+    slice, ``settle_batch``, no ``settle``)."""
+    ctl = stack.controller
+    n = 5
+    old, new = (
+        EffectGroup(
+            key=group_key(name, "all", 0),
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[_step(f"{name}.c{i}", gate=False) for i in range(n)],
+        )
+        for name in ("oldopen", "newopen")
+    )
+    body = {
+        "child_count": n,
+        "wake": old.wake.value,
+        "disposition": old.disposition.value,
+        "children": [child.model_dump(mode="json") for child in old.children],
+        "hashes": [child.envelope_hash() for child in old.children],
+        "targets": {},
+        "owner": "tests",
+        "incarnation": "before",
+    }
+    async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+        answer = await client.post(f"{stack.local.ingress_url}/{GROUP}/{old.key}/open", json=body)
+        answer.raise_for_status()
+        assert answer.json()["ok"], answer.text
+    await ctl.open_effect_group(new)
+    for group in (old, new):
+        handle = group.handle()
+        got = [await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT) for _ in range(n)]
+        assert [s.rank for s in got] == list(range(1, n + 1))
+        await ctl.close_effect_group(handle)
+    assert await _idle(ctl) == []
+    calls_old, calls_new = await _group_calls(ctl, old.key), await _group_calls(ctl, new.key)
+    assert calls_old.get("settle") == n and "collect" not in calls_old, calls_old
+    assert calls_new.get("collect") == 1 and "settle" not in calls_new, calls_new
+    assert calls_new.get("settle_batch", 0) >= 1, calls_new

@@ -133,6 +133,7 @@ class GroupObjectClient(WiredController):
             "targets": {str(p): t for p, t in targets.items()},
             "owner": self.owner,
             "incarnation": self._incarnation(),
+            "collect": True,  # an ALL group may be collected (the endpoint's ``collect``)
             **self._first_waiter(group),
         }
         answer = await self._call(group.key, "open", body)

@@ -38,6 +38,11 @@ anything and releases what it claimed when a claim is refused. Close releases
 nothing: a claim of a key whose holder has retired takes the key over, so retiring a
 group costs no invocation per child.
 
+An ``ALL`` group that runs its losers to completion has its children started by the
+group object's shared ``collect`` handler (one invocation per :data:`COLLECT_SLICE`
+children), each child returning its settlement to it, and ranked by ``settle_batch`` in
+batches; other groups' children send their settlement to ``settle`` themselves.
+
 No exclusive handler awaits anything another handler of the same key resolves. The
 handlers that run once per child or per read (``settle``, ``register_waiter``,
 ``await_rank``) read state lazily, so their cost does not grow with the group.
@@ -97,6 +102,12 @@ ADMIN_TIMEOUT = 5.0
 ADMIN_BOUND = 10.0
 """Seconds an admin read fails over between nodes (and through the SQL view's errors
 while partition leadership moves) before the attempt fails and is retried."""
+COLLECT_FROM = 2
+"""Groups of at least this many children that wake on ``ALL`` and run their losers to
+completion have their settlements collected and recorded in batches (see ``collect``)."""
+COLLECT_SLICE = 128
+"""Children per ``collect`` invocation of a wide group: what one wake-up of a collector
+looks at, whatever the group's width."""
 
 
 async def _get(ctx: Any, name: str) -> Any:
@@ -419,6 +430,69 @@ def build_services(
             cancelled.append(envelope["replay_key"])
         return cancelled
 
+    def collected(req: dict[str, Any]) -> bool:
+        """Whether a first open hands its children to ``collect``: a group that wakes on
+        ``ALL`` and runs its losers to completion (no cancel needs the invocation ids at
+        hand, and no early rank is held up by a batch), opened by a controller that asks
+        for it: an open of the release before, replayed here after a cut, sends its
+        children itself as its journal says."""
+        return bool(
+            req.get("collect")
+            and req["child_count"] >= COLLECT_FROM
+            and req["wake"] == WakePolicy.ALL.value
+            and req["disposition"] == LoserPolicy.RUN_TO_COMPLETION.value
+        )
+
+    @group.handler(kind="shared", state_preload=False)
+    async def collect(ctx: restate.ObjectSharedContext, req: dict[str, Any]) -> None:
+        """Start a slice of a wide group's children as calls and have what they settle
+        ranked in batches.
+
+        Each child (``collect`` in its request) returns its settlement instead of sending
+        it, so a child costs one invocation, not two. While a batch is being recorded
+        this invocation waits for that call only; then it takes the settlements of the
+        children of its slice that finished meanwhile and sends them, in the order the
+        engine journaled their results, to ``settle_batch``. The group object stays the
+        rank authority (it ranks each batch in order, with the usual dedup). A child that
+        ends with a terminal error (a cancel after a close narrowed the group, an unbound
+        target) settles itself as before, and so does one a close started first by its
+        idempotency key: their calls answer here without a settlement. A slice holds at
+        most :data:`COLLECT_SLICE` children, so a wake-up costs the same at any width.
+        Shared: it never holds the group's lock (G-39)."""
+        key, first = ctx.key(), int(req["first"])
+        targets: dict[str, str] = req.get("targets") or {}
+        pending: list[Any] = []
+        for offset, envelope in enumerate(req["children"]):
+            position = first + offset
+            body, idem, headers = child_request(
+                key, req["epoch"], position, envelope, targets.get(str(position)), cancel=False
+            )
+            body["collect"] = True
+            pending.append(ctx.service_call(run, body, idempotency_key=idem, headers=headers))
+        ready: list[dict[str, Any]] = []
+        recording: Any = None
+        while pending or ready or recording is not None:
+            if recording is None and ready:
+                recording = ctx.object_call(settle_batch, key, {"settlements": ready})
+                ready = []
+            if recording is not None:
+                await recording  # the children's results gather meanwhile
+                recording = None
+            else:
+                await restate.wait_completed(*pending)
+            still: list[Any] = []
+            for call in pending:
+                if not call.is_completed():
+                    still.append(call)
+                    continue
+                try:
+                    result = await call
+                except TerminalError:
+                    continue  # it settled itself
+                if isinstance(result, dict) and "settlement" in result:
+                    ready.append(result["settlement"])
+            pending = still
+
     @group.handler()
     async def open(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
         key = ctx.key()
@@ -500,6 +574,21 @@ def build_services(
         targets: dict[str, str] = req.get("targets") or {}
         if targets:
             ctx.set("targets", targets)  # a cancel may send a routed child again
+        if collected(req):
+            # a wide group: its collectors start the children and settle them in batches
+            for first in range(0, len(envelopes), COLLECT_SLICE):
+                part = range(first, min(first + COLLECT_SLICE, len(envelopes)))
+                ctx.object_send(
+                    collect,
+                    key,
+                    {
+                        "epoch": epoch,
+                        "first": first,
+                        "children": envelopes[part.start : part.stop],
+                        "targets": {str(p): targets[str(p)] for p in part if str(p) in targets},
+                    },
+                )
+            return {"ok": True, "epoch": epoch, "reopened": False, "parked": req.get("waiter")}
         handles = []
         for position, envelope in enumerate(envelopes):
             body, idem, headers = child_request(
@@ -520,14 +609,16 @@ def build_services(
             ctx.set("invs", [await handle.invocation_id() for handle in handles])
         return {"ok": True, "epoch": epoch, "reopened": False, "parked": req.get("waiter")}
 
-    @group.handler(state_preload=False)
-    async def settle(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
-        """Rank authority: dedup, ``rank = counter + 1``, store the reference, wake — in
-        one handler step (G-38). State is read lazily, all four keys in one round trip,
-        so a settle costs the same in a group of 10 or 10,000 children."""
+    async def record(
+        ctx: restate.ObjectContext, state: dict[str, Any], req: dict[str, Any], settled: bool
+    ) -> bool:
+        """Rank one settlement against ``state`` (``shape``, ``counter``, ``waiters``,
+        ``tombstone`` as read, updated here): dedup, ``rank = counter + 1``, store the
+        record, wake its readers (G-38); whether it took a rank. ``state["waiters_dirty"]``
+        tells the caller to write ``waiters`` back; a retirement clears everything and sets
+        ``retired``."""
         rk = req["replay_key"]
-        reads = _reads(ctx, "shape", f"settled:{rk}", "counter", "waiters", "tombstone")
-        shape, settled, counter, waiters, tombstone = [await read for read in reads]
+        shape, tombstone = state["shape"], state["tombstone"]
         closing = shape is None and _closing(tombstone)
         if closing:
             shape = tombstone["shape"]
@@ -538,15 +629,15 @@ def build_services(
             stored = req.get("stored")
             if store is not None and isinstance(stored, dict) and stored.get("form") == "ref":
                 await ctx.run("delete late payload", delete_payloads, args=(ctx.key(),))
-            return
-        rank = kit.next_rank(int(counter or 0), settled is not None)
+            return False
+        rank = kit.next_rank(int(state["counter"] or 0), settled)
         if rank is None:
-            return  # the child holds a rank already: a duplicate takes none
-        record = {"position": req["position"], "replay_key": rk}
+            return False  # the child holds a rank already: a duplicate takes none
+        entry = {"position": req["position"], "replay_key": rk}
         if "stored" in req:
-            record["stored"] = req["stored"]
+            entry["stored"] = req["stored"]
         elif "ref" in req:
-            record["ref"] = req["ref"]
+            entry["ref"] = req["ref"]
             if not shape.get("spilled"):
                 shape["spilled"] = True  # retirement clears the payload object only then
                 if closing:  # ``shape`` is the tombstone's own
@@ -554,21 +645,62 @@ def build_services(
                 else:
                     ctx.set("shape", shape)
         else:
-            record["outcome"] = req["outcome"]
-        ctx.set("counter", rank)
-        ctx.set(f"rank:{rank}", record)
+            entry["outcome"] = req["outcome"]
+        state["counter"] = rank
+        if not state.get("batched"):
+            ctx.set("counter", rank)  # where ``settle`` wrote it (a batch: once, at its end)
+        ctx.set(f"rank:{rank}", entry)
         ctx.set(f"settled:{rk}", rank)
         if closing:  # a closed group's child: its rank is never served (R-11)
             if rank >= shape["child_count"]:
                 await retire(ctx, shape, tombstone["effective"])
-            return
+                state.update(shape=None, tombstone={"effective": tombstone["effective"]})
+                state.update(retired=True, waiters_dirty=False)
+            return True
         if req.get("won") and shape["wake"] == WakePolicy.FIRST_SUCCESS.value:
             ctx.set("decided", True)  # a success holds a rank (R-13; read by re-runs)
-        woken = (waiters or {}).pop(str(rank), None)
+        waiters = state["waiters"] or {}
+        woken = waiters.pop(str(rank), None)
         if woken:
             for aid in woken:
-                ctx.resolve_awakeable(aid, {"record": record})
-            ctx.set("waiters", waiters)
+                ctx.resolve_awakeable(aid, {"record": entry})
+            state["waiters"] = waiters
+            state["waiters_dirty"] = True
+        return True
+
+    @group.handler(state_preload=False)
+    async def settle(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+        """Rank authority: dedup, ``rank = counter + 1``, store the reference, wake — in
+        one handler step (G-38). State is read lazily, all five keys in one round trip,
+        so a settle costs the same in a group of 10 or 10,000 children."""
+        await settle_batch(ctx, {"settlements": [req]})
+
+    @group.handler(state_preload=False)
+    async def settle_batch(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+        """``settle`` for several settlements in one handler step, ranked in the order
+        given (what the collector of a wide group saw finish, see ``collect``)."""
+        batch: list[dict[str, Any]] = req["settlements"]
+        first, *others = dict.fromkeys(f"settled:{m['replay_key']}" for m in batch)
+        # the reads and writes of a batch of one are those of ``settle`` before batches
+        # existed, in the same order: a settle of that release cut off mid-step replays
+        reads = _reads(ctx, "shape", first, "counter", "waiters", "tombstone", *others)
+        shape, mark, counter, waiters, tombstone, *marks = [await read for read in reads]
+        state: dict[str, Any] = {
+            "shape": shape,
+            "counter": counter,
+            "waiters": waiters,
+            "tombstone": tombstone,
+            "batched": len(batch) > 1,
+        }
+        done = {k for k, m in zip([first, *others], [mark, *marks], strict=True) if m is not None}
+        for message in batch:
+            name = f"settled:{message['replay_key']}"
+            if await record(ctx, state, message, name in done):
+                done.add(name)
+        if state["batched"] and not state.get("retired") and state["counter"] != counter:
+            ctx.set("counter", state["counter"])
+        if state.get("waiters_dirty"):
+            ctx.set("waiters", state["waiters"])
 
     async def ranks_from(
         ctx: restate.ObjectContext | restate.ObjectSharedContext, rank: int, counter: int
@@ -1114,6 +1246,8 @@ def build_services(
             result = document
             if req.get("first_success") and outcome.status == "success":
                 message["won"] = True
+        if req.get("collect") and terminal is None:
+            return {"settlement": message}  # its group's collector settles it (``collect``)
         ctx.object_send(settle, group_key, message)
         if terminal is not None:
             raise terminal
