@@ -1191,6 +1191,15 @@ class KeepsClaimsAfterRetirementHost(MemoryEffectHost):
             self._replay_keys.update(claims)
 
 
+@mutant("G-36", select="claimed_until_it_retires")
+class NeverRetiresHost(MemoryEffectHost):
+    """G-36: retirement switched off: a closed group whose children all settled keeps its
+    record and its replay-key claims for ever, so its keys are never free again."""
+
+    def _maybe_retire(self, record: _Group) -> None:
+        return None
+
+
 # -- R-13: the losers of a decided CANCEL group stay down ---------------------------------------
 
 
