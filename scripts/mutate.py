@@ -33,13 +33,14 @@ ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENT = ROOT / "tests" / "mutants" / "equivalent.txt"
 
 SAMPLE = (
-    "effecthost.contract._keys.x_group_key__mutmut_*",
-    "effecthost.contract._keys.x_batch_id__mutmut_*",
-    "effecthost.combinators.x_*__mutmut_1",
-    "effecthost.hosts.memory._host.xǁMemoryEffectHostǁclose__mutmut_1*",
+    "effecthost.combinators.x_all_settled__mutmut_*",
+    "effecthost.combinators.x_settlements__mutmut_*",
+    "effecthost.hosts.memory._host.xǁMemoryEffectHostǁwith_payloads__mutmut_*",
+    "effecthost.hosts.memory._host.xǁMemoryEffectHostǁdrain__mutmut_*",
 )
-"""The CI sample: every mutant of the identity functions, the first of each combinator
-and a dozen of the memory host's close (names are mutmut's: module, function, number)."""
+"""The CI sample (names are mutmut's: module, function, number): every mutant of
+``all_settled`` and ``settlements`` and of the memory host's ``with_payloads`` and
+``drain``, all killed by the full run."""
 
 KILLED = {"killed", "timeout"}
 
