@@ -587,6 +587,30 @@ class LossyErrorTypeHost(MemoryEffectHost):
         await super()._deliver(record, child, fence, outcome)
 
 
+@mutant("G-24", select="all_settled_and_all")
+class DropsTheFailureCodeHost(MemoryEffectHost):
+    """G-24: a failure is recorded with its type, message and data but not its code, as a
+    host whose failure column set predates ``code`` would."""
+
+    async def _deliver(self, record: _Group, child: _Child, fence: int, outcome: Outcome) -> None:
+        if outcome.error is not None:
+            error = outcome.error
+            outcome = Outcome.failure(error.type, error.message, error.data)
+        await super()._deliver(record, child, fence, outcome)
+
+
+@mutant("G-24", select="all_settled_and_all")
+class FlattensFailureDataHost(MemoryEffectHost):
+    """G-24: a failure's data is recorded as its text (a host storing it in a string
+    column), so ``allSettled`` returns data the tool never raised."""
+
+    async def _deliver(self, record: _Group, child: _Child, fence: int, outcome: Outcome) -> None:
+        if outcome.error is not None:
+            error = outcome.error
+            outcome = Outcome.failure(error.type, error.message, str(error.data), error.code)
+        await super()._deliver(record, child, fence, outcome)
+
+
 @mutant("G-25")
 class DefaultDispositionHandleHost(MemoryEffectHost):
     """G-25: the handle an open returns says ``RUN_TO_COMPLETION`` whatever the group
