@@ -7,7 +7,8 @@ suite against the reference host) with each switched on. This script runs it in 
 directory of its own (a copy of ``src``, ``tests`` and ``pyproject.toml``, so mutmut's
 copy never mixes with the checkout and a subprocess can only import the mutated tree),
 then scores the run: killed (a failing check or a timeout) over every mutant not listed
-in ``tests/mutants/equivalent.txt`` (a mutant no check reaches counts as a survivor).
+in ``tests/mutants/equivalent.txt`` (a mutant in code no check reaches counts as a
+survivor; a second figure leaves those out).
 
     python scripts/mutate.py                 # every mutant, 2 workers
     python scripts/mutate.py --sample        # the fixed CI sample (test_mutation_sample.py)
@@ -84,19 +85,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", action="store_true", help="only the fixed CI sample")
     parser.add_argument("--workers", type=int, default=2, help="mutants run at once")
     parser.add_argument("--work", type=Path, default=ROOT / ".mutmut", help="work directory")
+    parser.add_argument("--score", action="store_true", help="only score the work dir's last run")
     args = parser.parse_args(argv)
     names = list(SAMPLE if args.sample else args.names)
 
     started = time.monotonic()
     work: Path = args.work.resolve()
-    prepare(work)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(work / "src")  # mutmut replaces it with mutants/src
-    env.pop("MUTANT_UNDER_TEST", None)
-    mutmut = [sys.executable, "-c", "from mutmut.__main__ import cli; cli()"]
-    run = subprocess.run(
-        [*mutmut, "run", "--max-children", str(args.workers), *names], cwd=work, env=env
-    )
+    returncode = 0
+    if not args.score:
+        prepare(work)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(work / "src")  # mutmut replaces it with mutants/src
+        env.pop("MUTANT_UNDER_TEST", None)
+        mutmut = [sys.executable, "-c", "from mutmut.__main__ import cli; cli()"]
+        returncode = subprocess.run(
+            [*mutmut, "run", "--max-children", str(args.workers), *names], cwd=work, env=env
+        ).returncode
     seconds = time.monotonic() - started
 
     verdicts = statuses(work)
@@ -106,24 +110,30 @@ def main(argv: list[str] | None = None) -> int:
     judged = {k: v for k, v in verdicts.items() if k not in known}
     killed = sorted(k for k, v in judged.items() if v in KILLED)
     survivors = sorted(k for k, v in judged.items() if v not in KILLED)
+    unreached = [k for k in survivors if judged[k] == "no tests"]
     score = 100.0 * len(killed) / len(judged) if judged else 100.0
+    reached = len(judged) - len(unreached)
+    reached_score = 100.0 * len(killed) / reached if reached else 100.0
     summary = {
         "mutants": len(verdicts),
         "equivalent": len(verdicts) - len(judged),
         "killed": len(killed),
         "survived": {k: judged[k] for k in survivors},
+        "unreached": len(unreached),
         "score": round(score, 1),
+        "score_of_reached": round(reached_score, 1),
         "seconds": round(seconds),
         "workers": args.workers,
-        "mutmut_exit": run.returncode,
+        "mutmut_exit": returncode,
     }
     (work / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     for name in survivors:
         print(f"survived ({judged[name]}): {name}")
     print(
         f"{len(verdicts)} mutants, {summary['equivalent']} equivalent, {len(killed)} killed, "
-        f"{len(survivors)} survived: score {score:.1f} % in {seconds:.0f} s "
-        f"({args.workers} workers)"
+        f"{len(survivors)} survived ({len(unreached)} in code no check reaches): score "
+        f"{score:.1f} %, {reached_score:.1f} % of the mutants a check reaches, in "
+        f"{seconds:.0f} s ({args.workers} workers)"
     )
     return 1 if survivors or not verdicts else 0
 
