@@ -587,6 +587,30 @@ class LossyErrorTypeHost(MemoryEffectHost):
         await super()._deliver(record, child, fence, outcome)
 
 
+@mutant("G-24", select="all_settled_and_all")
+class DropsTheFailureCodeHost(MemoryEffectHost):
+    """G-24: a failure is recorded with its type, message and data but not its code, as a
+    host whose failure column set predates ``code`` would."""
+
+    async def _deliver(self, record: _Group, child: _Child, fence: int, outcome: Outcome) -> None:
+        if outcome.error is not None:
+            error = outcome.error
+            outcome = Outcome.failure(error.type, error.message, error.data)
+        await super()._deliver(record, child, fence, outcome)
+
+
+@mutant("G-24", select="all_settled_and_all")
+class FlattensFailureDataHost(MemoryEffectHost):
+    """G-24: a failure's data is recorded as its text (a host storing it in a string
+    column), so ``allSettled`` returns data the tool never raised."""
+
+    async def _deliver(self, record: _Group, child: _Child, fence: int, outcome: Outcome) -> None:
+        if outcome.error is not None:
+            error = outcome.error
+            outcome = Outcome.failure(error.type, error.message, str(error.data), error.code)
+        await super()._deliver(record, child, fence, outcome)
+
+
 @mutant("G-25")
 class DefaultDispositionHandleHost(MemoryEffectHost):
     """G-25: the handle an open returns says ``RUN_TO_COMPLETION`` whatever the group
@@ -1189,6 +1213,15 @@ class KeepsClaimsAfterRetirementHost(MemoryEffectHost):
         super()._maybe_retire(record)
         if record.key in self._retired:
             self._replay_keys.update(claims)
+
+
+@mutant("G-36", select="claimed_until_it_retires")
+class NeverRetiresHost(MemoryEffectHost):
+    """G-36: retirement switched off: a closed group whose children all settled keeps its
+    record and its replay-key claims for ever, so its keys are never free again."""
+
+    def _maybe_retire(self, record: _Group) -> None:
+        return None
 
 
 # -- R-13: the losers of a decided CANCEL group stay down ---------------------------------------

@@ -63,8 +63,11 @@ class CheckContext:
         await self.host.restart()
 
     async def open(self, controller: EffectController, group: EffectGroup) -> GroupHandle:
-        """Open ``group`` and remember it for :meth:`cleanup`."""
-        handle = await asyncio.wait_for(controller.open_effect_group(group), self.timeout)
+        """Open ``group`` and remember it for :meth:`cleanup`. Awaited in this task (no
+        ``wait_for`` task between): the check's next statement runs before the loop turns
+        again, so an event delivered right after the open finds no waiter started yet."""
+        async with asyncio.timeout(self.timeout):
+            handle = await controller.open_effect_group(group)
         self.remember(handle)
         return handle
 

@@ -75,10 +75,25 @@ class StepExecutor(EffectExecutor):
             raise
         await self._lab.report("finished", tag, pid=os.getpid())
         if spec.get("error"):
-            raise ToolError(str(spec["error"]), f"step {tag} failed on purpose", {"tag": tag})
+            raise ToolError(
+                str(spec["error"]),
+                f"step {tag} failed on purpose",
+                failure_data(tag),
+                STEP_ERROR_CODE,
+            )
         if spec.get("over_limits"):
             return {"n": 2**63}
         return spec.get("result")
+
+
+STEP_ERROR_CODE = 422
+"""The code every failing step raises: a check reads it back from the settlement."""
+
+
+def failure_data(tag: str) -> Any:
+    """The data a failing step raises, nested so a host that flattens, stringifies or drops
+    part of it is seen."""
+    return {"tag": tag, "detail": [1, {"deep": True, "none": None}], "why": "on purpose"}
 
 
 class ConformanceResolver(GroupExecutors):

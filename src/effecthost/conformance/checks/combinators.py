@@ -29,7 +29,7 @@ from effecthost.contract import (
 
 from .._context import CheckContext
 from .._registry import check
-from .._tools import STEP, step_input
+from .._tools import STEP, STEP_ERROR_CODE, failure_data, step_input
 
 
 def _call(t: CheckContext, label: str, **options: Any) -> Call:
@@ -88,7 +88,8 @@ async def check_all_stops_at_the_first_rejection_in_rank_order(t: CheckContext) 
 @check("G-23", "G-24")
 async def check_all_settled_and_all_return_in_position_order(t: CheckContext) -> None:
     """``allSettled`` returns every outcome and ``all`` every value, in position order,
-    whatever order they settled in."""
+    whatever order they settled in; a failure comes back whole, as the tool raised it
+    (type, message, data and code)."""
     ctl = await t.ctl()
     t.expect(list(WakePolicy) == [WakePolicy.FIRST, WakePolicy.FIRST_SUCCESS, WakePolicy.ALL], "")
     scope = Scope(scope_id=t.scope)
@@ -101,7 +102,12 @@ async def check_all_settled_and_all_return_in_position_order(t: CheckContext) ->
     outcomes = await t.within(task, "allSettled()")
     t.expect([o.status for o in outcomes] == ["success", "error"], "allSettled order")
     t.expect(outcomes[0].value == 1, "allSettled value")
-    t.expect(outcomes[1].error is not None and outcomes[1].error.type == "Boom", "error type")
+    failure = outcomes[1].error
+    recorded = None if failure is None else (failure.type, failure.message, failure.data)
+    raised = ("Boom", f"step {t.tag('b')} failed on purpose", failure_data(t.tag("b")))
+    t.expect(recorded == raised, f"the failure as recorded {recorded} is not as raised {raised}")
+    code = None if failure is None else failure.code
+    t.expect(code == STEP_ERROR_CODE, f"the failure's code {code!r} is not {STEP_ERROR_CODE}")
     task2 = asyncio.ensure_future(
         all_(ctl, scope, [_call(t, "x", result="X"), _call(t, "y", result="Y")])
     )

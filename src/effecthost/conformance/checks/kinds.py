@@ -234,9 +234,9 @@ async def check_an_event_reaches_one_group(t: CheckContext) -> None:
     ctl = await t.ctl()
     one = t.group("one", [t.event("e1", "ping"), t.event("e1b", "ping"), t.event("o", "pong")])
     two = t.group("two", [t.event("e2", "ping")])
-    first = await t.open(ctl, one)
     second = await t.open(ctl, two)
-    reached = await ctl.deliver_event(one.key, "ping", 1)
+    first = await t.open(ctl, one)
+    reached = await ctl.deliver_event(one.key, "ping", 1)  # right after the open
     t.expect(reached == 2, f"the event must settle both waits of its name, settled {reached}")
     for _ in range(2):
         settlement = await t.next(ctl, first)

@@ -1401,8 +1401,9 @@ class SqlDrain(GroupDrain):
         for row in await host.store.unfinished():
             ids = (row.group_key, row.replay_key)
             if host._resolver is None:
-                missing.append(_no_executor(row, kit.NO_RESOLVER))
-                continue
+                if not (row.owner_live and row.group_owner != host.owner):
+                    missing.append(_no_executor(row, kit.NO_RESOLVER))
+                continue  # a live caller's children are its own, not missing
             if row.replay_key in host._drivers or not row.lease_expired:
                 continue
             if row.owner_live and row.group_owner != host.owner:
