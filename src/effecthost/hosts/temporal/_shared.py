@@ -67,6 +67,11 @@ BATCH_BYTES = 512 * 1024
 """Largest batch of settlements one read returns (estimated from the outcomes' JSON);
 a batch holds at least one settlement whatever its size."""
 
+HOLD_QUERY = "hold:"
+"""Prefix of the query ``hold:<position>`` a re-run attempt of a child asks before it
+starts its tool (R-13): ``True`` while the child must stay down (its group is decided and
+no caller awaits a rank that does not exist yet, or it holds a rank already)."""
+
 SETTLED_QUERY = "settled"
 """Every recorded settlement as recorded (stored forms; inspection and tests)."""
 
@@ -121,9 +126,12 @@ def batch_update_id(after: int) -> str:
     return f"{BATCH_UPDATE_PREFIX}{after}-{uuid.uuid4().hex}"
 
 
+SHARD_ID_SEPARATOR = "/shard-"
+
+
 def shard_id(group_key: str, index: int) -> str:
     """The workflow id of shard ``index`` of the group ``group_key``."""
-    return f"{group_key}/shard-{index}"
+    return f"{group_key}{SHARD_ID_SEPARATOR}{index}"
 
 
 def children_digest(pairs: Sequence[Sequence[str]]) -> str:

@@ -38,6 +38,7 @@ from ._shared import (  # noqa: E402
     AWAIT_UPDATE,
     BATCH_BYTES,
     CHILD_ACTIVITY,
+    HOLD_QUERY,
     MEMO_STATE,
     OPEN_CHUNK_UPDATE,
     PAIRS_PAGE,
@@ -212,6 +213,7 @@ class EffectGroupWorkflow:
         self._shards: list[asyncio.Task[Any]] = []
         self._started_shards: set[int] = set()
         self._sends: list[asyncio.Task[None]] = []
+        self._wanting = 0  # awaits of a rank not recorded yet (R-13)
 
     # -- run ----------------------------------------------------------------------------
 
@@ -528,11 +530,34 @@ class EffectGroupWorkflow:
             return self._batch(_rank_of(name, RANKS_QUERY))
         if name == SETTLED_QUERY:
             return list(self._settled)
+        if name.startswith(HOLD_QUERY):
+            return self._hold(_rank_of(name, HOLD_QUERY))
         if name.startswith(PAIRS_QUERY):
             start = _rank_of(name, PAIRS_QUERY)
             page = self._children[start : start + PAIRS_PAGE]
             return [None if c is None else [c["envelope"]["replay_key"], c["hash"]] for c in page]
         raise ApplicationError(f"unknown query {name!r}", type="UnknownQuery")
+
+    def _hold(self, position: int) -> bool:
+        """R-13: whether a re-run attempt of the child at ``position`` must not start its
+        tool yet: it holds a rank already (a close cancelled it; the cancel reaches it
+        next), or the group is decided and no caller awaits a rank that does not exist."""
+        if not self._complete or not 0 <= position < self._count:
+            return False
+        if self._ledger.rank_of(position) is not None:
+            return True
+        statuses = (_status(s["outcome"]) for s in self._settled)
+        return not self._wanting and kit.decided(self._record(), statuses)
+
+    async def _wait_for(self, ready: Any) -> None:
+        """Wait for ``ready`` (a rank recorded or the group closed) as a caller awaiting
+        a missing rank: while it waits, held losers may run (:meth:`_hold`)."""
+        wanting = not ready()
+        self._wanting += wanting
+        try:
+            await workflow.wait_condition(ready)
+        finally:
+            self._wanting -= wanting
 
     def _batch(self, after: int) -> Json:
         """The group's state and the settlements ranked after ``after`` that are
@@ -571,7 +596,7 @@ class EffectGroupWorkflow:
         return await self._await_rank(rank)
 
     async def _await_rank(self, rank: int) -> Json:
-        await workflow.wait_condition(lambda: len(self._settled) >= rank or self._closed)
+        await self._wait_for(lambda: len(self._settled) >= rank or self._closed)
         if len(self._settled) >= rank:
             return self._settled[rank - 1]
         raise _refusal(kit.group_closed(self._key))
@@ -610,7 +635,7 @@ class EffectGroupWorkflow:
         """``await_ranks:<after>``: once a rank after ``after`` is recorded, the batch
         then recorded (G-21: the first settlement wakes it); ``GroupClosed`` when the
         group closes first."""
-        await workflow.wait_condition(lambda: len(self._settled) > after or self._closed)
+        await self._wait_for(lambda: len(self._settled) > after or self._closed)
         if len(self._settled) > after:
             return self._batch(after)
         raise _refusal(kit.group_closed(self._key))
