@@ -147,3 +147,35 @@ async def _event_after_close(root: Path) -> None:
         settled = await ctl.recorded_settlements(key)
         assert [s["replay_key"] for s in settled] == [f"{key}:0", f"{key}:1"]
         assert await ctl.deliver_event(key, "ping", {"n": 2}) == 0
+
+
+def test_R6_claims_are_per_key_not_per_prefix(tmp_path: Path) -> None:
+    """R-6 is per key: hand-built keys ``p:1`` and ``p:2`` in two groups are both open; a
+    hand-built key equal to a live combinator group's child key is refused naming that
+    group, and one of its prefix that the group does not hold opens."""
+    asyncio.run(_per_key(tmp_path))
+
+
+async def _per_key(root: Path) -> None:
+    async with running_host(root) as (host, lab):
+        ctl = await host.controller()
+        assert isinstance(ctl, TemporalEffectHost)
+        one = await ctl.open_effect_group(_group("r6:hand:a", step("p:1", gate=False)))
+        two = await ctl.open_effect_group(_group("r6:hand:b", step("p:2", gate=False)))
+        combinator = "r6:combinator:0"
+        live = await ctl.open_effect_group(
+            _group(combinator, step(f"{combinator}:0"), step(f"{combinator}:1"))
+        )
+        other = _group("r6:hand:c", step(f"{combinator}:1", gate=False))
+        with pytest.raises(ReplayMismatch) as refused:
+            await ctl.open_effect_group(other)
+        assert combinator in str(refused.value) and other.key in str(refused.value)
+        assert not await _listed(ctl, other.key)
+        spare = await ctl.open_effect_group(
+            _group("r6:hand:d", step(f"{combinator}:7", gate=False))
+        )
+        for handle in (one, two, spare):
+            await asyncio.wait_for(ctl.await_next_settlement(handle), 20)
+            await ctl.close_effect_group(handle)
+        lab.open_all("")
+        await ctl.close_effect_group(live)

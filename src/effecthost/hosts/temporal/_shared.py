@@ -72,6 +72,10 @@ HOLD_QUERY = "hold:"
 starts its tool (R-13): ``True`` while the child must stay down (its group is decided and
 no caller awaits a rank that does not exist yet, or it holds a rank already)."""
 
+HAS_KEY_QUERY = "has_key:"
+"""Prefix of the query ``has_key:<replay key>``: whether the group has a child with that
+key (a per-key claim asks a live holder of the key's prefix claim, R-6)."""
+
 SETTLED_QUERY = "settled"
 """Every recorded settlement as recorded (stored forms; inspection and tests)."""
 

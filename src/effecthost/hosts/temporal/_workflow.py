@@ -38,6 +38,7 @@ from ._shared import (  # noqa: E402
     AWAIT_UPDATE,
     BATCH_BYTES,
     CHILD_ACTIVITY,
+    HAS_KEY_QUERY,
     HOLD_QUERY,
     MEMO_STATE,
     OPEN_CHUNK_UPDATE,
@@ -530,6 +531,9 @@ class EffectGroupWorkflow:
             return self._batch(_rank_of(name, RANKS_QUERY))
         if name == SETTLED_QUERY:
             return list(self._settled)
+        if name.startswith(HAS_KEY_QUERY):
+            key = name[len(HAS_KEY_QUERY) :]
+            return any(c is not None and c["envelope"]["replay_key"] == key for c in self._children)
         if name.startswith(HOLD_QUERY):
             return self._hold(_rank_of(name, HOLD_QUERY))
         if name.startswith(PAIRS_QUERY):
