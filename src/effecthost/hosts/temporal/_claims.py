@@ -45,7 +45,7 @@ from temporalio.converter import DataConverter  # noqa: E402
 from temporalio.exceptions import WorkflowAlreadyStartedError  # noqa: E402
 from temporalio.service import RPCError, RPCStatusCode  # noqa: E402
 
-from ._shared import HAS_KEY_QUERY  # noqa: E402
+from ._shared import HAS_KEY_QUERY, claim_bucket, key_prefix  # noqa: E402
 
 CLAIM_WORKFLOW = "effecthost.ReplayKeyClaim"
 """Workflow type of a claim (never run: no worker registers it)."""
@@ -65,22 +65,6 @@ MEMO_HOLDER = "group_key"
 CLAIM_CONCURRENCY = 64
 """Claims one open starts at a time (a group of keys without a common prefix has as many
 claims as children)."""
-
-
-def key_prefix(replay_key: str) -> str | None:
-    """``p`` for a key ``{p}:{n}``, else ``None``."""
-    prefix, sep, tail = replay_key.rpartition(":")
-    if sep and prefix and tail.isascii() and tail.isdigit():
-        return prefix
-    return None
-
-
-def claim_bucket(replay_key: str, group_key: str) -> tuple[str, str]:
-    """``("prefix", group_key)`` for a key ``{group_key}:{n}``, else
-    ``("key", replay_key)``."""
-    if key_prefix(replay_key) == group_key:
-        return ("prefix", group_key)
-    return ("key", replay_key)
 
 
 def claim_id(bucket: tuple[str, str]) -> str:
@@ -144,6 +128,25 @@ class Claims:
                 position, replay_key = first[cid]
                 return Claimed(fresh, position, replay_key, holder)
         return Claimed(fresh)
+
+    async def release_group(self, group_key: str, buckets: Sequence[Sequence[str]]) -> int:
+        """End the claims of the retiring group ``group_key`` (R-11): each claim of
+        ``buckets`` still running under its name, terminated by run id (a later claim by
+        another group is never touched). Returns how many ended."""
+        gate = asyncio.Semaphore(CLAIM_CONCURRENCY)
+
+        async def one(cid: str) -> int:
+            async with gate:
+                held = await self._describe(cid)
+                if held is None or held.status != WorkflowExecutionStatus.RUNNING:
+                    return 0
+                if (await held.memo()).get(MEMO_HOLDER) != group_key:
+                    return 0
+                await self._terminate(cid, held.run_id)
+                return 1
+
+        ids = {claim_id((str(kind), str(value))) for kind, value in buckets}
+        return sum(await asyncio.gather(*(one(cid) for cid in ids)))
 
     async def release(self, fresh: Sequence[tuple[str, str]]) -> None:
         """Terminate the claims an open started and no longer needs (by run id)."""

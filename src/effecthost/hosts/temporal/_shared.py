@@ -72,6 +72,14 @@ HOLD_QUERY = "hold:"
 starts its tool (R-13): ``True`` while the child must stay down (its group is decided and
 no caller awaits a rank that does not exist yet, or it holds a rank already)."""
 
+RELEASE_CLAIMS_ACTIVITY = "effecthost.release_claims"
+"""Ends a retiring group's replay-key claims (R-11): the claim workflows of
+:data:`CLAIMS_QUERY` whose memo names the group, terminated by run id."""
+
+CLAIMS_QUERY = "claims"
+"""The group's claim buckets: ``["prefix", group key]`` when a child's key is
+``{group key}:{n}``, and ``["key", replay key]`` for every other key."""
+
 HAS_KEY_QUERY = "has_key:"
 """Prefix of the query ``has_key:<replay key>``: whether the group has a child with that
 key (a per-key claim asks a live holder of the key's prefix claim, R-6)."""
@@ -128,6 +136,22 @@ def batch_update_id(after: int) -> str:
     with the stored outcome, without the validator, so a shared id would serve a rank to
     a read after the group closed (R-4)."""
     return f"{BATCH_UPDATE_PREFIX}{after}-{uuid.uuid4().hex}"
+
+
+def key_prefix(replay_key: str) -> str | None:
+    """``p`` for a key ``{p}:{n}``, else ``None``."""
+    prefix, sep, tail = replay_key.rpartition(":")
+    if sep and prefix and tail.isascii() and tail.isdigit():
+        return prefix
+    return None
+
+
+def claim_bucket(replay_key: str, group_key: str) -> tuple[str, str]:
+    """``("prefix", group_key)`` for a key ``{group_key}:{n}``, else
+    ``("key", replay_key)``: how group ``group_key`` claims ``replay_key`` (R-6)."""
+    if key_prefix(replay_key) == group_key:
+        return ("prefix", group_key)
+    return ("key", replay_key)
 
 
 SHARD_ID_SEPARATOR = "/shard-"

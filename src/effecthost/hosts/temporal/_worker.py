@@ -33,11 +33,14 @@ from temporalio.worker.workflow_sandbox import (  # noqa: E402
     SandboxRestrictions,
 )
 
+from ._claims import Claims  # noqa: E402
 from ._codec import sealed_client  # noqa: E402
 from ._shared import (  # noqa: E402
     CHILD_ACTIVITY,
+    CLAIMS_QUERY,
     HOLD_QUERY,
     INLINE_OUTCOME_BYTES,
+    RELEASE_CLAIMS_ACTIVITY,
     RETIRE_ACTIVITY,
     SHARD_ID_SEPARATOR,
     SHARD_WORKFLOW_NAME,
@@ -81,6 +84,15 @@ class ChildActivities:
         store = self._payloads.store if self._payloads is not None else None
         if store is not None:
             await store.delete_group(group_key)
+
+    @activity.defn(name=RELEASE_CLAIMS_ACTIVITY)
+    async def release_claims(self, group_key: str) -> int:
+        """End the retiring group's replay-key claims (R-11; idempotent)."""
+        if self._client is None:
+            return 0
+        group = self._client.get_workflow_handle(group_key)
+        buckets = await group.query(CLAIMS_QUERY, result_type=list)
+        return await Claims(self._client).release_group(group_key, buckets)
 
     @activity.defn(name=CHILD_ACTIVITY)
     async def run_child(self, envelope_doc: dict[str, Any]) -> dict[str, Any]:
@@ -241,7 +253,11 @@ def create_worker(
         client,
         task_queue=task_queue,
         workflows=[EffectGroupWorkflow, EffectShardWorkflow],
-        activities=[activities.run_child, activities.retire_payloads],
+        activities=[
+            activities.run_child,
+            activities.retire_payloads,
+            activities.release_claims,
+        ],
         workflow_runner=workflow_runner(),
         sticky_queue_schedule_to_start_timeout=sticky_queue_schedule_to_start_timeout,
         max_heartbeat_throttle_interval=max_heartbeat_throttle_interval,

@@ -38,6 +38,7 @@ from ._shared import (  # noqa: E402
     AWAIT_UPDATE,
     BATCH_BYTES,
     CHILD_ACTIVITY,
+    CLAIMS_QUERY,
     HAS_KEY_QUERY,
     HOLD_QUERY,
     MEMO_STATE,
@@ -46,6 +47,7 @@ from ._shared import (  # noqa: E402
     PAIRS_QUERY,
     RANKS_QUERY,
     READ_QUERY,
+    RELEASE_CLAIMS_ACTIVITY,
     RESULT_BYTES,
     RETIRE_ACTIVITY,
     SETTLED_QUERY,
@@ -55,6 +57,7 @@ from ._shared import (  # noqa: E402
     SHARD_WORKFLOW_NAME,
     WORKFLOW_NAME,
     children_digest,
+    claim_bucket,
     error_details,
     shard_id,
 )
@@ -68,6 +71,11 @@ NAMED_CHILDREN = "effecthost-named-children"
 tool and position, wait for a cancelled loser's activity to end (so history shows the
 end) and report progress as current details. Runs recorded before keep ``child-N`` and
 replay unchanged."""
+
+RELEASE_CLAIMS = "effecthost-release-claims"
+"""Patch id: runs that record it end their replay-key claims at retirement (R-11) with
+:data:`RELEASE_CLAIMS_ACTIVITY`; runs recorded before leave them to be taken over by a
+later claim and replay unchanged."""
 
 SIGNAL_STARTED_SHARDS = "effecthost-signal-started-shards"
 """Patch id: runs that record it send a shard its events and cancels only once the shard
@@ -250,6 +258,8 @@ class EffectGroupWorkflow:
                 start_to_close_timeout=timedelta(seconds=60),
                 retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
             )
+        if workflow.patched(RELEASE_CLAIMS):
+            await self._release_claims()
         result = {
             "ranks": [s["replay_key"] for s in self._settled],
             "settled": [
@@ -266,6 +276,22 @@ class EffectGroupWorkflow:
         if len(json.dumps(result)) > RESULT_BYTES:  # a result is one payload (2 MiB)
             result = {"order": [s["position"] for s in self._settled]}
         return result
+
+    async def _release_claims(self) -> None:
+        """R-11: at retirement the group's claims go. A failure is not retried for long
+        and never blocks retirement: a claim left running holds nothing once the group's
+        run ended (the next claim of its id takes it over)."""
+        try:
+            await workflow.execute_activity(
+                RELEASE_CLAIMS_ACTIVITY,
+                self._key,
+                activity_id="release-claims",
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(seconds=5)),
+                result_type=int,
+            )
+        except ActivityError:
+            pass
 
     async def _watch(self, position: int) -> None:
         child = self._children[position]
@@ -531,6 +557,13 @@ class EffectGroupWorkflow:
             return self._batch(_rank_of(name, RANKS_QUERY))
         if name == SETTLED_QUERY:
             return list(self._settled)
+        if name == CLAIMS_QUERY:
+            buckets = {
+                claim_bucket(c["envelope"]["replay_key"], self._key)
+                for c in self._children
+                if c is not None
+            }
+            return sorted([list(b) for b in buckets])
         if name.startswith(HAS_KEY_QUERY):
             key = name[len(HAS_KEY_QUERY) :]
             return any(c is not None and c["envelope"]["replay_key"] == key for c in self._children)
