@@ -287,6 +287,7 @@ class EffectGroupWorkflow:
                 self._key,
                 activity_id="release-claims",
                 start_to_close_timeout=timedelta(seconds=30),
+                schedule_to_close_timeout=timedelta(minutes=2),
                 retry_policy=RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(seconds=5)),
                 result_type=int,
             )
