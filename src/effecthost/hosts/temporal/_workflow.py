@@ -77,6 +77,9 @@ RELEASE_CLAIMS = "effecthost-release-claims"
 :data:`RELEASE_CLAIMS_ACTIVITY`; runs recorded before leave them to be taken over by a
 later claim and replay unchanged."""
 
+RELEASE_CLAIMS_SUMMARY = "retirement · release replay-key claims"
+"""The summary operators see on the retirement's claim release."""
+
 SIGNAL_STARTED_SHARDS = "effecthost-signal-started-shards"
 """Patch id: runs that record it send a shard its events and cancels only once the shard
 has started, so a signal is never sent to a shard workflow that does not exist yet (and
@@ -286,6 +289,7 @@ class EffectGroupWorkflow:
                 RELEASE_CLAIMS_ACTIVITY,
                 self._key,
                 activity_id="release-claims",
+                summary=RELEASE_CLAIMS_SUMMARY,
                 start_to_close_timeout=timedelta(seconds=30),
                 schedule_to_close_timeout=timedelta(minutes=2),
                 retry_policy=RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(seconds=5)),
