@@ -16,8 +16,10 @@ is refused naming that group. The one order not caught: a key ``p:n`` claimed pe
 first, then a group ``p`` opened with it (its prefix claim looks up no per-key claim).
 A claim is held while
 its group is live: recorded and not retired (its workflow runs, closed or not, R-11).
-A claim whose group retired holds nothing: the next claim of its id terminates it (by
-run id, so a newer claim is never touched) and takes its place. A claim whose group was
+A retiring group ends its claims (:meth:`Claims.release_group`, run by the worker's
+claim-release activity). A claim whose group retired holds nothing anyway: the next
+claim of its id terminates it (by run id, so a newer claim is never touched) and takes
+its place. A claim whose group was
 never recorded (its opener died between the claim and the group's start) holds for
 :data:`STALE_CLAIM` after it was started, then is taken over likewise.
 """
