@@ -25,6 +25,7 @@ from effecthost.contract import (
     WakePolicy,
 )
 from effecthost.hosts.temporal import EffectGroupWorkflow, workflow_runner
+from effecthost.hosts.temporal._workflow import RELEASE_CLAIMS_SUMMARY
 from effecthost.hosts.temporal.testing import TemporalHostUnderTest, temporal_cli
 
 TESTS = str(Path(__file__).parents[1])
@@ -118,6 +119,7 @@ async def _race(root: Path) -> None:
         assert summaries == [
             "lookup.fast · position 0 · ops.fast",
             "lookup.slow · position 1 · ops.slow",
+            RELEASE_CLAIMS_SUMMARY,  # the retirement ends the group's claims
         ]
         types = [e["eventType"] for e in history["events"]]
         assert "EVENT_TYPE_ACTIVITY_TASK_CANCELED" in types, types  # the loser's end

@@ -20,6 +20,7 @@ from effecthost.contract import (
     WakePolicy,
 )
 from effecthost.hosts.temporal import TemporalEffectHost
+from effecthost.hosts.temporal._claims import CLAIM_WORKFLOW, MEMO_HOLDER
 
 from ._support import running_host, step
 
@@ -147,3 +148,80 @@ async def _event_after_close(root: Path) -> None:
         settled = await ctl.recorded_settlements(key)
         assert [s["replay_key"] for s in settled] == [f"{key}:0", f"{key}:1"]
         assert await ctl.deliver_event(key, "ping", {"n": 2}) == 0
+
+
+def test_R6_claims_are_per_key_not_per_prefix(tmp_path: Path) -> None:
+    """R-6 is per key: hand-built keys ``p:1`` and ``p:2`` in two groups are both open; a
+    hand-built key equal to a live combinator group's child key is refused naming that
+    group, and one of its prefix that the group does not hold opens."""
+    asyncio.run(_per_key(tmp_path))
+
+
+async def _per_key(root: Path) -> None:
+    async with running_host(root) as (host, lab):
+        ctl = await host.controller()
+        assert isinstance(ctl, TemporalEffectHost)
+        one = await ctl.open_effect_group(_group("r6:hand:a", step("p:1", gate=False)))
+        two = await ctl.open_effect_group(_group("r6:hand:b", step("p:2", gate=False)))
+        combinator = "r6:combinator:0"
+        live = await ctl.open_effect_group(
+            _group(combinator, step(f"{combinator}:0"), step(f"{combinator}:1"))
+        )
+        other = _group("r6:hand:c", step(f"{combinator}:1", gate=False))
+        with pytest.raises(ReplayMismatch) as refused:
+            await ctl.open_effect_group(other)
+        assert combinator in str(refused.value) and other.key in str(refused.value)
+        assert not await _listed(ctl, other.key)
+        spare = await ctl.open_effect_group(
+            _group("r6:hand:d", step(f"{combinator}:7", gate=False))
+        )
+        for handle in (one, two, spare):
+            await asyncio.wait_for(ctl.await_next_settlement(handle), 20)
+            await ctl.close_effect_group(handle)
+        lab.open_all("")
+        await ctl.close_effect_group(live)
+
+
+async def _claims_of(ctl: TemporalEffectHost, key: str) -> list[str]:
+    """The running claim workflows whose memo names group ``key`` (visibility)."""
+    held = []
+    query = f'WorkflowType="{CLAIM_WORKFLOW}" AND ExecutionStatus="Running"'
+    async for claim in ctl.client.list_workflows(query):
+        if (await claim.memo()).get(MEMO_HOLDER) == key:
+            held.append(claim.id)
+    return held
+
+
+async def _listing(ctl: TemporalEffectHost, key: str, *, held: bool) -> list[str]:
+    for _ in range(200):  # bounded poll: the engine's listing catches up with its state
+        claims = await _claims_of(ctl, key)
+        if bool(claims) == held:
+            return claims
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"claims of {key!r} listed: {claims}, expected held={held}")
+
+
+def test_R11_a_retired_groups_claims_end(tmp_path: Path) -> None:
+    """R-11: at retirement a group's replay-key claims go: while it is live its claim
+    workflows are listed running (one per prefix, one per other key); once it retired,
+    none of them is, and a new group takes its keys."""
+    asyncio.run(_claims_end(tmp_path))
+
+
+async def _claims_end(root: Path) -> None:
+    async with running_host(root) as (host, lab):
+        ctl = await host.controller()
+        assert isinstance(ctl, TemporalEffectHost)
+        key = "r11:claims:0"
+        group = _group(key, step(f"{key}:0", gate=False), step(f"{key}:1"), step("r11.own"))
+        handle = await ctl.open_effect_group(group)
+        assert len(await _listing(ctl, key, held=True)) == 2
+        lab.open_all("")
+        for _ in group.children:
+            await asyncio.wait_for(ctl.await_next_settlement(handle), 20)
+        await ctl.close_effect_group(handle)
+        await _retired(host, key)
+        assert await _listing(ctl, key, held=False) == []
+        again = await ctl.open_effect_group(_group("r11:claims:1", step("r11.own", gate=False)))
+        await asyncio.wait_for(ctl.await_next_settlement(again), 20)
+        await ctl.close_effect_group(again)

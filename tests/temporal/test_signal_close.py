@@ -124,6 +124,11 @@ async def _signal_close(root: Path) -> None:
             assert second["settlement"]["outcome"]["status"] == "cancelled"
             # idempotent: a second close is a no-op and records nothing more
             await opener.close_effect_group(handle)
+            assert await _signals(host, group.key) == ["close_signal"]
+            # A reopener closes with a signal, which a closed run still running (its
+            # retirement releases its claims, R-11) would record as a no-op: once
+            # retired, its close records nothing either.
+            await asyncio.wait_for(wf.result(), 20)
             await other.close_effect_group(group.handle(), LoserPolicy.CANCEL)
             assert await _signals(host, group.key) == ["close_signal"]
             assert group.key not in await opener.open_group_keys()

@@ -12,6 +12,7 @@ from effecthost.contract import EffectGroup, LoserPolicy, WakePolicy
 from effecthost.hosts.temporal import TemporalEffectHost, create_worker
 from effecthost.hosts.temporal._shared import (
     CHILD_ACTIVITY,
+    RELEASE_CLAIMS_ACTIVITY,
     RETIRE_ACTIVITY,
     SHARD_WORKFLOW_NAME,
     WORKFLOW_NAME,
@@ -23,8 +24,8 @@ from ._support import running_host, step
 @pytest.mark.timeout(120)
 def test_G46_one_call_registers_everything_a_group_needs(tmp_path: Path) -> None:
     """G-46: one ``create_worker`` call builds a worker for the task queue with the group
-    workflow, the shard workflow, the child activity and the retirement activity
-    registered; a group wider than its shard size runs and ranks on it alone."""
+    workflow, the shard workflow, the child activity and the retirement activities
+    (payloads; the replay-key claims, R-11) registered; a group wider than its shard size runs and ranks on it alone."""
     asyncio.run(_registered(tmp_path))
 
 
@@ -38,7 +39,7 @@ async def _registered(root: Path) -> None:
         workflows = {workflow._Definition.must_from_class(w).name for w in config["workflows"]}
         assert workflows == {WORKFLOW_NAME, SHARD_WORKFLOW_NAME}
         activities = {activity._Definition.must_from_callable(a).name for a in config["activities"]}
-        assert activities == {CHILD_ACTIVITY, RETIRE_ACTIVITY}
+        assert activities == {CHILD_ACTIVITY, RETIRE_ACTIVITY, RELEASE_CLAIMS_ACTIVITY}
 
         group = EffectGroup(
             key="g46:group:sharded:0",

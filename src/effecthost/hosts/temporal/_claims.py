@@ -6,12 +6,20 @@ is a workflow whose id is derived from the key: started with conflict policy ``F
 scheduled and no worker runs it; its memo names the group holding it (read back with
 ``describe``, which reads the workflow's state, not visibility).
 
-Keys of the form ``{prefix}:{n}`` (what the combinators give a group's children:
-``{group key}:{position}``) are claimed per prefix, so a combinator's open starts one
-claim whatever its width; any other key has a claim of its own. A claim is held while
+A group's keys of the form ``{its own key}:{n}`` (what the combinators give a group's
+children: ``{group key}:{position}``) are claimed per prefix, so a combinator's open
+starts one claim whatever its width; any other key has a claim of its own (R-6 is per
+key: ``p:1`` and ``p:2`` in two groups are both open). A per-key claim of a key ``p:n``
+also asks the holder of the prefix claim of ``p``, if live, whether it holds that key
+(:data:`HAS_KEY_QUERY`), so a hand-built key equal to a live combinator group's child key
+is refused naming that group. The one order not caught: a key ``p:n`` claimed per key
+first, then a group ``p`` opened with it (its prefix claim looks up no per-key claim).
+A claim is held while
 its group is live: recorded and not retired (its workflow runs, closed or not, R-11).
-A claim whose group retired holds nothing: the next claim of its id terminates it (by
-run id, so a newer claim is never touched) and takes its place. A claim whose group was
+A retiring group ends its claims (:meth:`Claims.release_group`, run by the worker's
+claim-release activity). A claim whose group retired holds nothing anyway: the next
+claim of its id terminates it (by run id, so a newer claim is never touched) and takes
+its place. A claim whose group was
 never recorded (its opener died between the claim and the group's start) holds for
 :data:`STALE_CLAIM` after it was started, then is taken over likewise.
 """
@@ -32,11 +40,14 @@ from temporalio.client import (  # noqa: E402
     Client,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
+    WorkflowQueryFailedError,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy  # noqa: E402
 from temporalio.converter import DataConverter  # noqa: E402
 from temporalio.exceptions import WorkflowAlreadyStartedError  # noqa: E402
 from temporalio.service import RPCError, RPCStatusCode  # noqa: E402
+
+from ._shared import HAS_KEY_QUERY, claim_bucket, key_prefix  # noqa: E402
 
 CLAIM_WORKFLOW = "effecthost.ReplayKeyClaim"
 """Workflow type of a claim (never run: no worker registers it)."""
@@ -56,14 +67,6 @@ MEMO_HOLDER = "group_key"
 CLAIM_CONCURRENCY = 64
 """Claims one open starts at a time (a group of keys without a common prefix has as many
 claims as children)."""
-
-
-def claim_bucket(replay_key: str) -> tuple[str, str]:
-    """``("prefix", p)`` for a key ``{p}:{n}``, else ``("key", replay_key)``."""
-    prefix, sep, tail = replay_key.rpartition(":")
-    if sep and prefix and tail.isascii() and tail.isdigit():
-        return ("prefix", prefix)
-    return ("key", replay_key)
 
 
 def claim_id(bucket: tuple[str, str]) -> str:
@@ -110,12 +113,15 @@ class Claims:
         held: the caller releases them (:meth:`release`)."""
         first: dict[str, tuple[int, str]] = {}
         for position, replay_key in enumerate(replay_keys):
-            first.setdefault(claim_id(claim_bucket(replay_key)), (position, replay_key))
+            first.setdefault(claim_id(claim_bucket(replay_key, group_key)), (position, replay_key))
         gate = asyncio.Semaphore(CLAIM_CONCURRENCY)
 
         async def one(cid: str) -> tuple[str | None, str | None]:
             async with gate:
-                return await self._claim_one(cid, group_key)
+                run, holder = await self._claim_one(cid, group_key)
+                if holder is None:
+                    holder = await self._prefix_holder(first[cid][1], group_key)
+                return run, holder
 
         answers = await asyncio.gather(*(one(cid) for cid in first))
         fresh = [(cid, run) for cid, (run, _) in zip(first, answers, strict=True) if run]
@@ -124,6 +130,25 @@ class Claims:
                 position, replay_key = first[cid]
                 return Claimed(fresh, position, replay_key, holder)
         return Claimed(fresh)
+
+    async def release_group(self, group_key: str, buckets: Sequence[Sequence[str]]) -> int:
+        """End the claims of the retiring group ``group_key`` (R-11): each claim of
+        ``buckets`` still running under its name, terminated by run id (a later claim by
+        another group is never touched). Returns how many ended."""
+        gate = asyncio.Semaphore(CLAIM_CONCURRENCY)
+
+        async def one(cid: str) -> int:
+            async with gate:
+                held = await self._describe(cid)
+                if held is None or held.status != WorkflowExecutionStatus.RUNNING:
+                    return 0
+                if (await held.memo()).get(MEMO_HOLDER) != group_key:
+                    return 0
+                await self._terminate(cid, held.run_id)
+                return 1
+
+        ids = {claim_id((str(kind), str(value))) for kind, value in buckets}
+        return sum(await asyncio.gather(*(one(cid) for cid in ids)))
 
     async def release(self, fresh: Sequence[tuple[str, str]]) -> None:
         """Terminate the claims an open started and no longer needs (by run id)."""
@@ -156,6 +181,30 @@ class Claims:
             if isinstance(holder, str) and await self._holds(holder, held):
                 return None, holder
             await self._terminate(cid, held.run_id)  # a dead claim: take its place
+
+    async def _prefix_holder(self, replay_key: str, group_key: str) -> str | None:
+        """The live group other than ``group_key`` holding ``replay_key`` through its
+        prefix claim (a key ``p:n``, the prefix claim of ``p``), if any."""
+        prefix = key_prefix(replay_key)
+        if prefix is None or prefix == group_key:
+            return None
+        held = await self._describe(claim_id(("prefix", prefix)))
+        if held is None or held.status != WorkflowExecutionStatus.RUNNING:
+            return None
+        holder = (await held.memo()).get(MEMO_HOLDER)
+        if not isinstance(holder, str) or holder == group_key:
+            return None
+        if not await self._holds(holder, held):
+            return None
+        try:
+            has = await self._of.get_workflow_handle(holder).query(
+                f"{HAS_KEY_QUERY}{replay_key}", result_type=bool
+            )
+        except (WorkflowQueryFailedError, RPCError):
+            # Not recorded yet, or a run of a release without the query: the prefix
+            # claim holds every key of its prefix, as it did then.
+            return holder
+        return holder if has else None
 
     async def _holds(self, holder: str, claim: WorkflowExecutionDescription) -> bool:
         """Whether the claim ``claim`` of group ``holder`` still holds: the group is

@@ -67,6 +67,23 @@ BATCH_BYTES = 512 * 1024
 """Largest batch of settlements one read returns (estimated from the outcomes' JSON);
 a batch holds at least one settlement whatever its size."""
 
+HOLD_QUERY = "hold:"
+"""Prefix of the query ``hold:<position>`` a re-run attempt of a child asks before it
+starts its tool (R-13): ``True`` while the child must stay down (its group is decided and
+no caller awaits a rank that does not exist yet, or it holds a rank already)."""
+
+RELEASE_CLAIMS_ACTIVITY = "effecthost.release_claims"
+"""Ends a retiring group's replay-key claims (R-11): the claim workflows of
+:data:`CLAIMS_QUERY` whose memo names the group, terminated by run id."""
+
+CLAIMS_QUERY = "claims"
+"""The group's claim buckets: ``["prefix", group key]`` when a child's key is
+``{group key}:{n}``, and ``["key", replay key]`` for every other key."""
+
+HAS_KEY_QUERY = "has_key:"
+"""Prefix of the query ``has_key:<replay key>``: whether the group has a child with that
+key (a per-key claim asks a live holder of the key's prefix claim, R-6)."""
+
 SETTLED_QUERY = "settled"
 """Every recorded settlement as recorded (stored forms; inspection and tests)."""
 
@@ -121,9 +138,28 @@ def batch_update_id(after: int) -> str:
     return f"{BATCH_UPDATE_PREFIX}{after}-{uuid.uuid4().hex}"
 
 
+def key_prefix(replay_key: str) -> str | None:
+    """``p`` for a key ``{p}:{n}``, else ``None``."""
+    prefix, sep, tail = replay_key.rpartition(":")
+    if sep and prefix and tail.isascii() and tail.isdigit():
+        return prefix
+    return None
+
+
+def claim_bucket(replay_key: str, group_key: str) -> tuple[str, str]:
+    """``("prefix", group_key)`` for a key ``{group_key}:{n}``, else
+    ``("key", replay_key)``: how group ``group_key`` claims ``replay_key`` (R-6)."""
+    if key_prefix(replay_key) == group_key:
+        return ("prefix", group_key)
+    return ("key", replay_key)
+
+
+SHARD_ID_SEPARATOR = "/shard-"
+
+
 def shard_id(group_key: str, index: int) -> str:
     """The workflow id of shard ``index`` of the group ``group_key``."""
-    return f"{group_key}/shard-{index}"
+    return f"{group_key}{SHARD_ID_SEPARATOR}{index}"
 
 
 def children_digest(pairs: Sequence[Sequence[str]]) -> str:

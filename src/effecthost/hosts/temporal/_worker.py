@@ -24,22 +24,33 @@ from effecthost.payloads import AesGcmSealer, KeyStore, PayloadPolicy, encode_ou
 require("temporal", "temporal", "temporalio")
 
 from temporalio import activity  # noqa: E402
-from temporalio.client import Client  # noqa: E402
+from temporalio.client import Client, WorkflowQueryFailedError  # noqa: E402
 from temporalio.exceptions import ApplicationError  # noqa: E402
+from temporalio.service import RPCError, RPCStatusCode  # noqa: E402
 from temporalio.worker import Worker  # noqa: E402
 from temporalio.worker.workflow_sandbox import (  # noqa: E402
     SandboxedWorkflowRunner,
     SandboxRestrictions,
 )
 
+from ._claims import Claims  # noqa: E402
 from ._codec import sealed_client  # noqa: E402
 from ._shared import (  # noqa: E402
     CHILD_ACTIVITY,
+    CLAIMS_QUERY,
+    HOLD_QUERY,
     INLINE_OUTCOME_BYTES,
+    RELEASE_CLAIMS_ACTIVITY,
     RETIRE_ACTIVITY,
+    SHARD_ID_SEPARATOR,
+    SHARD_WORKFLOW_NAME,
     error_details,
 )
 from ._workflow import EffectGroupWorkflow, EffectShardWorkflow  # noqa: E402
+
+HOLD_POLL = 0.5
+"""Seconds between a held child's questions to its group (R-13): bounds how late a
+caller's await of a missing rank starts it."""
 
 HEARTBEAT_EVERY = 0.5
 """Seconds between heartbeats of a running child; a cancel reaches a child only
@@ -58,10 +69,14 @@ class ChildActivities:
     """
 
     def __init__(
-        self, resolver: GroupExecutors | None, payloads: PayloadPolicy | None = None
+        self,
+        resolver: GroupExecutors | None,
+        payloads: PayloadPolicy | None = None,
+        client: Client | None = None,
     ) -> None:
         self._resolver = resolver
         self._payloads = payloads
+        self._client = client
 
     @activity.defn(name=RETIRE_ACTIVITY)
     async def retire_payloads(self, group_key: str) -> None:
@@ -69,6 +84,15 @@ class ChildActivities:
         store = self._payloads.store if self._payloads is not None else None
         if store is not None:
             await store.delete_group(group_key)
+
+    @activity.defn(name=RELEASE_CLAIMS_ACTIVITY)
+    async def release_claims(self, group_key: str) -> int:
+        """End the retiring group's replay-key claims (R-11; idempotent)."""
+        if self._client is None:
+            return 0
+        group = self._client.get_workflow_handle(group_key)
+        buckets = await group.query(CLAIMS_QUERY, result_type=list)
+        return await Claims(self._client).release_group(group_key, buckets)
 
     @activity.defn(name=CHILD_ACTIVITY)
     async def run_child(self, envelope_doc: dict[str, Any]) -> dict[str, Any]:
@@ -98,6 +122,8 @@ class ChildActivities:
             )
         beat = asyncio.create_task(_heartbeat())
         try:
+            if info.attempt > 1:
+                await self._stay_down(info)
             outcome = await executor.execute(ExecutionInput(envelope, attempt=info.attempt))
         finally:
             beat.cancel()
@@ -105,6 +131,31 @@ class ChildActivities:
                 await beat
         group_key = info.workflow_id or ids.get("group_key") or envelope.replay_key
         return await self._record(group_key, envelope.replay_key, _position(info), outcome)
+
+    async def _stay_down(self, info: activity.Info) -> None:
+        """R-13: a re-run attempt (the one before was cut off, e.g. by a dead worker)
+        starts its tool only once its group's workflow says so (:data:`HOLD_QUERY`):
+        a loser of a decided group waits, heartbeating, until a caller awaits a rank that
+        does not exist yet, or the close's cancel reaches it. A run recorded before the
+        query existed answers ``UnknownQuery``: the attempt runs, as it did then. An
+        engine that does not answer is asked again: running could start a loser twice."""
+        if self._client is None:
+            return
+        group_key = info.workflow_id or ""
+        if info.workflow_type == SHARD_WORKFLOW_NAME:
+            group_key = group_key.rpartition(SHARD_ID_SEPARATOR)[0]
+        group = self._client.get_workflow_handle(group_key)
+        name = f"{HOLD_QUERY}{_position(info)}"
+        while True:
+            try:
+                if not await group.query(name, result_type=bool):
+                    return
+            except WorkflowQueryFailedError:
+                return
+            except RPCError as exc:
+                if exc.status == RPCStatusCode.NOT_FOUND:
+                    return
+            await asyncio.sleep(HOLD_POLL)
 
     async def _record(
         self, group_key: str, replay_key: str, position: int, outcome: Outcome
@@ -197,12 +248,16 @@ def create_worker(
         client = sealed_client(client, keys)
         if payloads is None:
             payloads = PayloadPolicy(sealer=AesGcmSealer(keys))
-    activities = ChildActivities(resolver, payloads)
+    activities = ChildActivities(resolver, payloads, client)
     return Worker(
         client,
         task_queue=task_queue,
         workflows=[EffectGroupWorkflow, EffectShardWorkflow],
-        activities=[activities.run_child, activities.retire_payloads],
+        activities=[
+            activities.run_child,
+            activities.retire_payloads,
+            activities.release_claims,
+        ],
         workflow_runner=workflow_runner(),
         sticky_queue_schedule_to_start_timeout=sticky_queue_schedule_to_start_timeout,
         max_heartbeat_throttle_interval=max_heartbeat_throttle_interval,

@@ -38,12 +38,16 @@ from ._shared import (  # noqa: E402
     AWAIT_UPDATE,
     BATCH_BYTES,
     CHILD_ACTIVITY,
+    CLAIMS_QUERY,
+    HAS_KEY_QUERY,
+    HOLD_QUERY,
     MEMO_STATE,
     OPEN_CHUNK_UPDATE,
     PAIRS_PAGE,
     PAIRS_QUERY,
     RANKS_QUERY,
     READ_QUERY,
+    RELEASE_CLAIMS_ACTIVITY,
     RESULT_BYTES,
     RETIRE_ACTIVITY,
     SETTLED_QUERY,
@@ -53,6 +57,7 @@ from ._shared import (  # noqa: E402
     SHARD_WORKFLOW_NAME,
     WORKFLOW_NAME,
     children_digest,
+    claim_bucket,
     error_details,
     shard_id,
 )
@@ -66,6 +71,14 @@ NAMED_CHILDREN = "effecthost-named-children"
 tool and position, wait for a cancelled loser's activity to end (so history shows the
 end) and report progress as current details. Runs recorded before keep ``child-N`` and
 replay unchanged."""
+
+RELEASE_CLAIMS = "effecthost-release-claims"
+"""Patch id: runs that record it end their replay-key claims at retirement (R-11) with
+:data:`RELEASE_CLAIMS_ACTIVITY`; runs recorded before leave them to be taken over by a
+later claim and replay unchanged."""
+
+RELEASE_CLAIMS_SUMMARY = "retirement · release replay-key claims"
+"""The summary operators see on the retirement's claim release."""
 
 SIGNAL_STARTED_SHARDS = "effecthost-signal-started-shards"
 """Patch id: runs that record it send a shard its events and cancels only once the shard
@@ -212,6 +225,7 @@ class EffectGroupWorkflow:
         self._shards: list[asyncio.Task[Any]] = []
         self._started_shards: set[int] = set()
         self._sends: list[asyncio.Task[None]] = []
+        self._wanting = 0  # awaits of a rank not recorded yet (R-13)
 
     # -- run ----------------------------------------------------------------------------
 
@@ -247,6 +261,8 @@ class EffectGroupWorkflow:
                 start_to_close_timeout=timedelta(seconds=60),
                 retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
             )
+        if workflow.patched(RELEASE_CLAIMS):
+            await self._release_claims()
         result = {
             "ranks": [s["replay_key"] for s in self._settled],
             "settled": [
@@ -263,6 +279,24 @@ class EffectGroupWorkflow:
         if len(json.dumps(result)) > RESULT_BYTES:  # a result is one payload (2 MiB)
             result = {"order": [s["position"] for s in self._settled]}
         return result
+
+    async def _release_claims(self) -> None:
+        """R-11: at retirement the group's claims go. A failure is not retried for long
+        and never blocks retirement: a claim left running holds nothing once the group's
+        run ended (the next claim of its id takes it over)."""
+        try:
+            await workflow.execute_activity(
+                RELEASE_CLAIMS_ACTIVITY,
+                self._key,
+                activity_id="release-claims",
+                summary=RELEASE_CLAIMS_SUMMARY,
+                start_to_close_timeout=timedelta(seconds=30),
+                schedule_to_close_timeout=timedelta(minutes=2),
+                retry_policy=RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(seconds=5)),
+                result_type=int,
+            )
+        except ActivityError:
+            pass
 
     async def _watch(self, position: int) -> None:
         child = self._children[position]
@@ -528,11 +562,44 @@ class EffectGroupWorkflow:
             return self._batch(_rank_of(name, RANKS_QUERY))
         if name == SETTLED_QUERY:
             return list(self._settled)
+        if name == CLAIMS_QUERY:
+            buckets = {
+                claim_bucket(c["envelope"]["replay_key"], self._key)
+                for c in self._children
+                if c is not None
+            }
+            return sorted([list(b) for b in buckets])
+        if name.startswith(HAS_KEY_QUERY):
+            key = name[len(HAS_KEY_QUERY) :]
+            return any(c is not None and c["envelope"]["replay_key"] == key for c in self._children)
+        if name.startswith(HOLD_QUERY):
+            return self._hold(_rank_of(name, HOLD_QUERY))
         if name.startswith(PAIRS_QUERY):
             start = _rank_of(name, PAIRS_QUERY)
             page = self._children[start : start + PAIRS_PAGE]
             return [None if c is None else [c["envelope"]["replay_key"], c["hash"]] for c in page]
         raise ApplicationError(f"unknown query {name!r}", type="UnknownQuery")
+
+    def _hold(self, position: int) -> bool:
+        """R-13: whether a re-run attempt of the child at ``position`` must not start its
+        tool yet: it holds a rank already (a close cancelled it; the cancel reaches it
+        next), or the group is decided and no caller awaits a rank that does not exist."""
+        if not self._complete or not 0 <= position < self._count:
+            return False
+        if self._ledger.rank_of(position) is not None:
+            return True
+        statuses = (_status(s["outcome"]) for s in self._settled)
+        return not self._wanting and kit.decided(self._record(), statuses)
+
+    async def _wait_for(self, ready: Any) -> None:
+        """Wait for ``ready`` (a rank recorded or the group closed) as a caller awaiting
+        a missing rank: while it waits, held losers may run (:meth:`_hold`)."""
+        wanting = not ready()
+        self._wanting += wanting
+        try:
+            await workflow.wait_condition(ready)
+        finally:
+            self._wanting -= wanting
 
     def _batch(self, after: int) -> Json:
         """The group's state and the settlements ranked after ``after`` that are
@@ -571,7 +638,7 @@ class EffectGroupWorkflow:
         return await self._await_rank(rank)
 
     async def _await_rank(self, rank: int) -> Json:
-        await workflow.wait_condition(lambda: len(self._settled) >= rank or self._closed)
+        await self._wait_for(lambda: len(self._settled) >= rank or self._closed)
         if len(self._settled) >= rank:
             return self._settled[rank - 1]
         raise _refusal(kit.group_closed(self._key))
@@ -610,7 +677,7 @@ class EffectGroupWorkflow:
         """``await_ranks:<after>``: once a rank after ``after`` is recorded, the batch
         then recorded (G-21: the first settlement wakes it); ``GroupClosed`` when the
         group closes first."""
-        await workflow.wait_condition(lambda: len(self._settled) > after or self._closed)
+        await self._wait_for(lambda: len(self._settled) > after or self._closed)
         if len(self._settled) > after:
             return self._batch(after)
         raise _refusal(kit.group_closed(self._key))
