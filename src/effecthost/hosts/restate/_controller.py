@@ -142,6 +142,8 @@ class RestateController(GroupObjectClient):
         finally:
             if not sending.done():
                 sending.cancel()
+            elif not sending.cancelled():
+                sending.exception()  # retrieved: it may have failed while ``_stuck`` ran
         tried_for = loop.time() - start
         raise EngineUnavailable(
             f"{operation} of group {group_key!r} got no answer from Restate in "
