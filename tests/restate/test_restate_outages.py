@@ -51,7 +51,7 @@ class Stack:
             urls.get("admin", self.local.admin_url),
             conformance_resolver(self.lab.path),
             owner="tests",
-            unavailable_after=BOUND,
+            outage_bound=BOUND,
         )
 
 

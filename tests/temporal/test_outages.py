@@ -1,7 +1,7 @@
 """Engine outages on Temporal (R-12): no exception type of the SDK leaves the API; an
 await rides out a dead worker or a dead server and returns the right rank; an open, a
 close or a ``deliver_event`` that cannot reach the server within the controller's
-``retry_for`` raises ``EngineUnavailable``, and a retry after the outage is fenced."""
+``outage_bound`` raises ``EngineUnavailable``, and a retry after the outage is fenced."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_R12_open_close_and_deliver_raise_engine_unavailable_past_the_bound(
     tmp_path: Path,
 ) -> None:
     """R-12: with the dev server down, an open, a close and a ``deliver_event`` through a
-    controller with ``retry_for=1`` raise ``EngineUnavailable`` naming the group key and
+    controller with ``outage_bound=1`` raise ``EngineUnavailable`` naming the group key and
     the operation, after trying about that long; an await with a caller deadline raises
     only ``TimeoutError``. After the restart the same calls succeed: the event reaches its
     child once, and the group whose open gave up opens and runs."""
@@ -53,7 +53,7 @@ def test_R12_open_close_and_deliver_raise_engine_unavailable_past_the_bound(
 async def _bounded(root: Path) -> None:
     async with running_host(root, restart_server=True) as (host, _lab):
         assert host.server is not None and host.client is not None
-        ctl = _fresh(host, retry_for=1.0)
+        ctl = _fresh(host, outage_bound=1.0)
         key = "r12:group:bounded:0"
         wait = EffectEnvelope(
             replay_key=f"{key}:0", kind=EffectKind.AWAIT_EVENT, name="ping", input=None

@@ -46,7 +46,7 @@ class RestateController(GroupObjectClient):
     front of a cluster) or several (the nodes of a cluster). A call goes to the node that
     answered last and fails over to the next on a connection error or a 5xx (R-12). An
     await retries until it gets its rank (bound it with your own deadline); an open,
-    close, ``deliver_event`` or admin query retries for ``unavailable_after`` seconds,
+    close, ``deliver_event`` or admin query retries for ``outage_bound`` seconds,
     then raises :class:`~effecthost.contract.EngineUnavailable`. A call still unanswered
     after that long raises it too when the engine reports the group object's
     invocations as backing off (the endpoint is down); a slow call that the engine is
@@ -64,7 +64,7 @@ class RestateController(GroupObjectClient):
         owner: str = "default",
         request_timeout: float = 30.0,
         payloads: PayloadPolicy | None = None,
-        unavailable_after: float = 30.0,
+        outage_bound: float = 30.0,
     ) -> None:
         (httpx,) = require("restate", "restate", "httpx")
         self.ingress_urls = url_list(ingress_url, "ingress")
@@ -75,7 +75,7 @@ class RestateController(GroupObjectClient):
         self.owner = owner
         self.incarnation = uuid.uuid4().hex
         self._timeout = request_timeout
-        self.unavailable_after = unavailable_after
+        self.outage_bound = outage_bound
         self.payloads = payloads
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout, read=None))
         errors = (httpx.TransportError,)
@@ -119,9 +119,9 @@ class RestateController(GroupObjectClient):
     async def _bounded(
         self, group_key: str, handler: str, operation: str, path: str, body: Any
     ) -> Any:
-        """The answer of a call that gives up after ``unavailable_after`` seconds of
+        """The answer of a call that gives up after ``outage_bound`` seconds of
         failures, or of waiting while the engine retries the group object's invocations."""
-        bound = self.unavailable_after
+        bound = self.outage_bound
         headers = {"Idempotency-Key": uuid.uuid4().hex} if handler == "deliver" else None
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -174,7 +174,7 @@ class RestateController(GroupObjectClient):
         URLs and retrying while partition leadership moves (R-12).
 
         Raises:
-            EngineUnavailable: no admin API answered for ``unavailable_after`` seconds,
+            EngineUnavailable: no admin API answered for ``outage_bound`` seconds,
                 or the query was refused.
         """
         try:
@@ -183,7 +183,7 @@ class RestateController(GroupObjectClient):
                 "/query",
                 json={"query": sql},
                 headers={"Accept": "application/json"},
-                bound=self.unavailable_after,
+                bound=self.outage_bound,
             )
         except _Unreachable as exc:
             raise EngineUnavailable(

@@ -43,14 +43,14 @@ async def register_deployment(
     *,
     force: bool = True,
     leaders_within: float | None = None,
-    unavailable_after: float = 30.0,
+    outage_bound: float = 30.0,
 ) -> Any:
     """Register (``force``: re-discover) ``endpoint_uri`` with the admin API, then check
     that the server now routes every handler the contract needs.
 
     ``admin_url`` is one URL or the admin URLs of a cluster's nodes: each request fails
     over to the next node on a connection error or a 5xx and is retried for up to
-    ``unavailable_after`` seconds. With ``leaders_within`` it first waits up to that many
+    ``outage_bound`` seconds. With ``leaders_within`` it first waits up to that many
     seconds for every partition to be served: a cluster's ``/health`` answers long before
     its partitions have leaders, and invocations made before then are re-run.
 
@@ -71,7 +71,7 @@ async def register_deployment(
             "POST",
             "/deployments",
             "register_deployment",
-            unavailable_after,
+            outage_bound,
             json={"uri": endpoint_uri, "force": force},
         )
         if response.status_code >= 300:
@@ -80,7 +80,7 @@ async def register_deployment(
                 f"HTTP {response.status_code} {response.text[:300]}"
             )
         registered = response.json()
-        await _validate(nodes, unavailable_after)
+        await _validate(nodes, outage_bound)
     return registered
 
 
@@ -154,7 +154,7 @@ async def _validate(nodes: Nodes, bound: float) -> None:
 
 
 async def validate_registered(
-    admin_url: str | Sequence[str], client: Any = None, *, unavailable_after: float = 30.0
+    admin_url: str | Sequence[str], client: Any = None, *, outage_bound: float = 30.0
 ) -> None:
     """Check through the admin API that every needed handler is bound (G-42).
 
@@ -167,7 +167,7 @@ async def validate_registered(
     http = client or httpx.AsyncClient(timeout=30.0)
     try:
         nodes = Nodes(url_list(admin_url, "admin API"), http, (httpx.TransportError,))
-        await _validate(nodes, unavailable_after)
+        await _validate(nodes, outage_bound)
     finally:
         if own:
             await http.aclose()

@@ -60,7 +60,7 @@ CLAIM_DELAY = timedelta(days=36500)
 
 STALE_CLAIM = timedelta(minutes=10)
 """How long a claim whose group was never recorded holds (its opener may still be
-starting the group: an open retries for at most its ``retry_for``, far less)."""
+starting the group: an open retries for at most its ``outage_bound``, far less)."""
 
 MEMO_HOLDER = "group_key"
 

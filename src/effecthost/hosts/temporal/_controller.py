@@ -109,9 +109,9 @@ _ERRORS: dict[str, type[EffectHostError]] = {
     )
 }
 
-RETRY_FOR = 60.0
+DEFAULT_OUTAGE_BOUND = 60.0
 """How long an open, a close or a ``deliver_event`` retries a transient outage by default
-before raising ``EngineUnavailable`` (R-12; the controller's ``retry_for``)."""
+before raising ``EngineUnavailable`` (R-12; the controller's ``outage_bound``)."""
 
 MAX_BACKOFF = 5.0
 """The longest pause between two tries of a call the server did not answer."""
@@ -174,13 +174,13 @@ def _operation(name: str, key: str | None, bound: float | None) -> Iterator[None
 
 def _public(name: str, *, waits: bool = False) -> Callable[[F], F]:
     """A public method run as :func:`_operation` ``name`` on the group its first argument
-    names, bounded by the controller's ``retry_for`` unless it ``waits``."""
+    names, bounded by the controller's ``outage_bound`` unless it ``waits``."""
 
     def wrap(method: F) -> F:
         @functools.wraps(method)
         async def guarded(self: TemporalEffectHost, *args: Any, **kwargs: Any) -> Any:
             key = _key_of(args[0]) if args else None
-            with _operation(name, key, None if waits else self._retry_for):
+            with _operation(name, key, None if waits else self._outage_bound):
                 return await method(self, *args, **kwargs)
 
         return guarded  # type: ignore[return-value]
@@ -209,7 +209,7 @@ async def _call(call: Callable[[], Awaitable[T]]) -> T:
     not answer (R-12), within the current public call's bound; past it,
     ``EngineUnavailable``. Cancelling the caller raises ``CancelledError`` (the SDK
     reports a cancelled update as an RPC timeout-or-cancel error)."""
-    operation = _CURRENT.get() or _Operation("call", None, time.monotonic(), RETRY_FOR)
+    operation = _CURRENT.get() or _Operation("call", None, time.monotonic(), DEFAULT_OUTAGE_BOUND)
     delay = 0.05
     last = "no answer"
     while True:
@@ -281,7 +281,7 @@ class TemporalEffectHost(WiredController):
 
     Outages (R-12): a call the server or the group's worker does not answer is tried
     again with backoff; an await until it is answered (the caller's deadline bounds it),
-    any other call for ``retry_for`` seconds, then ``EngineUnavailable``. No exception
+    any other call for ``outage_bound`` seconds, then ``EngineUnavailable``. No exception
     of the SDK leaves the controller.
     """
 
@@ -299,7 +299,7 @@ class TemporalEffectHost(WiredController):
         test_hooks: bool = False,
         shard_size: int | None = None,
         chunk_bytes: int = MAX_SPEC_BYTES,
-        retry_for: float = RETRY_FOR,
+        outage_bound: float = DEFAULT_OUTAGE_BOUND,
     ) -> None:
         if keys is not None:
             client = sealed_client(client, keys)
@@ -331,9 +331,9 @@ class TemporalEffectHost(WiredController):
             raise ValueError(f"chunk_bytes must be between 1 and {MAX_SPEC_BYTES}")
         self._chunk_bytes = chunk_bytes
         self._visibility_wait = visibility_wait
-        if retry_for < 0:
-            raise ValueError("retry_for must not be negative")
-        self._retry_for = retry_for
+        if outage_bound < 0:
+            raise ValueError("outage_bound must not be negative")
+        self._outage_bound = outage_bound
         self._expected: dict[str, bool] = {}
         self._owned: dict[str, tuple[int, str, str]] = {}
         self._batches: dict[str, _Batch] = {}
@@ -850,7 +850,7 @@ class _TemporalDrain(GroupDrain):
         self._caller_gone = caller_gone
 
     async def run_pass(self) -> DrainReport:
-        with _operation("drain", None, self._host._retry_for):
+        with _operation("drain", None, self._host._outage_bound):
             return await self._run_pass()
 
     async def _run_pass(self) -> DrainReport:
