@@ -341,8 +341,8 @@ TIER_MUTANTS: list[TierMutant] = [
         "G-38: the group object's settle takes the next rank without looking up whether the "
         "replay key holds one, so a second delivery of one child's settlement takes a rank.",
         ENDPOINT,
-        "kit.next_rank(int(counter or 0), settled is not None)",
-        "kit.next_rank(int(counter or 0), False)",
+        'kit.next_rank(int(state["counter"] or 0), settled)',
+        'kit.next_rank(int(state["counter"] or 0), False)',
         (f"{RESTATE}test_G38_a_duplicate_settlement_takes_no_rank",),
     ),
     TierMutant(
