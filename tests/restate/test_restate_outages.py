@@ -122,6 +122,7 @@ async def _give_up_in_bound(stack: Stack, closing: GroupHandle, tag: str) -> Non
     assert all(isinstance(exc, EngineUnavailable) and exc.tried_for >= BOUND for exc in raised)
 
 
+@pytest.mark.idle
 @pytest.mark.timeout(OUTAGE + 120)
 async def test_R12_an_await_rides_out_the_endpoint_down_100s(stack: Stack) -> None:
     """R-12: with the endpoint down 100 s, an await in flight keeps waiting and returns

@@ -99,6 +99,7 @@ async def _bounded(root: Path) -> None:
         await ctl.close_effect_group(again)
 
 
+@pytest.mark.idle
 @pytest.mark.timeout(300)
 def test_R12_a_fresh_await_rides_out_a_worker_down_past_the_poller_timeout(
     tmp_path: Path,
