@@ -545,6 +545,14 @@ class DrainTally:
     cancelled: list[tuple[str, str]] = field(default_factory=list)
     no_executor: list[NoExecutor] = field(default_factory=list)
 
+    def add(self, other: DrainTally) -> None:
+        """Add what ``other`` recorded: a host whose per-group step may run again (an
+        optimistic guard's :class:`Retry`) keeps one tally per step and adds the one
+        that held."""
+        self.resumed.extend(other.resumed)
+        self.cancelled.extend(other.cancelled)
+        self.no_executor.extend(other.no_executor)
+
     def report(self) -> DrainReport:
         return DrainReport(
             resumed=tuple(self.resumed),
@@ -751,9 +759,13 @@ class KitController(WiredController):
         else:
             deferred.append(action)
 
-    async def _guarded(self, key: str, operation: str, step: Callable[[], Awaitable[T]]) -> T:
+    async def guarded(self, key: str, operation: str, step: Callable[[], Awaitable[T]]) -> T:
         """``step`` inside :meth:`guard`, run again on :class:`Retry`; the actions it
-        deferred run once it held."""
+        deferred (:meth:`after_guard`) run once it held. Every open and close runs this
+        way; a host runs its own atomic steps on a key through it too (a settlement, a
+        drain pass's write), so one optimistic guard and one retry contract serve all of
+        them. ``operation`` names the step in the :class:`EngineUnavailable` raised after
+        :attr:`guard_attempts` conflicts."""
         for _attempt in range(self.guard_attempts):
             deferred: list[Callable[[], object]] = []
             token = _DEFERRED.set(deferred)
@@ -919,7 +931,7 @@ class KitController(WiredController):
             return await self.record_group(FirstOpen(group, tuple(executors)))
 
         for _attempt in range(2):  # a lost race to record the key is a reopen (R-7)
-            if await self._guarded(group.key, "open", step):
+            if await self.guarded(group.key, "open", step):
                 return group.handle()
         raise RuntimeError(f"group {group.key!r}: record_group refused twice with no record")
 
@@ -962,7 +974,7 @@ class KitController(WiredController):
                 await self.record_close(key, target)
             return target
 
-        target = await self._guarded(key, "close", step)
+        target = await self.guarded(key, "close", step)
         if target is LoserPolicy.CANCEL:
             await self.cancel_unsettled(key)
 
