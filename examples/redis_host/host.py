@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import json
 import time
 import uuid
@@ -35,77 +36,32 @@ from effecthost.contract import (
     EffectGroup,
     EffectKind,
     ExecutionInput,
+    GroupDocument,
     GroupDrain,
     GroupExecutors,
     GroupRecord,
     LoserPolicy,
     Outcome,
-    RankLedger,
     RecordedChild,
     Settlement,
     Tombstone,
     kit,
-    sleep_seconds,
 )
 from effecthost.contract.kit import FirstOpen, Retry, TaskChildren
 
-Record = dict[str, Any]
-CANCELLED = Outcome.cancelled()
-
-
-# [known]
-def known(record: Record | None) -> GroupRecord | Tombstone | None:
-    """What the kit's fences read: nothing, a tombstone, or the group's shape."""
-    if record is None or not record["children"]:  # a retired group keeps only a tombstone
-        return None if record is None else Tombstone(record["key"])
-    fields = ("key", "wake", "declared", "effective", "closed")
-    return GroupRecord(child_count=len(record["children"]), **{f: record[f] for f in fields})
-
-
-def settle(record: Record, position: int, attempt: int | None, outcome: Outcome) -> bool:
-    """The rank rule on the record: a stale attempt or a retired group is refused, the
-    kit's ledger ranks the first settlement of a position ``count + 1`` (G-15, G-16)."""
-    if not record["children"]:
-        return False
-    child = record["children"][position]
-    ledger = RankLedger(len(record["children"]), record["ranks"])
-    if attempt not in (None, child["attempt"]) or ledger.settle(position) is None:
-        return False
-    child["outcome"], record["ranks"] = outcome.model_dump(mode="json"), ledger.order
-    return True
-
-
-def decided(record: Record) -> bool:
-    """The kit's R-13 rule on what the record holds."""
-    shape = known(record)
-    ranked = (record["children"][p]["outcome"]["status"] for p in record["ranks"])
-    return isinstance(shape, GroupRecord) and not shape.closed and kit.decided(shape, ranked)
-
-
-# [/known]
+PREFIX = "effecthost"
 
 
 # [open]
 class RedisHost(TaskChildren):
-    """The contract's controller over a Redis server; call :meth:`start` before use."""
+    """The contract's controller over a Redis server; ``await host.start()`` before use."""
 
-    def __init__(
-        self,
-        client: redis.Redis,
-        resolver: GroupExecutors | None,
-        *,
-        prefix: str = "effecthost",
-        ttl: float = 10.0,
-    ) -> None:
-        self.redis, self.prefix, self.ttl = client, prefix, ttl
+    def __init__(self, client: redis.Redis, resolver: GroupExecutors | None, ttl: float) -> None:
+        self.redis, self.ttl, self.owner = client, ttl, uuid.uuid4().hex
         self.register_executors(resolver)
-        self.owner = uuid.uuid4().hex
-        self._tx: contextvars.ContextVar[Pipeline | None] = contextvars.ContextVar("tx")
+        self._tx: contextvars.ContextVar[Pipeline] = contextvars.ContextVar("tx")
         self._heartbeat: asyncio.Task[None] | None = None
         self.init_children()
-
-    def _key(self, kind: str, name: str) -> str:
-        return f"{self.prefix}:{kind}:{name}"
 
     async def start(self) -> RedisHost:
         """Claim this incarnation's liveness key before anything runs, and keep it fresh."""
@@ -114,7 +70,7 @@ class RedisHost(TaskChildren):
         return self
 
     async def _beat(self) -> None:
-        await self.redis.set(self._key("o", self.owner), 1, px=int(self.ttl * 1000))
+        await self.redis.set(f"{PREFIX}:o:{self.owner}", 1, px=int(self.ttl * 1000))
 
     async def _beat_forever(self) -> None:
         while True:
@@ -126,14 +82,14 @@ class RedisHost(TaskChildren):
         """Gone now rather than after the TTL: other incarnations may drain at once."""
         if self._heartbeat is not None:
             self._heartbeat.cancel()
-        await self.redis.delete(self._key("o", self.owner))
+        await self.redis.delete(f"{PREFIX}:o:{self.owner}")
         await self.redis.aclose()
 
     @contextlib.asynccontextmanager
     async def guard(self, key: str) -> AsyncIterator[None]:
         """WATCH the group; EXEC commits the step's writes, or it lost a race: Retry."""
         async with self.redis.pipeline() as tx:
-            await tx.watch(self._key("g", key))
+            await tx.watch(f"{PREFIX}:g:{key}")
             token = self._tx.set(tx)
             try:
                 yield
@@ -144,121 +100,93 @@ class RedisHost(TaskChildren):
                 self._tx.reset(token)
 
     def _queue(self) -> Pipeline:
-        """The step's transaction, in its queueing (MULTI) phase: no read goes through it."""
+        """The step's transaction, in its queueing (MULTI) phase: reads go around it."""
         tx = self._tx.get()
         if not tx.explicit_transaction:
-            tx.multi()
+            tx.multi()  # type: ignore[no-untyped-call]
         return tx
 
-    async def _read(self, key: str) -> Record | None:
-        raw = await self.redis.get(self._key("g", key))
-        return None if raw is None else json.loads(raw)  # type: ignore[no-any-return]
+    async def _read(self, key: str) -> GroupDocument | None:
+        raw = await self.redis.get(f"{PREFIX}:g:{key}")
+        return None if raw is None else GroupDocument(json.loads(raw))
 
-    def _write(self, record: Record) -> None:
-        """Queue the record, retiring it by the kit's retire rule in the same step as the
-        write that made it true, a close or a settlement (G-36, R-11): its replay keys
-        are freed and a tombstone keeps the key closed (R-4)."""
-        tx, children = self._queue(), record["children"]
-        if children and kit.retires(record["closed"], len(children), len(record["ranks"])):
-            tx.delete(*(self._key("r", c["replay_key"]) for c in children))
-            record.update(children=[], ranks=[])
-        tx.set(self._key("g", record["key"]), json.dumps(record))
+    def _write(self, doc: GroupDocument) -> None:
+        """Queue the document; a retire in this step frees its replay keys (R-11)."""
+        tx = self._queue()
+        if doc.freed:
+            tx.delete(*(f"{PREFIX}:r:{replay_key}" for replay_key in doc.freed))
+        tx.set(f"{PREFIX}:g:{doc.key}", json.dumps(doc.data))
 
     async def find_group(self, key: str) -> GroupRecord | Tombstone | None:
-        return known(await self._read(key))
+        doc = await self._read(key)
+        return None if doc is None else doc.known()
 
     async def recorded_children(self, key: str) -> list[RecordedChild]:
-        children = (await self._read(key))["children"]  # type: ignore[index]
-        return [RecordedChild(p, c["replay_key"], c["hash"]) for p, c in enumerate(children)]
+        return (await self._read(key)).recorded_children()  # type: ignore[union-attr]
 
     async def replay_key_holders(self, replay_keys: Sequence[str]) -> dict[str, str]:
         """One MGET per open. The claims are WATCHed first, so a claim another open makes
         before this one's EXEC fails the EXEC and the kit runs the open again: that is
         ``record_group``'s re-check of R-6, made by Redis in the commit itself."""
-        claims = [self._key("r", replay_key) for replay_key in replay_keys]
-        await self._tx.get().watch(*claims)  # type: ignore[union-attr]
+        claims = [f"{PREFIX}:r:{replay_key}" for replay_key in replay_keys]
+        await self._tx.get().watch(*claims)
         held = await self.redis.mget(claims)
-        return {k: h for k, h in zip(replay_keys, held, strict=True) if h is not None}
+        return {k: str(h) for k, h in zip(replay_keys, held, strict=True) if h is not None}
 
     async def record_group(self, opened: FirstOpen) -> bool:
-        group, now = opened.group, time.time()
-        children = [
-            {
-                "replay_key": child.replay_key,
-                "hash": child.envelope_hash(),
-                "envelope": child.model_dump(mode="json"),
-                "due": now + sleep_seconds(child) if child.kind == EffectKind.SLEEP else None,
-                "attempt": 0,
-                "outcome": None,
-            }
-            for child in group.children
-        ]
-        loser = group.disposition.value
-        record = dict(key=group.key, wake=group.wake.value, declared=loser, effective=loser)
-        record |= {"owner": self.owner, "closed": False, "children": children, "ranks": []}
+        group = opened.group
+        doc = GroupDocument.new(group, self.owner, time.time())
         for position, executor in enumerate(opened.executors):
-            self._start(record, position, executor)
-        self._write(record)
-        self._queue().mset({self._key("r", c.replay_key): group.key for c in group.children})
+            self._start(doc, position, executor)
+        self._write(doc)
+        self._queue().mset({f"{PREFIX}:r:{c.replay_key}": group.key for c in group.children})
         return True  # the key is WATCHed: a concurrent first open's record fails our EXEC
 
     async def resume_group(self, group: EffectGroup, *, restart: bool = True) -> None:
-        record = await self._read(group.key)
-        assert record is not None
-        record["owner"] = self.owner  # a reopen makes this incarnation the owner (R-1)
+        doc = await self._read(group.key)
+        assert doc is not None
+        doc.data["owner"] = self.owner  # a reopen makes this incarnation the owner (R-1)
         if restart:  # a decided group's losers stay down (R-13)
-            await self._start_unsettled(record)
-        self._write(record)
+            await self._start_idle(doc)
+        self._write(doc)
 
     async def restart_unsettled(self, key: str) -> None:
         """A caller awaits a rank that does not exist yet: the losers run on demand (R-13)."""
 
         async def step() -> None:
-            record = await self._read(key)
-            if record is not None and record["owner"] == self.owner and not record["closed"]:
-                await self._start_unsettled(record)
-                self._write(record)
+            doc = await self._read(key)
+            if doc is not None and doc.data["owner"] == self.owner and not doc.data["closed"]:
+                await self._start_idle(doc)
+                self._write(doc)
 
         await self.guarded(key, "restart", step)
 
-    async def _start_unsettled(self, record: Record) -> None:
-        alive = await self._alive(record)
-        for position, child in enumerate(record["children"]):
-            if child["outcome"] is None and not self._runs(record["key"], position, child, alive):
-                self._start(record, position)  # a resolver miss stays unsettled (G-11)
+    async def _start_idle(self, doc: GroupDocument) -> None:
+        running = functools.partial(self.is_running, doc.key)
+        for position in doc.idle_positions(self.owner, await self._alive(doc), running):
+            self._start(doc, position)  # a resolver miss stays unsettled (G-11)
 
     # [/open]
 
     # [children]
-    async def _alive(self, record: Record) -> set[str]:
-        """The incarnations named by ``record`` whose liveness key has not expired."""
-        named = {record["owner"], *(c.get("runner") for c in record["children"])}
-        others = sorted(o for o in named if o not in (None, self.owner))
-        found = await self.redis.mget([self._key("o", o) for o in others]) if others else []
+    async def _alive(self, doc: GroupDocument) -> set[str]:
+        """The incarnations ``doc`` names whose liveness key has not expired (R-1)."""
+        others = sorted(doc.incarnations() - {self.owner})
+        found = await self.redis.mget([f"{PREFIX}:o:{o}" for o in others]) if others else []
         return {self.owner, *(o for o, v in zip(others, found, strict=True) if v is not None)}
 
-    def _runs(self, key: str, position: int, child: Record, alive: set[str]) -> bool:
-        """Whether a live incarnation runs the child: this one if its task runs here, or
-        the one that started it while its key lives (a reopen never starts a live
-        owner's child again, R-1)."""
-        runner = child.get("runner")
-        if runner in (None, self.owner):
-            return self.is_running(key, position)
-        return runner in alive
-
-    def _start(self, record: Record, position: int, executor: Any = None) -> bool:
-        """Start child ``position`` under a new attempt recorded in ``record`` (the step
-        writes it); the task starts once the step committed. ``False`` when the resolver
-        cannot run it. An event wait needs no task: ``deliver_event`` settles it."""
-        child = record["children"][position]
+    def _start(self, doc: GroupDocument, position: int, executor: Any = None) -> bool:
+        """Start child ``position`` under a new attempt recorded in ``doc``; its task
+        starts once the step committed. ``False`` when the resolver cannot run it. An
+        event wait needs no task: ``deliver_event`` settles it."""
+        child = doc.children[position]
         envelope = EffectEnvelope.model_validate(child["envelope"])
         if envelope.kind == EffectKind.AWAIT_EVENT:
             return True
         if envelope.kind == EffectKind.TOOL_CALL:
             if (executor := executor or self.resolve_child(envelope)) is None:
                 return False
-        child.update(attempt=child["attempt"] + 1, runner=self.owner)  # who runs it (R-1)
-        key, attempt, due = record["key"], child["attempt"], child["due"]
+        key, attempt, due = doc.key, doc.begin_attempt(position, self.owner), child["due"]
 
         def run() -> None:
             work = (
@@ -272,13 +200,13 @@ class RedisHost(TaskChildren):
         return True
 
     async def settle_child(
-        self, key: str, position: int, attempt: int | None, outcome: Outcome
+        self, key: str, position: int, attempt: int | None, out: Outcome
     ) -> bool:
         async def step() -> bool:
-            record = await self._read(key)
-            if record is None or not settle(record, position, attempt, outcome):
+            doc = await self._read(key)
+            if doc is None or not doc.settle(position, attempt, out):
                 return False
-            self._write(record)
+            self._write(doc)
             return True
 
         return await self.guarded(key, "settle", step)
@@ -287,40 +215,34 @@ class RedisHost(TaskChildren):
 
     # [consume]
     async def read_rank(self, key: str, rank: int) -> Settlement | None:
-        record = await self._read(key)
-        if record is None or rank > len(record["ranks"]):
-            return None
-        position = record["ranks"][rank - 1]  # ranks are dense, so rank n is entry n (G-16)
-        child = record["children"][position]
-        outcome = Outcome.model_validate(child["outcome"])
-        return Settlement(
-            rank=rank, position=position, replay_key=child["replay_key"], outcome=outcome
-        )
+        doc = await self._read(key)
+        return None if doc is None else doc.settlement(rank)
 
     async def settled_positions(self, key: str) -> list[int]:
-        return list((await self._read(key))["ranks"])  # type: ignore[index]
+        return (await self._read(key)).ranks  # type: ignore[union-attr]
 
-    async def records(self) -> list[Record]:
-        """Every group recorded under the prefix, tombstones included: one SCAN, one MGET."""
-        keys = [k async for k in self.redis.scan_iter(match=self._key("g", "*"), count=1000)]
-        return [json.loads(raw) for raw in await self.redis.mget(keys) if raw] if keys else []
+    async def documents(self) -> list[GroupDocument]:
+        """Every group recorded, tombstones included: one SCAN, one MGET."""
+        keys = [k async for k in self.redis.scan_iter(match=f"{PREFIX}:g:*", count=1000)]
+        found = await self.redis.mget(keys) if keys else []
+        return [GroupDocument(json.loads(raw)) for raw in found if raw is not None]
 
     async def open_group_keys(self) -> list[str]:
-        return sorted(r["key"] for r in await self.records() if not r["closed"])
+        return sorted(doc.key for doc in await self.documents() if not doc.data["closed"])
 
     # [/consume]
 
     # [close]
     async def record_close(self, key: str, disposition: LoserPolicy) -> None:
-        record = await self._read(key)
-        assert record is not None
-        record.update(effective=disposition.value, closed=True)
-        self._write(record)
+        doc = await self._read(key)
+        assert doc is not None
+        doc.close(disposition)
+        self._write(doc)
         self.after_guard(self.notify)  # a parked waiter wakes with GroupClosed (R-4)
 
-    async def unsettled(self, key: str) -> list[tuple[int, Record]]:
-        children = (await self._read(key) or {"children": []})["children"]
-        return [(p, c["envelope"]) for p, c in enumerate(children) if c["outcome"] is None]
+    async def unsettled(self, key: str) -> list[tuple[int, dict[str, Any]]]:
+        doc = await self._read(key)
+        return [] if doc is None else doc.unsettled()
 
     # [/close]
 
@@ -329,36 +251,18 @@ class RedisHost(TaskChildren):
         return RedisDrain(self)
 
     async def drain_step(self, key: str) -> kit.DrainTally:
-        """The drain's decisions on one group, in one guarded step (a retried step starts
-        its tally again)."""
-        tally, record = kit.DrainTally(), await self._read(key)
-        if record is None or not record["children"]:
-            return tally  # retired
-        mine, alive = record["owner"] == self.owner, await self._alive(record)
-        if not kit.drain_group(
-            mine=mine, owner_alive=record["owner"] in alive, decided=decided(record)
+        """The drain's decisions on one group, in one guarded step; a step that runs
+        again starts a fresh tally."""
+        tally, doc = kit.DrainTally(), await self._read(key)
+        if doc is None:
+            return tally
+        running = functools.partial(self.is_running, key)
+        start = functools.partial(self._start, doc)
+        wired = self.supports_effect_groups()
+        if doc.drain(
+            self.owner, await self._alive(doc), running, wired=wired, start=start, tally=tally
         ):
-            return tally  # a live owner's group (R-1), or a decided one's losers (R-13)
-        children = [
-            (
-                c["replay_key"],
-                c["envelope"]["kind"],
-                c["outcome"] is not None,
-                self._runs(key, p, c, alive),
-            )
-            for p, c in enumerate(record["children"])
-        ]
-        if kit.drain_children(
-            key,
-            children,
-            mine=mine,
-            in_force=record["effective"],
-            wired=self.supports_effect_groups(),
-            start=lambda p: self._start(record, p),
-            cancel=lambda p: settle(record, p, None, CANCELLED),
-            tally=tally,
-        ):
-            self._write(record)
+            self._write(doc)
         return tally
 
 
@@ -369,10 +273,16 @@ class RedisDrain(GroupDrain):
         self.host = host
 
     async def run_pass(self) -> DrainReport:
-        host, tally = self.host, kit.DrainTally()
-        for key in [r["key"] for r in await host.records()]:
-            tally.add(await host.guarded(key, "drain", lambda k=key: host.drain_step(k)))
+        host, tallies = self.host, []
+        for key in [doc.key for doc in await host.documents()]:
+            tallies.append(
+                await host.guarded(key, "drain", functools.partial(host.drain_step, key))
+            )
         host.notify()
-        return tally.report()
+        return DrainReport(
+            resumed=tuple(ids for t in tallies for ids in t.resumed),
+            cancelled=tuple(ids for t in tallies for ids in t.cancelled),
+            no_executor=tuple(e for t in tallies for e in t.no_executor),
+        )
 
     # [/drain]

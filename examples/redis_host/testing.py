@@ -27,7 +27,7 @@ from effecthost.conformance import (
     ProcessHostUnderTest,
 )
 
-from .host import RedisHost
+from .host import PREFIX, RedisHost
 
 TTL = 1.0
 """The suite's liveness TTL: a restart waits this long at most for the old owner to go."""
@@ -94,7 +94,7 @@ class RedisServer:
 async def build(deployment: Deployment) -> RedisHost:
     """Called in the deployment process, once per controller the suite asks for."""
     client = redis.from_url(deployment.config["url"], decode_responses=True)
-    host = RedisHost(client, deployment.resolver, ttl=deployment.config["ttl"])
+    host = RedisHost(client, deployment.resolver, deployment.config["ttl"])
     return await host.start()
 
 
@@ -116,7 +116,7 @@ class RedisUnderTest(ProcessHostUnderTest):
         client = redis.from_url(self.server.url)
         try:
             deadline = time.monotonic() + 10 * TTL
-            while owners and await client.exists(*(f"effecthost:o:{o}" for o in owners)):
+            while owners and await client.exists(*(f"{PREFIX}:o:{o}" for o in owners)):
                 if time.monotonic() > deadline:  # a bounded poll of the server's clock
                     raise RuntimeError(f"liveness keys of {owners} did not expire")
                 await asyncio.sleep(0.05)
@@ -141,4 +141,4 @@ async def from_env() -> RedisHost:
     """The host over ``$EFFECTHOST_REDIS_URL``, for ``effecthost drain --host`` and
     ``effecthost inspect --host examples.redis_host.testing:from_env``."""
     client = redis.from_url(os.environ["EFFECTHOST_REDIS_URL"], decode_responses=True)
-    return await RedisHost(client, None).start()
+    return await RedisHost(client, None, ttl=10.0).start()

@@ -72,6 +72,7 @@ from ._types import (
     require_group,
     require_handle,
 )
+from .documents import GroupDocument
 from .kit import GroupRecord, HandleClaim, Offer, RankLedger, RecordedChild, Tombstone
 
 __all__ = [
@@ -94,6 +95,7 @@ __all__ = [
     "ExecutorConsumed",
     "FunctionExecutor",
     "GroupClosed",
+    "GroupDocument",
     "GroupDrain",
     "GroupExecutors",
     "GroupHandle",

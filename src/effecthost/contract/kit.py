@@ -545,14 +545,6 @@ class DrainTally:
     cancelled: list[tuple[str, str]] = field(default_factory=list)
     no_executor: list[NoExecutor] = field(default_factory=list)
 
-    def add(self, other: DrainTally) -> None:
-        """Add what ``other`` recorded: a host whose per-group step may run again (an
-        optimistic guard's :class:`Retry`) keeps one tally per step and adds the one
-        that held."""
-        self.resumed.extend(other.resumed)
-        self.cancelled.extend(other.cancelled)
-        self.no_executor.extend(other.no_executor)
-
     def report(self) -> DrainReport:
         return DrainReport(
             resumed=tuple(self.resumed),
