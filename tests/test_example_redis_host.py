@@ -23,6 +23,13 @@ GUIDE = ROOT / "docs" / "writing-a-host.md"
 pytestmark = pytest.mark.anyio
 
 
+def redis_section() -> str:
+    """The guide's section on the Redis host, up to the next section."""
+    _, found, rest = GUIDE.read_text().partition("\n## A host for Redis\n")
+    assert found, "the guide has no section on the Redis host"
+    return rest.split("\n## ", 1)[0]
+
+
 @pytest.fixture
 def example_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(ROOT))
@@ -47,7 +54,7 @@ async def test_the_redis_host_passes_every_check_it_declares(example_importable:
         f"{len(report.results)} checks: {len(report.by_status('passed'))} passed, 0 failed, "
         f"{len(report.by_status('skipped'))} skipped"
     )
-    section = GUIDE.read_text().split("## A host for Redis", 1)[-1]
+    section = redis_section()
     assert summary in section, f"the guide's Redis section must say {summary!r}"
 
 
@@ -113,5 +120,5 @@ def test_the_engine_glue_stays_small() -> None:
     (``host.py``, counted as the file host's), and the guide states the number."""
     count = code_lines(EXAMPLE / "host.py")
     assert count <= GLUE_LIMIT, f"host.py has {count} lines of code"
-    section = GUIDE.read_text().split("## A host for Redis", 1)[-1]
+    section = redis_section()
     assert f"{count} lines of code" in section, f"the guide's Redis section must say {count}"

@@ -52,7 +52,6 @@ from effecthost.contract.kit import FirstOpen, Retry, TaskChildren
 PREFIX = "effecthost"
 
 
-# [open]
 class RedisHost(TaskChildren):
     """The contract's controller over a Redis server; ``await host.start()`` before use."""
 
@@ -63,6 +62,7 @@ class RedisHost(TaskChildren):
         self._heartbeat: asyncio.Task[None] | None = None
         self.init_children()
 
+    # [liveness]
     async def start(self) -> RedisHost:
         """Claim this incarnation's liveness key before anything runs, and keep it fresh."""
         await self._beat()
@@ -85,6 +85,15 @@ class RedisHost(TaskChildren):
         await self.redis.delete(f"{PREFIX}:o:{self.owner}")
         await self.redis.aclose()
 
+    async def _alive(self, doc: GroupDocument) -> set[str]:
+        """The incarnations ``doc`` names whose liveness key has not expired (R-1)."""
+        others = sorted(doc.incarnations() - {self.owner})
+        found = await self.redis.mget([f"{PREFIX}:o:{o}" for o in others]) if others else []
+        return {self.owner, *(o for o, v in zip(others, found, strict=True) if v is not None)}
+
+    # [/liveness]
+
+    # [guard]
     @contextlib.asynccontextmanager
     async def guard(self, key: str) -> AsyncIterator[None]:
         """WATCH the group; EXEC commits the step's writes, or it lost a race: Retry."""
@@ -117,6 +126,8 @@ class RedisHost(TaskChildren):
             tx.delete(*(f"{PREFIX}:r:{replay_key}" for replay_key in doc.freed))
         tx.set(f"{PREFIX}:g:{doc.key}", json.dumps(doc.data))
 
+    # [/guard]
+
     async def find_group(self, key: str) -> GroupRecord | Tombstone | None:
         doc = await self._read(key)
         return None if doc is None else doc.known()
@@ -124,6 +135,7 @@ class RedisHost(TaskChildren):
     async def recorded_children(self, key: str) -> list[RecordedChild]:
         return (await self._read(key)).recorded_children()  # type: ignore[union-attr]
 
+    # [claims]
     async def replay_key_holders(self, replay_keys: Sequence[str]) -> dict[str, str]:
         """One MGET per open. The claims are WATCHed first, so a claim another open makes
         before this one's EXEC fails the EXEC and the kit runs the open again: that is
@@ -141,6 +153,8 @@ class RedisHost(TaskChildren):
         self._write(doc)
         self._queue().mset({f"{PREFIX}:r:{c.replay_key}": group.key for c in group.children})
         return True  # the key is WATCHed: a concurrent first open's record fails our EXEC
+
+    # [/claims]
 
     async def resume_group(self, group: EffectGroup, *, restart: bool = True) -> None:
         doc = await self._read(group.key)
@@ -166,15 +180,7 @@ class RedisHost(TaskChildren):
         for position in doc.idle_positions(self.owner, await self._alive(doc), running):
             self._start(doc, position)  # a resolver miss stays unsettled (G-11)
 
-    # [/open]
-
-    # [children]
-    async def _alive(self, doc: GroupDocument) -> set[str]:
-        """The incarnations ``doc`` names whose liveness key has not expired (R-1)."""
-        others = sorted(doc.incarnations() - {self.owner})
-        found = await self.redis.mget([f"{PREFIX}:o:{o}" for o in others]) if others else []
-        return {self.owner, *(o for o, v in zip(others, found, strict=True) if v is not None)}
-
+    # [settle]
     def _start(self, doc: GroupDocument, position: int, executor: Any = None) -> bool:
         """Start child ``position`` under a new attempt recorded in ``doc``; its task
         starts once the step committed. ``False`` when the resolver cannot run it. An
@@ -183,15 +189,15 @@ class RedisHost(TaskChildren):
         envelope = EffectEnvelope.model_validate(child["envelope"])
         if envelope.kind == EffectKind.AWAIT_EVENT:
             return True
-        if envelope.kind == EffectKind.TOOL_CALL:
-            if (executor := executor or self.resolve_child(envelope)) is None:
-                return False
+        sleep = envelope.kind == EffectKind.SLEEP
+        if not sleep and (executor := executor or self.resolve_child(envelope)) is None:
+            return False
         key, attempt, due = doc.key, doc.begin_attempt(position, self.owner), child["due"]
 
         def run() -> None:
             work = (
                 self.sleep_until(due)  # the due time recorded at open (G-51)
-                if executor is None
+                if sleep
                 else executor.execute(ExecutionInput(envelope, attempt=attempt))
             )
             self.run_child(key, position, attempt, work)
@@ -211,9 +217,8 @@ class RedisHost(TaskChildren):
 
         return await self.guarded(key, "settle", step)
 
-    # [/children]
+    # [/settle]
 
-    # [consume]
     async def read_rank(self, key: str, rank: int) -> Settlement | None:
         doc = await self._read(key)
         return None if doc is None else doc.settlement(rank)
@@ -230,9 +235,6 @@ class RedisHost(TaskChildren):
     async def open_group_keys(self) -> list[str]:
         return sorted(doc.key for doc in await self.documents() if not doc.data["closed"])
 
-    # [/consume]
-
-    # [close]
     async def record_close(self, key: str, disposition: LoserPolicy) -> None:
         doc = await self._read(key)
         assert doc is not None
@@ -244,9 +246,6 @@ class RedisHost(TaskChildren):
         doc = await self._read(key)
         return [] if doc is None else doc.unsettled()
 
-    # [/close]
-
-    # [drain]
     def drain(self) -> GroupDrain:
         return RedisDrain(self)
 
@@ -284,5 +283,3 @@ class RedisDrain(GroupDrain):
             cancelled=tuple(ids for t in tallies for ids in t.cancelled),
             no_executor=tuple(e for t in tallies for e in t.no_executor),
         )
-
-    # [/drain]
