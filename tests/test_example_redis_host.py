@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from gated_tools import group
+from gated_tools import group, step
 from test_example_file_host import GLUE_LIMIT, code_lines
 
 from effecthost.conformance import all_checks, run_suite
-from effecthost.contract import EffectEnvelope, EffectKind
+from effecthost.contract import EffectEnvelope, EffectExecutor, EffectKind, ExecutionInput
 from effecthost.contract.kit import Retry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,6 +114,57 @@ async def test_concurrent_settlements_retry_their_optimistic_step(server: str) -
     finally:
         for host in hosts:
             await host.aclose()
+
+
+async def test_concurrent_reopens_start_each_child_once(server: str) -> None:
+    """R-1 (issue 20: six concurrent reopens ran children up to five times): reopens of a
+    group whose owner is gone, racing in one process, start each unsettled child once;
+    a reopen whose step ran after another's commit sees the child started, even while
+    that reopen's task is not made yet (its guard still being left)."""
+    import redis.asyncio as redis
+    from examples.redis_host.host import RedisHost
+
+    runs: Counter[str] = Counter()
+    gate, all_started = asyncio.Event(), asyncio.Event()
+
+    class Held(EffectExecutor):
+        async def run(self, call: ExecutionInput) -> object:
+            runs[call.envelope.replay_key] += 1
+            if len(runs) == 3:
+                all_started.set()
+            await gate.wait()
+            return call.attempt
+
+    class Resolver:
+        def resolve(self, envelope: EffectEnvelope) -> EffectExecutor:
+            return Held()
+
+    class Yielding(RedisHost):
+        @contextlib.asynccontextmanager
+        async def guard(self, key: str) -> AsyncIterator[None]:
+            async with super().guard(key):
+                yield
+            await asyncio.sleep(0.01)  # a client that yields after EXEC (a pool's lock)
+
+    def host() -> RedisHost:
+        return Yielding(redis.from_url(server, decode_responses=True), Resolver(), 5.0)
+
+    gone, heir = await host().start(), await host().start()
+    try:
+        reopened = group("reopened", step("a"), step("b"), step("c"))
+        await gone.open_effect_group(reopened)
+        await all_started.wait()
+        for task in list(gone.running.values()):
+            task.cancel()  # its process is going away: nothing is recorded
+        await gone.aclose()  # its liveness key goes with it
+        runs.clear()
+        handles = await asyncio.gather(*(heir.open_effect_group(reopened) for _ in range(6)))
+        gate.set()
+        ranks = [await heir.await_next_settlement(handles[0]) for _ in range(3)]
+        assert runs == Counter({"reopened:a": 1, "reopened:b": 1, "reopened:c": 1}), runs
+        assert all(s.outcome.value == 2 for s in ranks)  # the heir's attempt, once each
+    finally:
+        await heir.aclose()
 
 
 def test_the_engine_glue_stays_small() -> None:

@@ -19,11 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import functools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from functools import partial
 from typing import Any
 
 import redis.asyncio as redis
@@ -60,6 +60,7 @@ class RedisHost(TaskChildren):
         self.register_executors(resolver)
         self._tx: contextvars.ContextVar[Pipeline] = contextvars.ContextVar("tx")
         self._heartbeat: asyncio.Task[None] | None = None
+        self._starting: set[tuple[str, int, int]] = set()  # committed, task not yet made
         self.init_children()
 
     # [liveness]
@@ -176,8 +177,7 @@ class RedisHost(TaskChildren):
         await self.guarded(key, "restart", step)
 
     async def _start_idle(self, doc: GroupDocument) -> None:
-        running = functools.partial(self.is_running, doc.key)
-        for position in doc.idle_positions(self.owner, await self._alive(doc), running):
+        for position in doc.idle_positions(self.owner, await self._alive(doc), self._running(doc)):
             self._start(doc, position)  # a resolver miss stays unsettled (G-11)
 
     # [settle]
@@ -193,6 +193,7 @@ class RedisHost(TaskChildren):
         if not sleep and (executor := executor or self.resolve_child(envelope)) is None:
             return False
         key, attempt, due = doc.key, doc.begin_attempt(position, self.owner), child["due"]
+        self._starting.add((key, position, attempt))
 
         def run() -> None:
             work = (
@@ -201,9 +202,16 @@ class RedisHost(TaskChildren):
                 else executor.execute(ExecutionInput(envelope, attempt=attempt))
             )
             self.run_child(key, position, attempt, work)
+            self._starting.discard((key, position, attempt))
 
         self.after_guard(run)
         return True
+
+    def _running(self, doc: GroupDocument) -> Callable[[int], bool]:
+        """Whether this process runs a child of ``doc``, or committed to start it and
+        will once its step's guard was left (R-1: a step meanwhile must not start it)."""
+        key, started = doc.key, self._starting
+        return lambda p: self.is_running(key, p) or (key, p, doc.children[p]["attempt"]) in started
 
     async def settle_child(
         self, key: str, position: int, attempt: int | None, out: Outcome
@@ -255,12 +263,9 @@ class RedisHost(TaskChildren):
         tally, doc = kit.DrainTally(), await self._read(key)
         if doc is None:
             return tally
-        running = functools.partial(self.is_running, key)
-        start = functools.partial(self._start, doc)
+        alive, start = await self._alive(doc), partial(self._start, doc)
         wired = self.supports_effect_groups()
-        if doc.drain(
-            self.owner, await self._alive(doc), running, wired=wired, start=start, tally=tally
-        ):
+        if doc.drain(self.owner, alive, self._running(doc), wired=wired, start=start, tally=tally):
             self._write(doc)
         return tally
 
@@ -272,11 +277,8 @@ class RedisDrain(GroupDrain):
         self.host = host
 
     async def run_pass(self) -> DrainReport:
-        host, tallies = self.host, []
-        for key in [doc.key for doc in await host.documents()]:
-            tallies.append(
-                await host.guarded(key, "drain", functools.partial(host.drain_step, key))
-            )
+        host, keys = self.host, [doc.key for doc in await self.host.documents()]
+        tallies = [await host.guarded(k, "drain", partial(host.drain_step, k)) for k in keys]
         host.notify()
         return DrainReport(
             resumed=tuple(ids for t in tallies for ids in t.resumed),
