@@ -89,6 +89,25 @@ async def test_a_guard_that_never_holds_becomes_engine_unavailable() -> None:
     assert host.steps == 5 and host.started == []
 
 
+async def test_a_hosts_own_step_runs_through_the_same_guard_and_retry() -> None:
+    """R-12 (the retry contract, for a host's own steps): ``guarded`` runs a step inside
+    the guard, again on ``Retry`` with what it deferred dropped, runs the deferred actions
+    of the step that held once, and names the host's operation when conflicts never end."""
+    host = OptimisticHost(None, conflicts=2)
+    ran: list[int] = []
+
+    async def step() -> int:
+        host.after_guard(lambda: ran.append(host.steps))
+        return host.steps
+
+    assert await host.guarded("g", "settle", step) == 3
+    assert ran == [3]
+    host.conflicts, host.guard_attempts = 10**6, 4
+    with pytest.raises(EngineUnavailable) as raised:
+        await host.guarded("g", "settle", step)
+    assert raised.value.operation == "settle" and ran == [3]
+
+
 class BatchHost(DictHost):
     def __init__(self, tools: ToolRegistry | None) -> None:
         super().__init__(tools)
