@@ -214,11 +214,11 @@ class RedisHost(TaskChildren):
         return lambda p: self.is_running(key, p) or (key, p, doc.children[p]["attempt"]) in started
 
     async def settle_child(
-        self, key: str, position: int, attempt: int | None, out: Outcome
+        self, key: str, position: int, attempt: int | None, outcome: Outcome
     ) -> bool:
         async def step() -> bool:
             doc = await self._read(key)
-            if doc is None or not doc.settle(position, attempt, out):
+            if doc is None or not doc.settle(position, attempt, outcome):
                 return False
             self._write(doc)
             return True
