@@ -48,6 +48,7 @@ from ._store import (
     SqlStore,
     _mark,
     group_row,
+    tables,
 )
 
 NOW = "extract(epoch from clock_timestamp())::float8"
@@ -110,61 +111,15 @@ _FINALIZE_MANY_PLANNED = f"""CREATE OR REPLACE FUNCTION eh_finalize_many_planned
         END $$"""
 
 DDL = [
-    """CREATE TABLE IF NOT EXISTS eh_groups (
-        group_key   text PRIMARY KEY,
-        wake        text NOT NULL,
-        disposition text NOT NULL,
-        effective   text NOT NULL,
-        child_count integer NOT NULL,
-        counter     bigint NOT NULL DEFAULT 0,
-        state       text NOT NULL DEFAULT 'open',
-        created_at  float8 NOT NULL,
-        closed_at   float8,
-        owner         text,
-        owner_expires float8,
-        watched       boolean NOT NULL DEFAULT false
-    )""",
-    """CREATE TABLE IF NOT EXISTS eh_children (
-        replay_key       text PRIMARY KEY,
-        group_key        text NOT NULL,
-        position         integer NOT NULL,
-        kind             text NOT NULL,
-        name             text NOT NULL,
-        envelope         text NOT NULL,
-        envelope_hash    text NOT NULL,
-        state            text NOT NULL,
-        lease_owner      text,
-        fence            bigint NOT NULL DEFAULT 0,
-        lease_expires    float8,
-        attempt          integer NOT NULL DEFAULT 0,
-        cancel_requested boolean NOT NULL DEFAULT false,
-        due_at           float8,
-        seq              bigint,
-        outcome          text,
-        settled_at       float8,
-        UNIQUE (group_key, seq),
-        UNIQUE (group_key, position)
-    )""",
-    """CREATE INDEX IF NOT EXISTS eh_children_unfinished
-        ON eh_children (lease_expires) WHERE state <> 'settled'""",
-    """CREATE INDEX IF NOT EXISTS eh_children_owner
-        ON eh_children (lease_owner) WHERE state = 'claimed'""",
-    """CREATE INDEX IF NOT EXISTS eh_children_timers
-        ON eh_children (due_at) WHERE state <> 'settled' AND kind = 'sleep'""",
-    """CREATE TABLE IF NOT EXISTS eh_retired (
-        group_key  text PRIMARY KEY,
-        effective  text NOT NULL,
-        retired_at float8 NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS eh_payloads (
-        group_key  text NOT NULL,
-        name       text NOT NULL,
-        replay_key text NOT NULL,
-        data       bytea NOT NULL,
-        digest     text NOT NULL,
-        created_at float8 NOT NULL,
-        PRIMARY KEY (group_key, name)
-    )""",
+    *tables(
+        text="text",
+        int="integer",
+        big="bigint",
+        real="float8",
+        bool="boolean",
+        false="false",
+        blob="bytea",
+    ),
     f"""CREATE OR REPLACE FUNCTION eh_finalize(
             p_key text, p_hash text, p_owner text, p_fence bigint, p_outcome text,
             p_channel text)

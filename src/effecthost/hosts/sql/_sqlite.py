@@ -53,6 +53,7 @@ from ._store import (
     _mark,
     child_row,
     group_row,
+    tables,
 )
 
 T = TypeVar("T")
@@ -63,63 +64,9 @@ _Write = tuple[
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 """The database clock in epoch seconds (millisecond resolution)."""
 
-DDL = [
-    """CREATE TABLE IF NOT EXISTS eh_groups (
-        group_key   TEXT PRIMARY KEY,
-        wake        TEXT NOT NULL,
-        disposition TEXT NOT NULL,
-        effective   TEXT NOT NULL,
-        child_count INTEGER NOT NULL,
-        counter     INTEGER NOT NULL DEFAULT 0,
-        state       TEXT NOT NULL DEFAULT 'open',
-        created_at  REAL NOT NULL,
-        closed_at   REAL,
-        owner         TEXT,
-        owner_expires REAL,
-        watched       INTEGER NOT NULL DEFAULT 0
-    )""",
-    """CREATE TABLE IF NOT EXISTS eh_children (
-        replay_key       TEXT PRIMARY KEY,
-        group_key        TEXT NOT NULL,
-        position         INTEGER NOT NULL,
-        kind             TEXT NOT NULL,
-        name             TEXT NOT NULL,
-        envelope         TEXT NOT NULL,
-        envelope_hash    TEXT NOT NULL,
-        state            TEXT NOT NULL,
-        lease_owner      TEXT,
-        fence            INTEGER NOT NULL DEFAULT 0,
-        lease_expires    REAL,
-        attempt          INTEGER NOT NULL DEFAULT 0,
-        cancel_requested INTEGER NOT NULL DEFAULT 0,
-        due_at           REAL,
-        seq              INTEGER,
-        outcome          TEXT,
-        settled_at       REAL,
-        UNIQUE (group_key, seq),
-        UNIQUE (group_key, position)
-    )""",
-    """CREATE INDEX IF NOT EXISTS eh_children_unfinished
-        ON eh_children (lease_expires) WHERE state <> 'settled'""",
-    """CREATE INDEX IF NOT EXISTS eh_children_owner
-        ON eh_children (lease_owner) WHERE state = 'claimed'""",
-    """CREATE INDEX IF NOT EXISTS eh_children_timers
-        ON eh_children (due_at) WHERE state <> 'settled' AND kind = 'sleep'""",
-    """CREATE TABLE IF NOT EXISTS eh_retired (
-        group_key  TEXT PRIMARY KEY,
-        effective  TEXT NOT NULL,
-        retired_at REAL NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS eh_payloads (
-        group_key  TEXT NOT NULL,
-        name       TEXT NOT NULL,
-        replay_key TEXT NOT NULL,
-        data       BLOB NOT NULL,
-        digest     TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        PRIMARY KEY (group_key, name)
-    )""",
-]
+DDL = tables(
+    text="TEXT", int="INTEGER", big="INTEGER", real="REAL", bool="INTEGER", false="0", blob="BLOB"
+)
 
 _INSERT_CHUNK = 256  # rows per INSERT (15 parameters each, under SQLite's limit)
 

@@ -564,6 +564,73 @@ class Store(ABC):
         """Deliver cross-process wake-ups to ``callback(kind, group_key)``."""
 
 
+TABLES = [
+    """CREATE TABLE IF NOT EXISTS eh_groups (
+        group_key   {text} PRIMARY KEY,
+        wake        {text} NOT NULL,
+        disposition {text} NOT NULL,
+        effective   {text} NOT NULL,
+        child_count {int} NOT NULL,
+        counter     {big} NOT NULL DEFAULT 0,
+        state       {text} NOT NULL DEFAULT 'open',
+        created_at  {real} NOT NULL,
+        closed_at   {real},
+        owner         {text},
+        owner_expires {real},
+        watched       {bool} NOT NULL DEFAULT {false}
+    )""",
+    """CREATE TABLE IF NOT EXISTS eh_children (
+        replay_key       {text} PRIMARY KEY,
+        group_key        {text} NOT NULL,
+        position         {int} NOT NULL,
+        kind             {text} NOT NULL,
+        name             {text} NOT NULL,
+        envelope         {text} NOT NULL,
+        envelope_hash    {text} NOT NULL,
+        state            {text} NOT NULL,
+        lease_owner      {text},
+        fence            {big} NOT NULL DEFAULT 0,
+        lease_expires    {real},
+        attempt          {int} NOT NULL DEFAULT 0,
+        cancel_requested {bool} NOT NULL DEFAULT {false},
+        due_at           {real},
+        seq              {big},
+        outcome          {text},
+        settled_at       {real},
+        UNIQUE (group_key, seq),
+        UNIQUE (group_key, position)
+    )""",
+    """CREATE INDEX IF NOT EXISTS eh_children_unfinished
+        ON eh_children (lease_expires) WHERE state <> 'settled'""",
+    """CREATE INDEX IF NOT EXISTS eh_children_owner
+        ON eh_children (lease_owner) WHERE state = 'claimed'""",
+    """CREATE INDEX IF NOT EXISTS eh_children_timers
+        ON eh_children (due_at) WHERE state <> 'settled' AND kind = 'sleep'""",
+    """CREATE TABLE IF NOT EXISTS eh_retired (
+        group_key  {text} PRIMARY KEY,
+        effective  {text} NOT NULL,
+        retired_at {real} NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS eh_payloads (
+        group_key  {text} NOT NULL,
+        name       {text} NOT NULL,
+        replay_key {text} NOT NULL,
+        data       {blob} NOT NULL,
+        digest     {text} NOT NULL,
+        created_at {real} NOT NULL,
+        PRIMARY KEY (group_key, name)
+    )""",
+]
+"""The tables of :data:`SCHEMA_VERSION`, one layout for both dialects; each names its
+column types (:func:`tables`)."""
+
+
+def tables(**types: str) -> list[str]:
+    """:data:`TABLES` in one dialect's column types (``text``, ``int``, ``big``, ``real``,
+    ``bool``, ``false``, ``blob``)."""
+    return [statement.format(**types) for statement in TABLES]
+
+
 GROUP_COLUMNS = (
     "group_key, wake, disposition, effective, child_count, counter, state, created_at, closed_at"
 )
