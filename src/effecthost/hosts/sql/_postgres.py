@@ -563,6 +563,23 @@ def _retried(
     return run
 
 
+def _spec_arrays(specs: list[ChildSpec]) -> list[list[Any]]:
+    """The children of an open as the column arrays :sql:`eh_open` and the insert take."""
+    return [[getattr(s, name) for s in specs] for name in _SPEC_FIELDS]
+
+
+_SPEC_FIELDS = (
+    "replay_key",
+    "position",
+    "kind",
+    "name",
+    "envelope",
+    "envelope_hash",
+    "claim",
+    "sleep_seconds",
+)
+
+
 def _taken(specs: list[ChildSpec], replay_key: str, holder: str | None) -> ReplayKeyTaken:
     position = next((s.position for s in specs if s.replay_key == replay_key), -1)
     return ReplayKeyTaken(replay_key, position, holder)
@@ -938,14 +955,7 @@ class PostgresStore(SqlStore):
             group_key,
             owner,
             ttl,
-            [s.replay_key for s in specs],
-            [s.position for s in specs],
-            [s.kind for s in specs],
-            [s.name for s in specs],
-            [s.envelope for s in specs],
-            [s.envelope_hash for s in specs],
-            [s.claim for s in specs],
-            [s.sleep_seconds for s in specs],
+            *_spec_arrays(specs),
         )
         return [r[0] for r in rows]
 
@@ -1179,14 +1189,7 @@ class PostgresStore(SqlStore):
                     child_count,
                     owner,
                     ttl,
-                    [s.replay_key for s in specs],
-                    [s.position for s in specs],
-                    [s.kind for s in specs],
-                    [s.name for s in specs],
-                    [s.envelope for s in specs],
-                    [s.envelope_hash for s in specs],
-                    [s.claim for s in specs],
-                    [s.sleep_seconds for s in specs],
+                    *_spec_arrays(specs),
                 )
         except self._asyncpg.PostgresError as exc:
             if exc.sqlstate == "EH002":
