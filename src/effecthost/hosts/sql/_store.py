@@ -1,7 +1,10 @@
-"""The substrate seam of the SQL tier: one design, two stores (SQLite, PostgreSQL).
+"""The substrate seam of the SQL tier: one store (:class:`SqlStore`), two dialects.
 
-A store owns its DDL and runs each operation below as one short transaction. The host
-(:mod:`._host`) holds every decision that is the same on both substrates.
+The table layout and every read and one-statement write live here once; a dialect
+(SQLite, PostgreSQL) supplies its column types, its SQL words and its connections, and
+the writes that decide, each one short transaction (a plpgsql function on PostgreSQL, a
+Python transaction on SQLite). The host (:mod:`._host`) holds every decision that is the
+same on both substrates.
 """
 
 from __future__ import annotations
