@@ -588,7 +588,7 @@ def _taken(specs: list[ChildSpec], replay_key: str, holder: str | None) -> Repla
 @functools.cache
 def _sql(text: str) -> str:
     """Shared SQL (:mod:`._store`) in PostgreSQL's words: ``$n`` placeholders, its clock."""
-    parts = text.replace("{now}", NOW).split("?")
+    parts = text.replace("{now}", NOW).replace("{outcome}", "c.outcome").split("?")
     return parts[0] + "".join(f"${n}{part}" for n, part in enumerate(parts[1:], 1))
 
 

@@ -90,7 +90,8 @@ def _insert_children_sql(rows: int) -> str:
 @functools.cache
 def _sql(text: str) -> str:
     """Shared SQL (:mod:`._store`) in SQLite's words."""
-    return text.replace("{now}", NOW)
+    # a corrupted outcome may not be UTF-8: read as bytes, decoded by _outcome
+    return text.replace("{now}", NOW).replace("{outcome}", "CAST(c.outcome AS BLOB)")
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
@@ -140,8 +141,6 @@ class SqliteStore(SqlStore):
         self._batch: list[_Write] = []  # writes waiting for the next iteration
 
     # -- plumbing -----------------------------------------------------------------------
-
-    outcome_column = "CAST(c.outcome AS BLOB)"  # a corrupted row may not be UTF-8
 
     def _prepare(self, sql: str) -> str:
         return _sql(sql)

@@ -654,6 +654,16 @@ OWN = (
     "UPDATE eh_groups SET owner = ?, owner_expires = {now} + ? "
     "WHERE group_key = ? AND state = 'open'"
 )
+_RANK = (
+    f"SELECT {G_COLUMNS}, c.position, c.replay_key, {{outcome}} FROM eh_groups g "
+    "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq = ? WHERE g.group_key = ?"
+)
+_RANKS = (
+    f"SELECT {G_COLUMNS}, c.seq, c.position, c.replay_key, {{outcome}} FROM eh_groups g "
+    "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq >= ? "
+    "AND c.seq < ? WHERE g.group_key = ? ORDER BY c.seq"
+)
+"""Rank reads; ``{outcome}`` is how the dialect selects a child's outcome."""
 _INSPECT_GROUP = (
     "SELECT group_key, {now} - created_at, wake, effective, counter, child_count, owner "
     "FROM eh_groups WHERE state = 'open'"
@@ -691,14 +701,11 @@ def child_row(row: Any) -> ChildRow:
 
 class SqlStore(Store):
     """What both dialects do alike, written once: the SQL below is written with ``?``
-    placeholders and ``{now}`` for the database clock, and a dialect turns it into its own
+    placeholders, ``{now}`` for the database clock and ``{outcome}`` for a child's outcome, and a dialect turns it into its own
     (:meth:`_prepare`) and runs it through its own connections (:meth:`_fetch`,
     :meth:`_fetchrow`, :meth:`_execute`, :meth:`_snapshot`). What truly differs (the
     transactions of writes that decide, notification or ``data_version`` polling) stays in
     each dialect."""
-
-    outcome_column = "c.outcome"
-    """How a rank read selects a child's outcome."""
 
     @abstractmethod
     def _prepare(self, sql: str) -> str:
@@ -752,14 +759,7 @@ class SqlStore(Store):
         return [child_row(r) for r in await self._fetch(CHILDREN, group_key)]
 
     async def read_rank(self, group_key: str, seq: int) -> RankRead | None:
-        row = await self._fetchrow(
-            f"SELECT {G_COLUMNS}, c.position, c.replay_key, {self.outcome_column} "
-            "FROM eh_groups g "
-            "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq = ? "
-            "WHERE g.group_key = ?",
-            seq,
-            group_key,
-        )
+        row = await self._fetchrow(_RANK, seq, group_key)
         if row is None:
             return None
         outcome = None if row[11] is None else self._outcome(row[11])
@@ -768,15 +768,7 @@ class SqlStore(Store):
     async def read_ranks(
         self, group_key: str, seq: int, limit: int, local: Collection[str] | None = None
     ) -> tuple[GroupRow, list[tuple[int, int, str, str | bytes]]] | None:
-        rows = await self._fetch(
-            f"SELECT {G_COLUMNS}, c.seq, c.position, c.replay_key, {self.outcome_column} "
-            "FROM eh_groups g "
-            "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq >= ? "
-            "AND c.seq < ? WHERE g.group_key = ? ORDER BY c.seq",
-            seq,
-            seq + limit,
-            group_key,
-        )
+        rows = await self._fetch(_RANKS, seq, seq + limit, group_key)
         if not rows:
             return None
         found = [
