@@ -565,19 +565,16 @@ def _retried(
 
 def _spec_arrays(specs: list[ChildSpec]) -> list[list[Any]]:
     """The children of an open as the column arrays :sql:`eh_open` and the insert take."""
-    return [[getattr(s, name) for s in specs] for name in _SPEC_FIELDS]
-
-
-_SPEC_FIELDS = (
-    "replay_key",
-    "position",
-    "kind",
-    "name",
-    "envelope",
-    "envelope_hash",
-    "claim",
-    "sleep_seconds",
-)
+    return [
+        [s.replay_key for s in specs],
+        [s.position for s in specs],
+        [s.kind for s in specs],
+        [s.name for s in specs],
+        [s.envelope for s in specs],
+        [s.envelope_hash for s in specs],
+        [s.claim for s in specs],
+        [s.sleep_seconds for s in specs],
+    ]
 
 
 def _taken(specs: list[ChildSpec], replay_key: str, holder: str | None) -> ReplayKeyTaken:
