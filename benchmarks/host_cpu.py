@@ -1,7 +1,7 @@
 """Host CPU and caller memory per child on the memory host.
 
     .venv/bin/python benchmarks/host_cpu.py [--groups 2000] [--width 8] [--rounds 3]
-        [--wide 10000] [--scaling 1000,10000] [--profile N] [--memory-profile N] [--out FILE]
+        [--wide 10000] [--scaling 1000,10000] [--sql sqlite,postgres] [--profile N] [--memory-profile N] [--out FILE]
 
 Two figures, each the median and range of ``--rounds`` rounds:
 
@@ -21,6 +21,11 @@ Two figures, each the median and range of ``--rounds`` rounds:
 beforehand, widths alternating round by round), with the cyclic collector's share of it
 (``gc.callbacks``: time and passes by generation), and the widest ÷ narrowest ratio.
 
+``--sql sqlite,postgres`` adds the SQL host's CPU per child on the same ``all_`` groups,
+round by round beside the memory host (a fresh database each round; PostgreSQL a throwaway
+server with fsync on, whose own CPU is not the host's and is not counted; SQLite's engine
+runs in the process and is).
+
 ``--profile N`` also prints the N most expensive functions (cProfile, by own time) of the
 CPU workload; ``--memory-profile N`` the N largest allocation sites (tracemalloc, bytes
 and objects per child still alive) of the wide group at its two high points: once the
@@ -36,9 +41,12 @@ import cProfile
 import gc
 import io
 import json
+import os
 import platform
 import pstats
+import shutil
 import statistics
+import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -70,7 +78,7 @@ def _scope() -> Scope:
     return Scope(scope_id=f"bench-cpu-{next(_SCOPES)}")
 
 
-async def _grouped(host: MemoryEffectHost, groups: int, width: int) -> None:
+async def _grouped(host: Any, groups: int, width: int) -> None:
     scope = _scope()
     for i in range(groups):
         await all_(host, scope, [tool("echo", [i, j]) for j in range(width)])
@@ -106,6 +114,61 @@ def cpu_rows(groups: int, width: int, rounds: int) -> dict[str, Any]:
         "us_per_child": _spread(host_us),
         "native_us_per_child": _spread(native_us),
         "library_us_per_child": _spread([h - n for h, n in zip(host_us, native_us, strict=True)]),
+    }
+
+
+async def _sql_grouped(store: Any, groups: int, width: int) -> None:
+    from effecthost.hosts.sql import SqlEffectHost
+
+    host = SqlEffectHost(store, _registry())
+    await host.start()
+    try:
+        await _grouped(host, groups, width)
+    finally:
+        await host.aclose()
+
+
+def sql_rows(substrates: list[str], groups: int, width: int, rounds: int) -> dict[str, Any]:
+    """µs of CPU per child of the SQL host on each substrate, beside the memory host, in
+    alternating rounds."""
+    from effecthost.hosts.sql import PostgresStore, SqliteStore
+    from effecthost.hosts.sql.testing import PostgresServer
+
+    children = groups * width
+    work = Path(tempfile.mkdtemp(prefix="effecthost-cpu-"))
+    server = PostgresServer(fsync=True) if "postgres" in substrates else None
+    made = iter(range(1_000_000))
+
+    def store(substrate: str) -> Any:
+        if substrate == "sqlite":
+            return SqliteStore(work / f"cpu-{next(made)}.sqlite3")
+        assert server is not None
+        return PostgresStore(server.dsn, schema=f"cpu_{next(made)}")
+
+    samples: dict[str, list[float]] = {name: [] for name in ["memory", *substrates]}
+    try:
+        if server is not None:
+            server.start()
+        for substrate in substrates:  # warm imports, caches and the server
+            _cpu_us_per_child(_sql_grouped(store(substrate), min(50, groups), width), 1)
+        for _ in range(rounds):
+            samples["memory"].append(
+                _cpu_us_per_child(_grouped(MemoryEffectHost(_registry()), groups, width), children)
+            )
+            for substrate in substrates:
+                samples[substrate].append(
+                    _cpu_us_per_child(_sql_grouped(store(substrate), groups, width), children)
+                )
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        "workload": f"all() of {width}",
+        "groups": groups,
+        "rounds": rounds,
+        "load": os.getloadavg(),
+        "us_per_child": {name: _spread(got) for name, got in samples.items()},
     }
 
 
@@ -308,6 +371,7 @@ def measure(
     rounds: int = 3,
     wide: int = 10_000,
     scaling: list[int] | None = None,
+    sql: list[str] | None = None,
 ) -> dict[str, Any]:
     document = {
         "python": platform.python_version(),
@@ -316,6 +380,8 @@ def measure(
     }
     if scaling:
         document["scaling"] = scaling_rows(scaling, rounds)
+    if sql:
+        document["sql"] = sql_rows(sql, groups, width, rounds)
     return document
 
 
@@ -345,12 +411,21 @@ def table(document: dict[str, Any]) -> str:
     if len(widths) >= 2:
         medians = [row["us_per_child"]["median"] for row in widths.values()]
         lines.append(f"{'  widest ÷ narrowest (medians)':<34}{medians[-1] / medians[0]:>26.2f}")
+    sql = document.get("sql")
+    if sql:
+        load = ", ".join(f"{x:.1f}" for x in sql["load"])
+        lines.append(f"SQL host, {sql['workload']} (load {load}), side by side:")
+        for name, spread in sql["us_per_child"].items():
+            lines.append(f"{'  CPU µs/child, ' + name:<34}{_fmt(spread):>26}")
     return "\n".join(lines)
 
 
 def main(options: argparse.Namespace) -> None:
     scaling = [int(w) for w in options.scaling.split(",")] if options.scaling else None
-    document = measure(options.groups, options.width, options.rounds, options.wide, scaling)
+    sql = [s for s in options.sql.split(",") if s]
+    document = measure(
+        options.groups, options.width, options.rounds, options.wide, scaling, sql or None
+    )
     print(f"host=memory  python={document['python']}  rounds={options.rounds}")
     print(table(document))
     if options.profile:
@@ -370,6 +445,7 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--wide", type=int, default=10_000)
     parser.add_argument("--scaling", default="", metavar="W1,W2")
+    parser.add_argument("--sql", default="", metavar="sqlite,postgres")
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     parser.add_argument("--memory-profile", type=int, default=0, metavar="N")
     parser.add_argument("--out")

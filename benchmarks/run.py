@@ -43,7 +43,12 @@ class Bench:
 
 SUITE = [
     Bench("memory", "memory_groups.py", ["--groups", "300"]),
-    Bench("host-cpu", "host_cpu.py", ["--groups", "300", "--rounds", "1", "--wide", "1000"]),
+    Bench(
+        "host-cpu",
+        "host_cpu.py",
+        ["--groups", "300", "--rounds", "1", "--wide", "1000"],
+        args=["--sql", "sqlite,postgres"],
+    ),
     Bench(
         "sql",
         "sql_groups.py",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from effecthost.contract import (
     WakePolicy,
 )
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
-from effecthost.hosts.sql._store import ChildSpec, Finalize
+from effecthost.hosts.sql._store import ChildSpec, Finalize, ReplayKeyTaken
 
 pytestmark = pytest.mark.anyio
 
@@ -177,6 +178,70 @@ async def test_sqlite_writes_of_many_tasks_share_commits_and_fail_alone(tmp_path
         commits = [s for s in statements if s == "COMMIT"]
         assert len(commits) < 8, commits  # eight writes, fewer commits
         assert any(s.startswith("SAVEPOINT") for s in statements)
+    finally:
+        await store.aclose()
+
+
+class _Refused(Exception):
+    """A first open's resolution that refuses (raised inside the batched transaction)."""
+
+
+async def test_sqlite_refusals_in_a_shared_commit_stay_with_their_caller(tmp_path: Path) -> None:
+    """G-31, R-6, R-7 under group commit: in one shared transaction, a stale fence (no
+    rank, no bump), a replay key another group holds (R-6), a first open's refused
+    resolution (R-7), a value the database refuses and a batched finalize refused after
+    its first update each write nothing and reach only their own caller; every other caller's write in the same commit is recorded whole."""
+    store = SqliteStore(tmp_path / "refusals.sqlite3")
+    await store.start()
+    try:
+        await store.create_group("g", "all", "run_to_completion", 3)
+        await store.insert_children("g", [_spec(f"g.c{i}", i) for i in range(3)], "a:1", 30)
+        await store.create_group("h", "all", "run_to_completion", 1)
+        await store.insert_children("h", [_spec("h.c0", 0)], "a:1", 30)
+        assert store._inline_conn is not None
+        statements: list[str] = []
+        store._inline_conn.set_trace_callback(statements.append)
+        # two groups in one batched finalize: refused after its first fenced update
+        across = [Finalize("g.c1", "h", 1, _ok("x")), Finalize("h.c0", "h", 1, _ok("y"))]
+
+        def refuse() -> None:
+            raise _Refused("resolution refused")
+
+        def open_(key: str, child: str, before: Any = lambda: None) -> Any:
+            return store.open_group(key, "all", "cancel", 1, [_spec(child, 0)], "a:1", 30.0, before)
+
+        results = await asyncio.gather(
+            store.finalize("g.c0", "h", "a:1", 1, _ok("c0")),
+            store.finalize("g.c1", "h", "a:1", 2, _ok("stale")),  # fenced off
+            open_("taken", "g.c2"),  # g.c2 is g's
+            store.finalize("g.c2", "h", "a:1", 1, _ok("c2")),
+            open_("resolved-not", "r.c0", refuse),
+            store.release("a:1", "g.c1", 2**70),  # out of SQLite's integer range
+            open_("fresh", "f.c0"),
+            store.create_group("plain", "all", "cancel", 1),
+            store.finalize_many("a:1", across),
+            return_exceptions=True,
+        )
+        assert results[0] == 1
+        assert results[1] is None
+        assert isinstance(results[2], ReplayKeyTaken) and results[2].holder == "g"
+        assert results[3] == 2
+        assert isinstance(results[4], _Refused)
+        assert isinstance(results[5], OverflowError)
+        assert results[6].created and results[7][0]  # type: ignore[union-attr,index]
+        assert isinstance(results[8], ValueError)
+        assert any(s.startswith("SAVEPOINT") for s in statements)  # they shared commits
+        assert sum(s == "COMMIT" for s in statements) < len(results)
+        rows = {r.replay_key: r for r in await store.children("g")}
+        assert [rows[f"g.c{i}"].seq for i in range(3)] == [1, None, 2]
+        assert rows["g.c1"].state == "claimed" and rows["g.c1"].lease_owner == "a:1"
+        group = await store.get_group("g")
+        assert group is not None and group.counter == 2
+        assert [(r.state, r.seq) for r in await store.children("h")] == [("claimed", None)]
+        for refused in ("taken", "resolved-not"):
+            assert await store.lookup(refused) == (None, None)
+        assert [c.replay_key for c in await store.children("fresh")] == ["f.c0"]
+        assert await store.get_group("plain") is not None
     finally:
         await store.aclose()
 

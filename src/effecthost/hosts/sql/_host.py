@@ -1,6 +1,6 @@
 """The SQL host: one design over two substrates (SQLite, PostgreSQL), SPEC §2 and §3.
 
-Tables (each substrate owns its DDL, with a schema version): ``eh_groups`` (one row per
+Tables (one layout for both substrates, with a schema version): ``eh_groups`` (one row per
 group: wake, declared and effective disposition, child count, the rank counter, state,
 created/closed times), ``eh_children`` (one row per child keyed by replay key: group key,
 position, envelope and its hash, state, lease owner, fence token, lease expiry, attempt,

@@ -27,12 +27,12 @@ import re
 from collections.abc import Callable, Collection, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
-from effecthost._inspect import ChildRow as InspectedChild
-from effecthost._inspect import GroupRow as InspectedGroup
 from effecthost.hosts import require
 
-from ._preflight import SEALED_LIKE, DatabaseProblem, DatabaseRefused, sealed_outcomes
+from ._preflight import DatabaseProblem, DatabaseRefused
 from ._store import (
+    G_COLUMNS,
+    GROUP_COLUMNS,
     SCHEMA_VERSION,
     ChildRow,
     ChildSpec,
@@ -41,15 +41,14 @@ from ._store import (
     Finalize,
     GroupRow,
     Opened,
-    OpenGroup,
-    RankRead,
     Renewal,
     ReplayKeyTaken,
     SchemaVersionError,
     Sent,
-    Store,
+    SqlStore,
     _mark,
-    inspected_child,
+    group_row,
+    tables,
 )
 
 NOW = "extract(epoch from clock_timestamp())::float8"
@@ -112,61 +111,15 @@ _FINALIZE_MANY_PLANNED = f"""CREATE OR REPLACE FUNCTION eh_finalize_many_planned
         END $$"""
 
 DDL = [
-    """CREATE TABLE IF NOT EXISTS eh_groups (
-        group_key   text PRIMARY KEY,
-        wake        text NOT NULL,
-        disposition text NOT NULL,
-        effective   text NOT NULL,
-        child_count integer NOT NULL,
-        counter     bigint NOT NULL DEFAULT 0,
-        state       text NOT NULL DEFAULT 'open',
-        created_at  float8 NOT NULL,
-        closed_at   float8,
-        owner         text,
-        owner_expires float8,
-        watched       boolean NOT NULL DEFAULT false
-    )""",
-    """CREATE TABLE IF NOT EXISTS eh_children (
-        replay_key       text PRIMARY KEY,
-        group_key        text NOT NULL,
-        position         integer NOT NULL,
-        kind             text NOT NULL,
-        name             text NOT NULL,
-        envelope         text NOT NULL,
-        envelope_hash    text NOT NULL,
-        state            text NOT NULL,
-        lease_owner      text,
-        fence            bigint NOT NULL DEFAULT 0,
-        lease_expires    float8,
-        attempt          integer NOT NULL DEFAULT 0,
-        cancel_requested boolean NOT NULL DEFAULT false,
-        due_at           float8,
-        seq              bigint,
-        outcome          text,
-        settled_at       float8,
-        UNIQUE (group_key, seq),
-        UNIQUE (group_key, position)
-    )""",
-    """CREATE INDEX IF NOT EXISTS eh_children_unfinished
-        ON eh_children (lease_expires) WHERE state <> 'settled'""",
-    """CREATE INDEX IF NOT EXISTS eh_children_owner
-        ON eh_children (lease_owner) WHERE state = 'claimed'""",
-    """CREATE INDEX IF NOT EXISTS eh_children_timers
-        ON eh_children (due_at) WHERE state <> 'settled' AND kind = 'sleep'""",
-    """CREATE TABLE IF NOT EXISTS eh_retired (
-        group_key  text PRIMARY KEY,
-        effective  text NOT NULL,
-        retired_at float8 NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS eh_payloads (
-        group_key  text NOT NULL,
-        name       text NOT NULL,
-        replay_key text NOT NULL,
-        data       bytea NOT NULL,
-        digest     text NOT NULL,
-        created_at float8 NOT NULL,
-        PRIMARY KEY (group_key, name)
-    )""",
+    *tables(
+        text="text",
+        int="integer",
+        big="bigint",
+        real="float8",
+        bool="boolean",
+        false="false",
+        blob="bytea",
+    ),
     f"""CREATE OR REPLACE FUNCTION eh_finalize(
             p_key text, p_hash text, p_owner text, p_fence bigint, p_outcome text,
             p_channel text)
@@ -610,42 +563,18 @@ def _retried(
     return run
 
 
-_CHILD_COLUMNS = (
-    "c.replay_key, c.group_key, c.position, c.kind, c.name, c.envelope, c.envelope_hash, "
-    "c.state, c.lease_owner, c.fence, "
-    f"(c.lease_owner IS NULL OR c.lease_expires < {NOW}) AS lease_expired, "
-    "c.attempt, c.cancel_requested, c.due_at, c.seq"
-)
-_OWNER_COLUMNS = (
-    f"g.owner AS group_owner, (g.state = 'open' AND g.owner_expires >= {NOW}) AS owner_live"
-)
-_GROUP_COLUMNS = (
-    "group_key, wake, disposition, effective, child_count, counter, state, created_at, closed_at"
-)
-
-
-def _child(r: Any) -> ChildRow:
-    return ChildRow(
-        replay_key=r["replay_key"],
-        group_key=r["group_key"],
-        position=r["position"],
-        kind=r["kind"],
-        name=r["name"],
-        envelope=r["envelope"],
-        envelope_hash=r["envelope_hash"],
-        state=r["state"],
-        lease_owner=r["lease_owner"],
-        fence=r["fence"],
-        lease_expired=bool(r["lease_expired"]),
-        attempt=r["attempt"],
-        cancel_requested=bool(r["cancel_requested"]),
-        due_at=r["due_at"],
-        seq=r["seq"],
-        effective=r["effective"] if "effective" in r else "",
-        group_state=r["group_state"] if "group_state" in r else "",
-        group_owner=r["group_owner"] if "group_owner" in r else None,
-        owner_live=bool(r["owner_live"]) if "owner_live" in r else False,
-    )
+def _spec_arrays(specs: list[ChildSpec]) -> list[list[Any]]:
+    """The children of an open as the column arrays :sql:`eh_open` and the insert take."""
+    return [
+        [s.replay_key for s in specs],
+        [s.position for s in specs],
+        [s.kind for s in specs],
+        [s.name for s in specs],
+        [s.envelope for s in specs],
+        [s.envelope_hash for s in specs],
+        [s.claim for s in specs],
+        [s.sleep_seconds for s in specs],
+    ]
 
 
 def _taken(specs: list[ChildSpec], replay_key: str, holder: str | None) -> ReplayKeyTaken:
@@ -653,8 +582,11 @@ def _taken(specs: list[ChildSpec], replay_key: str, holder: str | None) -> Repla
     return ReplayKeyTaken(replay_key, position, holder)
 
 
-def _group(r: Any) -> GroupRow:
-    return GroupRow(*(r[name] for name in _GROUP_COLUMNS.split(", ")))
+@functools.cache
+def _sql(text: str) -> str:
+    """Shared SQL (:mod:`._store`) in PostgreSQL's words: ``$n`` placeholders, its clock."""
+    parts = text.replace("{now}", NOW).replace("{outcome}", "c.outcome").split("?")
+    return parts[0] + "".join(f"${n}{part}" for n, part in enumerate(parts[1:], 1))
 
 
 _FUNCTION = re.compile(r"CREATE OR REPLACE FUNCTION (\w+)\(")
@@ -679,7 +611,7 @@ async def _keep_session(_conn: Any) -> None:
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 
 
-class PostgresStore(Store):
+class PostgresStore(SqlStore):
     """A PostgreSQL store over an asyncpg pool, in schema ``schema``."""
 
     wakes_across_processes = True
@@ -713,6 +645,27 @@ class PostgresStore(Store):
     def _fault(self, point: str) -> None:
         if self.fault is not None:
             self.fault(point)
+
+    def _prepare(self, sql: str) -> str:
+        return _sql(sql)
+
+    async def _fetch(self, sql: str, *args: Any) -> list[Any]:
+        return await self._pool.fetch(_sql(sql), *args)  # type: ignore[no-any-return]
+
+    async def _fetchrow(self, sql: str, *args: Any) -> Any | None:
+        return await self._pool.fetchrow(_sql(sql), *args)
+
+    @_retried
+    async def _execute(self, sql: str, *args: Any) -> int:
+        status = await self._pool.execute(_sql(sql), *args)
+        return int(status.rsplit(" ", 1)[1])
+
+    async def _snapshot(self, *reads: tuple[str, tuple[Any, ...]]) -> list[list[Any]]:
+        async with (
+            self._pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            return [await conn.fetch(_sql(q), *a) for q, a in reads]
 
     async def start(self) -> None:
         """Connect; create the schema when absent, or check its version. A start that
@@ -829,24 +782,12 @@ class PostgresStore(Store):
                 )
             raise SchemaVersionError(int(version), where=self._where)
 
-    async def records_sealed(self) -> bool:
-        """Whether any recorded outcome is sealed (see :meth:`SqliteStore.records_sealed`)."""
-        rows = await self._pool.fetch(
-            "SELECT outcome FROM eh_children WHERE outcome LIKE $1 LIMIT 20", SEALED_LIKE
-        )
-        return sealed_outcomes([r[0] for r in rows])
-
     async def recorded_sealing(self) -> bool | None:
         """Whether this deployment is sealed (see :meth:`SqliteStore.recorded_sealing`)."""
         if not await self._pool.fetchval("SELECT to_regclass($1)", f"{self.schema}.eh_sealing"):
             return None
         found = await self._pool.fetchval(f"SELECT bool_or(sealed) FROM {self.schema}.eh_sealing")
         return None if found is None else bool(found)
-
-    async def deployment_sealed(self) -> bool:
-        """Whether this deployment is sealed (see :meth:`SqliteStore.deployment_sealed`)."""
-        recorded = await self.recorded_sealing()
-        return await self.records_sealed() if recorded is None else recorded
 
     async def record_sealing(self, sealed: bool) -> None:
         """Record whether outcomes here are sealed; once sealed, always sealed."""
@@ -929,46 +870,11 @@ class PostgresStore(Store):
 
     # -- reads --------------------------------------------------------------------------
 
-    async def now(self) -> float:
-        return float(await self._pool.fetchval(f"SELECT {NOW}"))
-
-    async def get_group(self, group_key: str) -> GroupRow | None:
-        row = await self._pool.fetchrow(
-            f"SELECT {_GROUP_COLUMNS} FROM eh_groups WHERE group_key = $1", group_key
-        )
-        return _group(row) if row else None
-
-    async def retired(self, group_key: str) -> str | None:
-        value = await self._pool.fetchval(
-            "SELECT effective FROM eh_retired WHERE group_key = $1", group_key
-        )
-        return None if value is None else str(value)
-
-    async def children(self, group_key: str) -> list[ChildRow]:
-        rows = await self._pool.fetch(
-            f"SELECT {_CHILD_COLUMNS} FROM eh_children c WHERE c.group_key = $1 "
-            "ORDER BY c.position",
-            group_key,
-        )
-        return [_child(r) for r in rows]
-
-    async def read_rank(self, group_key: str, seq: int) -> RankRead | None:
-        cols = ", ".join("g." + col for col in _GROUP_COLUMNS.split(", "))
-        row = await self._pool.fetchrow(
-            f"SELECT {cols}, c.position AS c_position, c.replay_key AS c_key, "
-            "c.outcome AS c_outcome FROM eh_groups g "
-            "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq = $1 "
-            "WHERE g.group_key = $2",
-            seq,
-            group_key,
-        )
-        if row is None:
-            return None
-        return RankRead(_group(row), row["c_position"], row["c_key"], row["c_outcome"])
-
     async def read_ranks(
         self, group_key: str, seq: int, limit: int, local: Collection[str] | None = None
     ) -> tuple[GroupRow, list[tuple[int, int, str, str | bytes]]] | None:
+        """With ``local`` (a waiter's read), :sql:`eh_watch_ranks` marks the group
+        watched first when it must (G-21)."""
         if local is not None:
             rows = await self._pool.fetch(
                 "SELECT * FROM eh_watch_ranks($1, $2, $3, $4)", group_key, seq, limit, list(local)
@@ -983,103 +889,7 @@ class PostgresStore(Store):
                 if r[8] is not None and r[11] is not None
             ]
             return group, found
-        cols = ", ".join("g." + col for col in _GROUP_COLUMNS.split(", "))
-        rows = await self._pool.fetch(
-            f"SELECT {cols}, c.seq AS c_seq, c.position AS c_position, c.replay_key AS c_key, "
-            "c.outcome AS c_outcome FROM eh_groups g "
-            "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq >= $1 "
-            "AND c.seq < $1 + $3 WHERE g.group_key = $2 ORDER BY c.seq",
-            seq,
-            group_key,
-            limit,
-        )
-        if not rows:
-            return None
-        found = [
-            (int(r["c_seq"]), r["c_position"], r["c_key"], r["c_outcome"])
-            for r in rows
-            if r["c_seq"] is not None and r["c_outcome"] is not None
-        ]
-        return _group(rows[0]), found
-
-    async def settlement_order(self, group_key: str) -> list[int]:
-        rows = await self._pool.fetch(
-            "SELECT position FROM eh_children WHERE group_key = $1 AND seq IS NOT NULL "
-            "ORDER BY seq",
-            group_key,
-        )
-        return [int(r[0]) for r in rows]
-
-    async def open_groups(self) -> list[OpenGroup]:
-        rows = await self._pool.fetch(
-            f"SELECT group_key, {NOW} - created_at, child_count, counter, wake, effective "
-            "FROM eh_groups WHERE state = 'open' ORDER BY group_key"
-        )
-        return [OpenGroup(*r) for r in rows]
-
-    async def inspect_groups(self) -> list[InspectedGroup]:
-        """Open groups as ``effecthost inspect`` lists them (a read)."""
-        rows = await self._pool.fetch(
-            f"SELECT group_key, {NOW} - created_at, wake, effective, counter, child_count, "
-            "owner FROM eh_groups WHERE state = 'open' ORDER BY group_key"
-        )
-        return [InspectedGroup(*r) for r in rows]
-
-    async def inspect_group(
-        self, group_key: str
-    ) -> tuple[InspectedGroup, list[InspectedChild]] | None:
-        """An open group and its children (one read-only snapshot); ``None`` when no such
-        group is open."""
-        async with (
-            self._pool.acquire() as conn,
-            conn.transaction(isolation="repeatable_read", readonly=True),
-        ):
-            row = await conn.fetchrow(
-                f"SELECT group_key, {NOW} - created_at, wake, effective, counter, child_count, "
-                "owner FROM eh_groups WHERE state = 'open' AND group_key = $1",
-                group_key,
-            )
-            if row is None:
-                return None
-            children = await conn.fetch(
-                "SELECT seq, position, replay_key, name, state, outcome, settled_at "
-                "FROM eh_children WHERE group_key = $1 ORDER BY position",
-                group_key,
-            )
-        return InspectedGroup(*row), [inspected_child(*r) for r in children]
-
-    async def unfinished(self) -> list[ChildRow]:
-        rows = await self._pool.fetch(
-            f"SELECT {_CHILD_COLUMNS}, g.effective, g.state AS group_state, {_OWNER_COLUMNS} "
-            "FROM eh_children c "
-            "JOIN eh_groups g ON g.group_key = c.group_key "
-            "WHERE c.state <> 'settled' ORDER BY c.group_key, c.position"
-        )
-        return [_child(r) for r in rows]
-
-    async def next_due(self) -> float | None:
-        value = await self._pool.fetchval(
-            "SELECT min(due_at) FROM eh_children WHERE state <> 'settled' AND kind = 'sleep' "
-            f"AND (lease_owner IS NULL OR lease_expires < {NOW})"
-        )
-        return None if value is None else float(value)
-
-    async def due_sleeps(self) -> list[ChildRow]:
-        rows = await self._pool.fetch(
-            f"SELECT {_CHILD_COLUMNS} FROM eh_children c WHERE c.state <> 'settled' "
-            f"AND c.kind = 'sleep' AND c.due_at <= {NOW} "
-            f"AND (c.lease_owner IS NULL OR c.lease_expires < {NOW}) ORDER BY c.due_at"
-        )
-        return [_child(r) for r in rows]
-
-    async def max_lease_expiry(self, owner: str) -> float | None:
-        value = await self._pool.fetchval(
-            "SELECT max(x) FROM (SELECT max(lease_expires) AS x FROM eh_children "
-            "WHERE lease_owner = $1 AND state = 'claimed' UNION ALL "
-            "SELECT max(owner_expires) FROM eh_groups WHERE owner = $1 AND state = 'open') m",
-            owner,
-        )
-        return None if value is None else float(value)
+        return await super().read_ranks(group_key, seq, limit)
 
     # -- writes -------------------------------------------------------------------------
 
@@ -1097,7 +907,7 @@ class PostgresStore(Store):
             "INSERT INTO eh_groups (group_key, wake, disposition, effective, child_count, "
             f"created_at, owner, owner_expires) VALUES ($1, $2, $3, $3, $4, {NOW}, $5, "
             f"CASE WHEN $5::text IS NOT NULL THEN {NOW} + $6 END) "
-            f"ON CONFLICT (group_key) DO NOTHING RETURNING {_GROUP_COLUMNS}",
+            f"ON CONFLICT (group_key) DO NOTHING RETURNING {GROUP_COLUMNS}",
             group_key,
             wake,
             disposition,
@@ -1106,21 +916,10 @@ class PostgresStore(Store):
             ttl,
         )
         if row is not None:
-            return True, _group(row)
+            return True, group_row(row)
         existing = await self.get_group(group_key)
         assert existing is not None, "a group row vanished between insert and read"
         return False, existing
-
-    @_retried
-    async def own(self, group_key: str, owner: str, ttl: float) -> bool:
-        status = await self._pool.execute(
-            f"UPDATE eh_groups SET owner = $1, owner_expires = {NOW} + $2 "
-            "WHERE group_key = $3 AND state = 'open'",
-            owner,
-            ttl,
-            group_key,
-        )
-        return bool(status == "UPDATE 1")
 
     @_retried
     async def insert_children(
@@ -1153,14 +952,7 @@ class PostgresStore(Store):
             group_key,
             owner,
             ttl,
-            [s.replay_key for s in specs],
-            [s.position for s in specs],
-            [s.kind for s in specs],
-            [s.name for s in specs],
-            [s.envelope for s in specs],
-            [s.envelope_hash for s in specs],
-            [s.claim for s in specs],
-            [s.sleep_seconds for s in specs],
+            *_spec_arrays(specs),
         )
         return [r[0] for r in rows]
 
@@ -1197,17 +989,6 @@ class PostgresStore(Store):
             )
         children = [Renewal(r[1], int(r[2]), bool(r[3])) for r in rows if r[0] == "c"]
         return children, [r[1] for r in rows if r[0] == "g"]
-
-    @_retried
-    async def release(self, owner: str, replay_key: str, fence: int) -> None:
-        await self._pool.execute(
-            "UPDATE eh_children SET lease_owner = NULL, lease_expires = NULL, "
-            "state = 'pending' WHERE replay_key = $1 AND lease_owner = $2 AND fence = $3 "
-            "AND state = 'claimed'",
-            replay_key,
-            owner,
-            fence,
-        )
 
     @_retried
     async def finalize(
@@ -1405,14 +1186,7 @@ class PostgresStore(Store):
                     child_count,
                     owner,
                     ttl,
-                    [s.replay_key for s in specs],
-                    [s.position for s in specs],
-                    [s.kind for s in specs],
-                    [s.name for s in specs],
-                    [s.envelope for s in specs],
-                    [s.envelope_hash for s in specs],
-                    [s.claim for s in specs],
-                    [s.sleep_seconds for s in specs],
+                    *_spec_arrays(specs),
                 )
         except self._asyncpg.PostgresError as exc:
             if exc.sqlstate == "EH002":
@@ -1448,9 +1222,8 @@ class PostgresStore(Store):
         committed the group in between, or a close came between the read and the change
         of owner, the record is read again and answered from."""
         for _attempt in range(3):
-            cols = ", ".join("g." + col for col in _GROUP_COLUMNS.split(", "))
             row = await self._pool.fetchrow(
-                f"SELECT {cols}, r.effective AS tombstone, h.replay_key AS taken, "
+                f"SELECT {G_COLUMNS}, r.effective AS tombstone, h.replay_key AS taken, "
                 "h.group_key AS holder FROM (SELECT $1::text AS k) q "
                 "LEFT JOIN eh_groups g ON g.group_key = q.k "
                 "LEFT JOIN eh_retired r ON r.group_key = q.k "
@@ -1462,7 +1235,7 @@ class PostgresStore(Store):
                 [s.replay_key for s in specs],
             )
             if row["group_key"] is not None:
-                record = _group(row)
+                record = group_row(row)
                 children = tuple(await self.children(group_key))
                 if record.state != "open":
                     return Opened(False, record, None, children)
@@ -1531,19 +1304,6 @@ class PostgresStore(Store):
         recorded, retired = await self.close_retire(group_key, target)
         return record, recorded, retired
 
-    async def lookup(self, group_key: str) -> tuple[GroupRow | None, str | None]:
-        cols = ", ".join("g." + col for col in _GROUP_COLUMNS.split(", "))
-        row = await self._pool.fetchrow(
-            f"SELECT {cols}, r.effective AS tombstone FROM (SELECT $1::text AS k) q "
-            "LEFT JOIN eh_groups g ON g.group_key = q.k "
-            "LEFT JOIN eh_retired r ON r.group_key = q.k",
-            group_key,
-        )
-        if row["group_key"] is not None:
-            return _group(row), None
-        tomb = row["tombstone"]
-        return None, None if tomb is None else str(tomb)
-
     @_retried
     async def retire(self, group_key: str) -> bool:
         async with self._pool.acquire() as conn, conn.transaction():
@@ -1572,27 +1332,3 @@ class PostgresStore(Store):
             return True
 
     # -- the payload table ----------------------------------------------------------------
-
-    @_retried
-    async def payload_put(
-        self, group_key: str, name: str, replay_key: str, data: bytes, digest: str
-    ) -> None:
-        await self._pool.execute(
-            "INSERT INTO eh_payloads (group_key, name, replay_key, data, digest, created_at) "
-            f"VALUES ($1, $2, $3, $4, $5, {NOW})",
-            group_key,
-            name,
-            replay_key,
-            data,
-            digest,
-        )
-
-    async def payload_get(self, group_key: str, name: str) -> bytes | None:
-        value = await self._pool.fetchval(
-            "SELECT data FROM eh_payloads WHERE group_key = $1 AND name = $2", group_key, name
-        )
-        return None if value is None else bytes(value)
-
-    @_retried
-    async def payload_delete_group(self, group_key: str) -> None:
-        await self._pool.execute("DELETE FROM eh_payloads WHERE group_key = $1", group_key)

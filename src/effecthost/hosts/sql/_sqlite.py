@@ -25,22 +25,18 @@ import asyncio
 import functools
 import json
 import sqlite3
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from effecthost._inspect import ChildRow as InspectedChild
-from effecthost._inspect import GroupRow as InspectedGroup
-
-from ._preflight import (
-    SEALED_LIKE,
-    check_creatable_sqlite_file,
-    check_sqlite_file,
-    read_only_uri,
-    sealed_outcomes,
-)
+from ._preflight import check_creatable_sqlite_file, check_sqlite_file, read_only_uri
 from ._store import (
+    CHILDREN,
+    GET_GROUP,
+    GROUP_COLUMNS,
+    LOOKUP,
+    OWN,
     SCHEMA_VERSION,
     ChildRow,
     ChildSpec,
@@ -49,15 +45,15 @@ from ._store import (
     Finalize,
     GroupRow,
     Opened,
-    OpenGroup,
-    RankRead,
     Renewal,
     ReplayKeyTaken,
     SchemaVersionError,
     Sent,
-    Store,
+    SqlStore,
     _mark,
-    inspected_child,
+    child_row,
+    group_row,
+    tables,
 )
 
 T = TypeVar("T")
@@ -68,101 +64,9 @@ _Write = tuple[
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 """The database clock in epoch seconds (millisecond resolution)."""
 
-DDL = [
-    """CREATE TABLE IF NOT EXISTS eh_groups (
-        group_key   TEXT PRIMARY KEY,
-        wake        TEXT NOT NULL,
-        disposition TEXT NOT NULL,
-        effective   TEXT NOT NULL,
-        child_count INTEGER NOT NULL,
-        counter     INTEGER NOT NULL DEFAULT 0,
-        state       TEXT NOT NULL DEFAULT 'open',
-        created_at  REAL NOT NULL,
-        closed_at   REAL,
-        owner         TEXT,
-        owner_expires REAL,
-        watched       INTEGER NOT NULL DEFAULT 0
-    )""",
-    """CREATE TABLE IF NOT EXISTS eh_children (
-        replay_key       TEXT PRIMARY KEY,
-        group_key        TEXT NOT NULL,
-        position         INTEGER NOT NULL,
-        kind             TEXT NOT NULL,
-        name             TEXT NOT NULL,
-        envelope         TEXT NOT NULL,
-        envelope_hash    TEXT NOT NULL,
-        state            TEXT NOT NULL,
-        lease_owner      TEXT,
-        fence            INTEGER NOT NULL DEFAULT 0,
-        lease_expires    REAL,
-        attempt          INTEGER NOT NULL DEFAULT 0,
-        cancel_requested INTEGER NOT NULL DEFAULT 0,
-        due_at           REAL,
-        seq              INTEGER,
-        outcome          TEXT,
-        settled_at       REAL,
-        UNIQUE (group_key, seq),
-        UNIQUE (group_key, position)
-    )""",
-    """CREATE INDEX IF NOT EXISTS eh_children_unfinished
-        ON eh_children (lease_expires) WHERE state <> 'settled'""",
-    """CREATE INDEX IF NOT EXISTS eh_children_owner
-        ON eh_children (lease_owner) WHERE state = 'claimed'""",
-    """CREATE INDEX IF NOT EXISTS eh_children_timers
-        ON eh_children (due_at) WHERE state <> 'settled' AND kind = 'sleep'""",
-    """CREATE TABLE IF NOT EXISTS eh_retired (
-        group_key  TEXT PRIMARY KEY,
-        effective  TEXT NOT NULL,
-        retired_at REAL NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS eh_payloads (
-        group_key  TEXT NOT NULL,
-        name       TEXT NOT NULL,
-        replay_key TEXT NOT NULL,
-        data       BLOB NOT NULL,
-        digest     TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        PRIMARY KEY (group_key, name)
-    )""",
-]
-
-_CHILD_COLUMNS = (
-    "c.replay_key, c.group_key, c.position, c.kind, c.name, c.envelope, c.envelope_hash, "
-    "c.state, c.lease_owner, c.fence, "
-    f"(c.lease_owner IS NULL OR c.lease_expires < {NOW}), "
-    "c.attempt, c.cancel_requested, c.due_at, c.seq"
+DDL = tables(
+    text="TEXT", int="INTEGER", big="INTEGER", real="REAL", bool="INTEGER", false="0", blob="BLOB"
 )
-
-
-def _child(
-    row: Any,
-    effective: str = "",
-    group_state: str = "",
-    group_owner: str | None = None,
-    owner_live: bool = False,
-) -> ChildRow:
-    return ChildRow(
-        replay_key=row[0],
-        group_key=row[1],
-        position=row[2],
-        kind=row[3],
-        name=row[4],
-        envelope=row[5],
-        envelope_hash=row[6],
-        state=row[7],
-        lease_owner=row[8],
-        fence=row[9],
-        lease_expired=bool(row[10]),
-        attempt=row[11],
-        cancel_requested=bool(row[12]),
-        due_at=row[13],
-        seq=row[14],
-        effective=effective,
-        group_state=group_state,
-        group_owner=group_owner,
-        owner_live=owner_live,
-    )
-
 
 _INSERT_CHUNK = 256  # rows per INSERT (15 parameters each, under SQLite's limit)
 
@@ -183,21 +87,11 @@ def _insert_children_sql(rows: int) -> str:
     )
 
 
-_GROUP_COLUMNS = (
-    "group_key, wake, disposition, effective, child_count, counter, state, created_at, closed_at"
-)
-
-
-_G_COLUMNS = ", ".join("g." + col for col in _GROUP_COLUMNS.split(", "))
-_LOOKUP = (
-    f"SELECT {_G_COLUMNS}, r.effective FROM (SELECT ? AS k) q "
-    "LEFT JOIN eh_groups g ON g.group_key = q.k "
-    "LEFT JOIN eh_retired r ON r.group_key = q.k"
-)
-
-
-def _group(row: Any) -> GroupRow:
-    return GroupRow(*row)
+@functools.cache
+def _sql(text: str) -> str:
+    """Shared SQL (:mod:`._store`) in SQLite's words."""
+    # a corrupted outcome may not be UTF-8: read as bytes, decoded by _outcome
+    return text.replace("{now}", NOW).replace("{outcome}", "CAST(c.outcome AS BLOB)")
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
@@ -208,7 +102,7 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
     return "database is locked" in str(exc)
 
 
-class SqliteStore(Store):
+class SqliteStore(SqlStore):
     """SQLite file store. ``busy_timeout`` is in seconds. ``change_poll`` is how often (in
     seconds) a host with a parked waiter checks whether another process committed (SQLite
     cannot notify); ``None`` leaves such a waiter to its poll bound alone."""
@@ -247,6 +141,27 @@ class SqliteStore(Store):
         self._batch: list[_Write] = []  # writes waiting for the next iteration
 
     # -- plumbing -----------------------------------------------------------------------
+
+    def _prepare(self, sql: str) -> str:
+        return _sql(sql)
+
+    def _outcome(self, value: Any) -> str | bytes:
+        return _outcome_text(value)  # type: ignore[no-any-return]
+
+    async def _fetch(self, sql: str, *args: Any) -> list[Any]:
+        text = _sql(sql)
+        return await self._run(lambda c: c.execute(text, args).fetchall())
+
+    async def _fetchrow(self, sql: str, *args: Any) -> Any | None:
+        text = _sql(sql)
+        return await self._run(lambda c: c.execute(text, args).fetchone())
+
+    async def _execute(self, sql: str, *args: Any) -> int:
+        text = _sql(sql)
+        return await self._write(lambda c: c.execute(text, args).rowcount)
+
+    async def _snapshot(self, *reads: tuple[str, tuple[Any, ...]]) -> list[list[Any]]:
+        return await self._run(lambda c: [c.execute(_sql(q), a).fetchall() for q, a in reads])
 
     def _inline(self, fn: Callable[[sqlite3.Connection], T]) -> tuple[bool, T | None]:
         """Run ``fn`` here unless the writer thread has work queued or another process
@@ -505,176 +420,9 @@ class SqliteStore(Store):
         except sqlite3.OperationalError:
             return None  # cannot tell now: the caller treats it as a change
 
-    async def now(self) -> float:
-        return await self._run(lambda c: float(c.execute(f"SELECT {NOW}").fetchone()[0]))
-
-    async def get_group(self, group_key: str) -> GroupRow | None:
-        def read(c: sqlite3.Connection) -> GroupRow | None:
-            row = c.execute(
-                f"SELECT {_GROUP_COLUMNS} FROM eh_groups WHERE group_key = ?", (group_key,)
-            ).fetchone()
-            return _group(row) if row else None
-
-        return await self._run(read)
-
-    async def retired(self, group_key: str) -> str | None:
-        def read(c: sqlite3.Connection) -> str | None:
-            row = c.execute(
-                "SELECT effective FROM eh_retired WHERE group_key = ?", (group_key,)
-            ).fetchone()
-            return str(row[0]) if row else None
-
-        return await self._run(read)
-
     @staticmethod
     def _children(c: sqlite3.Connection, group_key: str) -> list[ChildRow]:
-        rows = c.execute(
-            f"SELECT {_CHILD_COLUMNS} FROM eh_children c WHERE c.group_key = ? ORDER BY c.position",
-            (group_key,),
-        ).fetchall()
-        return [_child(r) for r in rows]
-
-    async def children(self, group_key: str) -> list[ChildRow]:
-        return await self._run(lambda c: self._children(c, group_key))
-
-    async def read_rank(self, group_key: str, seq: int) -> RankRead | None:
-        def read(c: sqlite3.Connection) -> RankRead | None:
-            row = c.execute(
-                f"SELECT {_G_COLUMNS}, "
-                "c.position, c.replay_key, CAST(c.outcome AS BLOB) FROM eh_groups g "
-                "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq = ? "
-                "WHERE g.group_key = ?",
-                (seq, group_key),
-            ).fetchone()
-            if row is None:
-                return None
-            return RankRead(_group(row[:9]), row[9], row[10], _outcome_text(row[11]))
-
-        return await self._run(read)
-
-    async def read_ranks(
-        self, group_key: str, seq: int, limit: int, local: Collection[str] | None = None
-    ) -> tuple[GroupRow, list[tuple[int, int, str, str | bytes]]] | None:
-        def read(
-            c: sqlite3.Connection,
-        ) -> tuple[GroupRow, list[tuple[int, int, str, str | bytes]]] | None:
-            rows = c.execute(
-                f"SELECT {_G_COLUMNS}, "
-                "c.seq, c.position, c.replay_key, CAST(c.outcome AS BLOB) FROM eh_groups g "
-                "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq >= ? "
-                "AND c.seq < ? WHERE g.group_key = ? ORDER BY c.seq",
-                (seq, seq + limit, group_key),
-            ).fetchall()
-            if not rows:
-                return None
-            found = [
-                (int(r[9]), r[10], r[11], _outcome_text(r[12]))
-                for r in rows
-                if r[9] is not None and r[12] is not None
-            ]
-            return _group(rows[0][:9]), found
-
-        return await self._run(read)
-
-    async def settlement_order(self, group_key: str) -> list[int]:
-        def read(c: sqlite3.Connection) -> list[int]:
-            rows = c.execute(
-                "SELECT position FROM eh_children WHERE group_key = ? AND seq IS NOT NULL "
-                "ORDER BY seq",
-                (group_key,),
-            ).fetchall()
-            return [int(r[0]) for r in rows]
-
-        return await self._run(read)
-
-    async def open_groups(self) -> list[OpenGroup]:
-        def read(c: sqlite3.Connection) -> list[OpenGroup]:
-            rows = c.execute(
-                f"SELECT group_key, {NOW} - created_at, child_count, counter, wake, effective "
-                "FROM eh_groups WHERE state = 'open' ORDER BY group_key"
-            ).fetchall()
-            return [OpenGroup(*r) for r in rows]
-
-        return await self._run(read)
-
-    async def inspect_groups(self) -> list[InspectedGroup]:
-        """Open groups as ``effecthost inspect`` lists them (a read)."""
-
-        def read(c: sqlite3.Connection) -> list[InspectedGroup]:
-            rows = c.execute(
-                f"SELECT group_key, {NOW} - created_at, wake, effective, counter, child_count, "
-                "owner FROM eh_groups WHERE state = 'open' ORDER BY group_key"
-            ).fetchall()
-            return [InspectedGroup(*r) for r in rows]
-
-        return await self._run(read)
-
-    async def inspect_group(
-        self, group_key: str
-    ) -> tuple[InspectedGroup, list[InspectedChild]] | None:
-        """An open group and its children (a read); ``None`` when no such group is open."""
-
-        def read(c: sqlite3.Connection) -> tuple[InspectedGroup, list[InspectedChild]] | None:
-            row = c.execute(
-                f"SELECT group_key, {NOW} - created_at, wake, effective, counter, child_count, "
-                "owner FROM eh_groups WHERE state = 'open' AND group_key = ?",
-                (group_key,),
-            ).fetchone()
-            if row is None:
-                return None
-            children = c.execute(
-                "SELECT seq, position, replay_key, name, state, outcome, settled_at "
-                "FROM eh_children WHERE group_key = ? ORDER BY position",
-                (group_key,),
-            ).fetchall()
-            return InspectedGroup(*row), [inspected_child(*r) for r in children]
-
-        return await self._run(read)
-
-    async def unfinished(self) -> list[ChildRow]:
-        def read(c: sqlite3.Connection) -> list[ChildRow]:
-            rows = c.execute(
-                f"SELECT {_CHILD_COLUMNS}, g.effective, g.state, g.owner, "
-                f"(g.state = 'open' AND g.owner_expires >= {NOW}) FROM eh_children c "
-                "JOIN eh_groups g ON g.group_key = c.group_key "
-                "WHERE c.state <> 'settled' ORDER BY c.group_key, c.position"
-            ).fetchall()
-            return [_child(r[:15], r[15], r[16], r[17], bool(r[18])) for r in rows]
-
-        return await self._run(read)
-
-    async def next_due(self) -> float | None:
-        def read(c: sqlite3.Connection) -> float | None:
-            row = c.execute(
-                "SELECT min(due_at) FROM eh_children WHERE state <> 'settled' AND kind = 'sleep' "
-                f"AND (lease_owner IS NULL OR lease_expires < {NOW})"
-            ).fetchone()
-            return None if row[0] is None else float(row[0])
-
-        return await self._run(read)
-
-    async def due_sleeps(self) -> list[ChildRow]:
-        def read(c: sqlite3.Connection) -> list[ChildRow]:
-            rows = c.execute(
-                f"SELECT {_CHILD_COLUMNS} FROM eh_children c WHERE c.state <> 'settled' "
-                f"AND c.kind = 'sleep' AND c.due_at <= {NOW} "
-                f"AND (c.lease_owner IS NULL OR c.lease_expires < {NOW}) ORDER BY c.due_at"
-            ).fetchall()
-            return [_child(r) for r in rows]
-
-        return await self._run(read)
-
-    async def max_lease_expiry(self, owner: str) -> float | None:
-        def read(c: sqlite3.Connection) -> float | None:
-            row = c.execute(
-                "SELECT max(x) FROM (SELECT max(lease_expires) AS x FROM eh_children "
-                "WHERE lease_owner = ? AND state = 'claimed' UNION ALL "
-                "SELECT max(owner_expires) FROM eh_groups WHERE owner = ? AND state = 'open')",
-                (owner, owner),
-            ).fetchone()
-            return None if row[0] is None else float(row[0])
-
-        return await self._run(read)
+        return [child_row(r) for r in c.execute(_sql(CHILDREN), (group_key,)).fetchall()]
 
     # -- writes -------------------------------------------------------------------------
 
@@ -705,27 +453,16 @@ class SqliteStore(Store):
             "INSERT INTO eh_groups (group_key, wake, disposition, effective, "
             f"child_count, created_at, owner, owner_expires) VALUES (?, ?, ?, ?, ?, {NOW}, "
             f"?, CASE WHEN ? IS NOT NULL THEN {NOW} + ? END) "
-            f"ON CONFLICT (group_key) DO NOTHING RETURNING {_GROUP_COLUMNS}",
+            f"ON CONFLICT (group_key) DO NOTHING RETURNING {GROUP_COLUMNS}",
             (group_key, wake, disposition, disposition, child_count, owner, owner, ttl),
         ).fetchone()
         if row is not None:
-            return True, _group(row)
-        row = c.execute(
-            f"SELECT {_GROUP_COLUMNS} FROM eh_groups WHERE group_key = ?", (group_key,)
-        ).fetchone()
-        return False, _group(row)
+            return True, group_row(row)
+        return False, group_row(c.execute(GET_GROUP, (group_key,)).fetchone())
 
     @staticmethod
     def _own_body(c: sqlite3.Connection, group_key: str, owner: str, ttl: float) -> bool:
-        cur = c.execute(
-            f"UPDATE eh_groups SET owner = ?, owner_expires = {NOW} + ? "
-            "WHERE group_key = ? AND state = 'open'",
-            (owner, ttl, group_key),
-        )
-        return cur.rowcount == 1
-
-    async def own(self, group_key: str, owner: str, ttl: float) -> bool:
-        return await self._write(lambda c: self._own_body(c, group_key, owner, ttl))
+        return c.execute(_sql(OWN), (owner, ttl, group_key)).rowcount == 1
 
     @staticmethod
     def _insert_children(
@@ -838,17 +575,6 @@ class SqliteStore(Store):
             return [Renewal(r[0], int(r[1]), bool(r[2])) for r in rows], [r[0] for r in owned]
 
         return await self._write(body)
-
-    async def release(self, owner: str, replay_key: str, fence: int) -> None:
-        def body(c: sqlite3.Connection) -> None:
-            c.execute(
-                "UPDATE eh_children SET lease_owner = NULL, lease_expires = NULL, "
-                "state = 'pending' WHERE replay_key = ? AND lease_owner = ? AND fence = ? "
-                "AND state = 'claimed'",
-                (replay_key, owner, fence),
-            )
-
-        await self._write(body)
 
     def _finalize_body(
         self,
@@ -1057,13 +783,10 @@ class SqliteStore(Store):
 
     @staticmethod
     def _lookup(c: sqlite3.Connection, group_key: str) -> tuple[GroupRow | None, str | None]:
-        row = c.execute(_LOOKUP, (group_key,)).fetchone()
+        row = c.execute(LOOKUP, (group_key,)).fetchone()
         if row[0] is not None:
-            return _group(row[:9]), None
+            return group_row(row), None
         return None, None if row[9] is None else str(row[9])
-
-    async def lookup(self, group_key: str) -> tuple[GroupRow | None, str | None]:
-        return await self._run(lambda c: self._lookup(c, group_key))
 
     async def open_group(
         self,
@@ -1131,18 +854,6 @@ class SqliteStore(Store):
 
     # -- the payload table ----------------------------------------------------------------
 
-    async def records_sealed(self) -> bool:
-        """Whether any recorded outcome is sealed (a drain without the payload settings
-        must not add plaintext to such a database)."""
-
-        def read(c: sqlite3.Connection) -> list[str]:
-            rows = c.execute(
-                "SELECT outcome FROM eh_children WHERE outcome LIKE ? LIMIT 20", (SEALED_LIKE,)
-            )
-            return [r[0] for r in rows]
-
-        return sealed_outcomes(await self._run(read))
-
     async def recorded_sealing(self) -> bool | None:
         """Whether this deployment is sealed, as recorded in ``eh_sealing``; ``None`` in
         a database of an earlier release (no record yet)."""
@@ -1156,12 +867,6 @@ class SqliteStore(Store):
 
         return await self._run(read)
 
-    async def deployment_sealed(self) -> bool:
-        """Whether this deployment is sealed: as recorded, or, in a database of an
-        earlier release, whether it holds a sealed outcome."""
-        recorded = await self.recorded_sealing()
-        return await self.records_sealed() if recorded is None else recorded
-
     async def record_sealing(self, sealed: bool) -> None:
         """Record whether outcomes here are sealed; once sealed, always sealed."""
 
@@ -1173,34 +878,6 @@ class SqliteStore(Store):
             )
             if sealed:
                 c.execute("UPDATE eh_sealing SET sealed = 1 WHERE sealed = 0")
-
-        await self._write(body)
-
-    async def payload_put(
-        self, group_key: str, name: str, replay_key: str, data: bytes, digest: str
-    ) -> None:
-        def body(c: sqlite3.Connection) -> None:
-            c.execute(
-                "INSERT INTO eh_payloads (group_key, name, replay_key, data, digest, "
-                f"created_at) VALUES (?, ?, ?, ?, ?, {NOW})",
-                (group_key, name, replay_key, data, digest),
-            )
-
-        await self._write(body)
-
-    async def payload_get(self, group_key: str, name: str) -> bytes | None:
-        def read(c: sqlite3.Connection) -> bytes | None:
-            row = c.execute(
-                "SELECT data FROM eh_payloads WHERE group_key = ? AND name = ?",
-                (group_key, name),
-            ).fetchone()
-            return None if row is None else bytes(row[0])
-
-        return await self._run(read)
-
-    async def payload_delete_group(self, group_key: str) -> None:
-        def body(c: sqlite3.Connection) -> None:
-            c.execute("DELETE FROM eh_payloads WHERE group_key = ?", (group_key,))
 
         await self._write(body)
 

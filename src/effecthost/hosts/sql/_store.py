@@ -1,7 +1,10 @@
-"""The substrate seam of the SQL tier: one design, two stores (SQLite, PostgreSQL).
+"""The substrate seam of the SQL tier: one store (:class:`SqlStore`), two dialects.
 
-A store owns its DDL and runs each operation below as one short transaction. The host
-(:mod:`._host`) holds every decision that is the same on both substrates.
+The table layout and every read and one-statement write live here once; a dialect
+(SQLite, PostgreSQL) supplies its column types, its SQL words and its connections, and
+the writes that decide, each one short transaction (a plpgsql function on PostgreSQL, a
+Python transaction on SQLite). The host (:mod:`._host`) holds every decision that is the
+same on both substrates.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 from effecthost._inspect import RUNNING, outcome_status
 from effecthost._inspect import ChildRow as InspectedChild
+from effecthost._inspect import GroupRow as InspectedGroup
 from effecthost.contract import StoreRefused
 from effecthost.payloads import PayloadRef, PayloadStore
 from effecthost.payloads._store import _check, _make_ref, _missing
@@ -561,6 +565,344 @@ class Store(ABC):
 
     async def listen(self, callback: object) -> None:  # noqa: B027 - optional
         """Deliver cross-process wake-ups to ``callback(kind, group_key)``."""
+
+
+TABLES = [
+    """CREATE TABLE IF NOT EXISTS eh_groups (
+        group_key   {text} PRIMARY KEY,
+        wake        {text} NOT NULL,
+        disposition {text} NOT NULL,
+        effective   {text} NOT NULL,
+        child_count {int} NOT NULL,
+        counter     {big} NOT NULL DEFAULT 0,
+        state       {text} NOT NULL DEFAULT 'open',
+        created_at  {real} NOT NULL,
+        closed_at   {real},
+        owner         {text},
+        owner_expires {real},
+        watched       {bool} NOT NULL DEFAULT {false}
+    )""",
+    """CREATE TABLE IF NOT EXISTS eh_children (
+        replay_key       {text} PRIMARY KEY,
+        group_key        {text} NOT NULL,
+        position         {int} NOT NULL,
+        kind             {text} NOT NULL,
+        name             {text} NOT NULL,
+        envelope         {text} NOT NULL,
+        envelope_hash    {text} NOT NULL,
+        state            {text} NOT NULL,
+        lease_owner      {text},
+        fence            {big} NOT NULL DEFAULT 0,
+        lease_expires    {real},
+        attempt          {int} NOT NULL DEFAULT 0,
+        cancel_requested {bool} NOT NULL DEFAULT {false},
+        due_at           {real},
+        seq              {big},
+        outcome          {text},
+        settled_at       {real},
+        UNIQUE (group_key, seq),
+        UNIQUE (group_key, position)
+    )""",
+    """CREATE INDEX IF NOT EXISTS eh_children_unfinished
+        ON eh_children (lease_expires) WHERE state <> 'settled'""",
+    """CREATE INDEX IF NOT EXISTS eh_children_owner
+        ON eh_children (lease_owner) WHERE state = 'claimed'""",
+    """CREATE INDEX IF NOT EXISTS eh_children_timers
+        ON eh_children (due_at) WHERE state <> 'settled' AND kind = 'sleep'""",
+    """CREATE TABLE IF NOT EXISTS eh_retired (
+        group_key  {text} PRIMARY KEY,
+        effective  {text} NOT NULL,
+        retired_at {real} NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS eh_payloads (
+        group_key  {text} NOT NULL,
+        name       {text} NOT NULL,
+        replay_key {text} NOT NULL,
+        data       {blob} NOT NULL,
+        digest     {text} NOT NULL,
+        created_at {real} NOT NULL,
+        PRIMARY KEY (group_key, name)
+    )""",
+]
+"""The tables of :data:`SCHEMA_VERSION`, one layout for both dialects; each names its
+column types (:func:`tables`)."""
+
+
+def tables(**types: str) -> list[str]:
+    """:data:`TABLES` in one dialect's column types (``text``, ``int``, ``big``, ``real``,
+    ``bool``, ``false``, ``blob``)."""
+    return [statement.format(**types) for statement in TABLES]
+
+
+GROUP_COLUMNS = (
+    "group_key, wake, disposition, effective, child_count, counter, state, created_at, closed_at"
+)
+G_COLUMNS = ", ".join("g." + col for col in GROUP_COLUMNS.split(", "))
+CHILD_COLUMNS = (
+    "c.replay_key, c.group_key, c.position, c.kind, c.name, c.envelope, c.envelope_hash, "
+    "c.state, c.lease_owner, c.fence, (c.lease_owner IS NULL OR c.lease_expires < {now}), "
+    "c.attempt, c.cancel_requested, c.due_at, c.seq"
+)
+LOOKUP = (
+    f"SELECT {G_COLUMNS}, r.effective FROM (SELECT CAST(? AS TEXT) AS k) q "
+    "LEFT JOIN eh_groups g ON g.group_key = q.k "
+    "LEFT JOIN eh_retired r ON r.group_key = q.k"
+)
+CHILDREN = f"SELECT {CHILD_COLUMNS} FROM eh_children c WHERE c.group_key = ? ORDER BY c.position"
+GET_GROUP = f"SELECT {GROUP_COLUMNS} FROM eh_groups WHERE group_key = ?"
+OWN = (
+    "UPDATE eh_groups SET owner = ?, owner_expires = {now} + ? "
+    "WHERE group_key = ? AND state = 'open'"
+)
+_RANK = (
+    f"SELECT {G_COLUMNS}, c.position, c.replay_key, {{outcome}} FROM eh_groups g "
+    "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq = ? WHERE g.group_key = ?"
+)
+_RANKS = (
+    f"SELECT {G_COLUMNS}, c.seq, c.position, c.replay_key, {{outcome}} FROM eh_groups g "
+    "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq >= ? "
+    "AND c.seq < ? WHERE g.group_key = ? ORDER BY c.seq"
+)
+"""Rank reads; ``{outcome}`` is how the dialect selects a child's outcome."""
+_INSPECT_GROUP = (
+    "SELECT group_key, {now} - created_at, wake, effective, counter, child_count, owner "
+    "FROM eh_groups WHERE state = 'open'"
+)
+
+
+def group_row(row: Any) -> GroupRow:
+    """A :class:`GroupRow` from the first nine columns of ``row`` (:data:`GROUP_COLUMNS`)."""
+    return GroupRow(*row[:9])
+
+
+def child_row(row: Any) -> ChildRow:
+    """A :class:`ChildRow` from :data:`CHILD_COLUMNS`, then, when selected, the group's
+    disposition in force, state, owner and whether that owner's claim is live."""
+    extra = (row[15], row[16], row[17], bool(row[18])) if len(row) > 15 else ()
+    return ChildRow(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        row[5],
+        row[6],
+        row[7],
+        row[8],
+        row[9],
+        bool(row[10]),
+        row[11],
+        bool(row[12]),
+        row[13],
+        row[14],
+        *extra,
+    )
+
+
+class SqlStore(Store):
+    """What both dialects do alike, written once: the SQL below is written with ``?``
+    placeholders, ``{now}`` for the database clock and ``{outcome}`` for a child's outcome, and a dialect turns it into its own
+    (:meth:`_prepare`) and runs it through its own connections (:meth:`_fetch`,
+    :meth:`_fetchrow`, :meth:`_execute`, :meth:`_snapshot`). What truly differs (the
+    transactions of writes that decide, notification or ``data_version`` polling) stays in
+    each dialect."""
+
+    @abstractmethod
+    def _prepare(self, sql: str) -> str:
+        """``sql`` in this dialect (placeholders, the clock), cached by the dialect."""
+
+    @abstractmethod
+    async def _fetch(self, sql: str, *args: Any) -> list[Any]:
+        """The rows of a read."""
+
+    @abstractmethod
+    async def _fetchrow(self, sql: str, *args: Any) -> Any | None:
+        """The first row of a read, or ``None``."""
+
+    @abstractmethod
+    async def _execute(self, sql: str, *args: Any) -> int:
+        """One write statement in its own transaction; the number of rows it changed."""
+
+    @abstractmethod
+    async def _snapshot(self, *reads: tuple[str, tuple[Any, ...]]) -> list[list[Any]]:
+        """The rows of several reads, from one snapshot where the dialect has one."""
+
+    def _outcome(self, value: Any) -> str | bytes:
+        """An outcome as read (a dialect may read it as bytes first)."""
+        return value  # type: ignore[no-any-return]
+
+    async def _fetchval(self, sql: str, *args: Any) -> Any:
+        row = await self._fetchrow(sql, *args)
+        return None if row is None else row[0]
+
+    async def now(self) -> float:
+        return float(await self._fetchval("SELECT {now}"))
+
+    async def get_group(self, group_key: str) -> GroupRow | None:
+        row = await self._fetchrow(GET_GROUP, group_key)
+        return None if row is None else group_row(row)
+
+    async def retired(self, group_key: str) -> str | None:
+        value = await self._fetchval(
+            "SELECT effective FROM eh_retired WHERE group_key = ?", group_key
+        )
+        return None if value is None else str(value)
+
+    async def lookup(self, group_key: str) -> tuple[GroupRow | None, str | None]:
+        row = await self._fetchrow(LOOKUP, group_key)
+        assert row is not None
+        if row[0] is not None:
+            return group_row(row), None
+        return None, None if row[9] is None else str(row[9])
+
+    async def children(self, group_key: str) -> list[ChildRow]:
+        return [child_row(r) for r in await self._fetch(CHILDREN, group_key)]
+
+    async def read_rank(self, group_key: str, seq: int) -> RankRead | None:
+        row = await self._fetchrow(_RANK, seq, group_key)
+        if row is None:
+            return None
+        outcome = None if row[11] is None else self._outcome(row[11])
+        return RankRead(group_row(row), row[9], row[10], outcome)
+
+    async def read_ranks(
+        self, group_key: str, seq: int, limit: int, local: Collection[str] | None = None
+    ) -> tuple[GroupRow, list[tuple[int, int, str, str | bytes]]] | None:
+        rows = await self._fetch(_RANKS, seq, seq + limit, group_key)
+        if not rows:
+            return None
+        found = [
+            (int(r[9]), r[10], r[11], self._outcome(r[12]))
+            for r in rows
+            if r[9] is not None and r[12] is not None
+        ]
+        return group_row(rows[0]), found
+
+    async def settlement_order(self, group_key: str) -> list[int]:
+        rows = await self._fetch(
+            "SELECT position FROM eh_children WHERE group_key = ? AND seq IS NOT NULL ORDER BY seq",
+            group_key,
+        )
+        return [int(r[0]) for r in rows]
+
+    async def open_groups(self) -> list[OpenGroup]:
+        rows = await self._fetch(
+            "SELECT group_key, {now} - created_at, child_count, counter, wake, effective "
+            "FROM eh_groups WHERE state = 'open' ORDER BY group_key"
+        )
+        return [OpenGroup(*r) for r in rows]
+
+    async def inspect_groups(self) -> list[InspectedGroup]:
+        """Open groups as ``effecthost inspect`` lists them (a read)."""
+        rows = await self._fetch(f"{_INSPECT_GROUP} ORDER BY group_key")
+        return [InspectedGroup(*r) for r in rows]
+
+    async def inspect_group(
+        self, group_key: str
+    ) -> tuple[InspectedGroup, list[InspectedChild]] | None:
+        """An open group and its children (one snapshot where the dialect has one);
+        ``None`` when no such group is open."""
+        groups, children = await self._snapshot(
+            (f"{_INSPECT_GROUP} AND group_key = ?", (group_key,)),
+            (
+                "SELECT seq, position, replay_key, name, state, outcome, settled_at "
+                "FROM eh_children WHERE group_key = ? ORDER BY position",
+                (group_key,),
+            ),
+        )
+        if not groups:
+            return None
+        return InspectedGroup(*groups[0]), [inspected_child(*r) for r in children]
+
+    async def unfinished(self) -> list[ChildRow]:
+        rows = await self._fetch(
+            f"SELECT {CHILD_COLUMNS}, g.effective, g.state, g.owner, "
+            "(g.state = 'open' AND g.owner_expires >= {now}) FROM eh_children c "
+            "JOIN eh_groups g ON g.group_key = c.group_key "
+            "WHERE c.state <> 'settled' ORDER BY c.group_key, c.position"
+        )
+        return [child_row(r) for r in rows]
+
+    async def next_due(self) -> float | None:
+        value = await self._fetchval(
+            "SELECT min(due_at) FROM eh_children WHERE state <> 'settled' AND kind = 'sleep' "
+            "AND (lease_owner IS NULL OR lease_expires < {now})"
+        )
+        return None if value is None else float(value)
+
+    async def due_sleeps(self) -> list[ChildRow]:
+        rows = await self._fetch(
+            f"SELECT {CHILD_COLUMNS} FROM eh_children c WHERE c.state <> 'settled' "
+            "AND c.kind = 'sleep' AND c.due_at <= {now} "
+            "AND (c.lease_owner IS NULL OR c.lease_expires < {now}) ORDER BY c.due_at"
+        )
+        return [child_row(r) for r in rows]
+
+    async def max_lease_expiry(self, owner: str) -> float | None:
+        value = await self._fetchval(
+            "SELECT max(x) FROM (SELECT max(lease_expires) AS x FROM eh_children "
+            "WHERE lease_owner = ? AND state = 'claimed' UNION ALL "
+            "SELECT max(owner_expires) FROM eh_groups WHERE owner = ? AND state = 'open') m",
+            owner,
+            owner,
+        )
+        return None if value is None else float(value)
+
+    async def own(self, group_key: str, owner: str, ttl: float) -> bool:
+        return await self._execute(OWN, owner, ttl, group_key) == 1
+
+    async def release(self, owner: str, replay_key: str, fence: int) -> None:
+        await self._execute(
+            "UPDATE eh_children SET lease_owner = NULL, lease_expires = NULL, "
+            "state = 'pending' WHERE replay_key = ? AND lease_owner = ? AND fence = ? "
+            "AND state = 'claimed'",
+            replay_key,
+            owner,
+            fence,
+        )
+
+    async def records_sealed(self) -> bool:
+        """Whether any recorded outcome is sealed (a drain without the payload settings
+        must not add plaintext to such a database)."""
+        from ._preflight import SEALED_LIKE, sealed_outcomes  # it imports this module
+
+        rows = await self._fetch(
+            "SELECT outcome FROM eh_children WHERE outcome LIKE ? LIMIT 20", SEALED_LIKE
+        )
+        return sealed_outcomes([r[0] for r in rows])
+
+    @abstractmethod
+    async def recorded_sealing(self) -> bool | None:
+        """Whether this deployment is sealed, as recorded in ``eh_sealing``; ``None`` in
+        a database of an earlier release (no record yet)."""
+
+    async def deployment_sealed(self) -> bool:
+        """Whether this deployment is sealed: as recorded, or, in a database of an
+        earlier release, whether it holds a sealed outcome."""
+        recorded = await self.recorded_sealing()
+        return await self.records_sealed() if recorded is None else recorded
+
+    async def payload_put(
+        self, group_key: str, name: str, replay_key: str, data: bytes, digest: str
+    ) -> None:
+        await self._execute(
+            "INSERT INTO eh_payloads (group_key, name, replay_key, data, digest, created_at) "
+            "VALUES (?, ?, ?, ?, ?, {now})",
+            group_key,
+            name,
+            replay_key,
+            data,
+            digest,
+        )
+
+    async def payload_get(self, group_key: str, name: str) -> bytes | None:
+        value = await self._fetchval(
+            "SELECT data FROM eh_payloads WHERE group_key = ? AND name = ?", group_key, name
+        )
+        return None if value is None else bytes(value)
+
+    async def payload_delete_group(self, group_key: str) -> None:
+        await self._execute("DELETE FROM eh_payloads WHERE group_key = ?", group_key)
 
 
 class TablePayloadStore(PayloadStore):
