@@ -3,16 +3,19 @@ telemetry test runs: a group of three tool calls whose tool opens a span of its 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import os
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from effecthost import telemetry
@@ -22,11 +25,15 @@ from effecthost.contract import (
     EffectGroup,
     EffectKind,
     LoserPolicy,
+    ToolRegistry,
     WakePolicy,
 )
 
 WIDTH = 3
 TOOL_SPAN = "tool.work"
+SPANS_FILE = "EFFECTHOST_TEST_SPANS"
+"""Names the file another process (an endpoint, a worker, a killed caller) appends its
+finished spans to, one JSON line each, when it imports this module's ``registry``."""
 
 _provider: TracerProvider | None = None
 
@@ -38,14 +45,71 @@ async def work(value: Any) -> Any:
         return value
 
 
+class Record(NamedTuple):
+    """A finished span, from this process's exporter or another process's file."""
+
+    name: str
+    trace_id: int
+    span_id: int
+    parent_id: int | None
+    attributes: dict[str, Any]
+
+
+def _record(span: ReadableSpan) -> Record:
+    assert span.context is not None
+    return Record(
+        span.name,
+        span.context.trace_id,
+        span.context.span_id,
+        span.parent.span_id if span.parent is not None else None,
+        dict(span.attributes or {}),
+    )
+
+
+class FileExporter(SpanExporter):
+    """Appends each finished span as a JSON line (flushed at once: the process may be
+    SIGKILLed next)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        with open(self.path, "a", encoding="utf-8") as out:
+            for span in spans:
+                name, trace_id, span_id, parent_id, attributes = _record(span)
+                line = [name, trace_id, span_id, parent_id, attributes]
+                out.write(json.dumps(line) + "\n")
+        return SpanExportResult.SUCCESS
+
+
+def read_records(path: Path) -> list[Record]:
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [Record(*json.loads(line)) for line in lines if line.strip()]
+
+
+def instrument_to_file(path: str) -> None:
+    """What a process other than the test's does: its spans go to ``path``."""
+    global _provider
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(FileExporter(path)))
+    _provider = provider
+    telemetry.instrument(tracer_provider=provider, meter_provider=MeterProvider())
+
+
 @dataclass
 class Collected:
     spans: InMemorySpanExporter
     metrics: InMemoryMetricReader
     provider: TracerProvider
 
-    def finished(self) -> list[ReadableSpan]:
-        return list(self.spans.get_finished_spans())
+    def finished(self, *others: Path) -> list[Record]:
+        """This process's spans, and those other processes wrote to ``others``."""
+        found = [_record(s) for s in self.spans.get_finished_spans()]
+        for path in others:
+            found.extend(read_records(path))
+        return found
 
     def metric_points(self) -> dict[str, list[Any]]:
         data = self.metrics.get_metrics_data()
@@ -90,42 +154,44 @@ def program_group(key: str, width: int = WIDTH) -> EffectGroup:
 
 
 async def run_program(controller: EffectController, key: str, width: int = WIDTH) -> list[Any]:
-    """Open, await every rank, close: what a caller's ``all_`` does."""
+    """Open, await every rank, close: what a caller's ``all_`` does; the values in
+    position order."""
     handle = await controller.open_effect_group(program_group(key, width))
-    values = []
+    values: dict[int, Any] = {}
     for _ in range(width):
-        values.append((await controller.await_next_settlement(handle)).outcome.value)
+        settlement = await controller.await_next_settlement(handle)
+        values[settlement.position] = settlement.outcome.value
     await controller.close_effect_group(handle)
-    return values
+    return [values[p] for p in sorted(values)]
 
 
 OURS = ("effecthost.group", "effecthost.child", "effecthost.await", TOOL_SPAN)
 
 
-def shape(spans: list[ReadableSpan], key: str) -> list[tuple[str, str | None]]:
+def shape(spans: list[Record], key: str) -> list[tuple[str, str | None]]:
     """The tree of one group's spans as (span, nearest ancestor of ours), sorted: spans an
     engine adds in between (a Temporal activity's) are walked through, so every tier that
     keeps the links intact gives the same shape. Asserts one trace holds them all."""
-    by_id = {s.context.span_id: s for s in spans}
+    by_id = {s.span_id: s for s in spans}
     group = [
         s
         for s in spans
         if s.name == "effecthost.group" and s.attributes.get("effecthost.group.key") == key
     ]
     assert len(group) == 1, [s.name for s in spans]
-    trace_id = group[0].context.trace_id
-    mine = [s for s in spans if s.context.trace_id == trace_id and s.name in OURS]
+    trace_id = group[0].trace_id
+    mine = [s for s in spans if s.trace_id == trace_id and s.name in OURS]
     result = []
     for span in mine:
-        parent = span.parent
+        parent = span.parent_id
         ancestor = None
         while parent is not None:
-            above = by_id.get(parent.span_id)
-            assert above is not None, f"{span.name}'s parent {parent.span_id:x} was not exported"
+            above = by_id.get(parent)
+            assert above is not None, f"{span.name}'s parent {parent:x} was not exported"
             if above.name in OURS:
                 ancestor = above.name
                 break
-            parent = above.parent
+            parent = above.parent_id
         result.append((span.name, ancestor))
     return sorted(result, key=lambda item: (item[0], item[1] or ""))
 
@@ -140,7 +206,7 @@ def expected_shape(width: int = WIDTH) -> list[tuple[str, str | None]]:
     )
 
 
-def child_spans(spans: list[ReadableSpan], key: str) -> list[ReadableSpan]:
+def child_spans(spans: list[Record], key: str) -> list[Record]:
     return sorted(
         (
             s
@@ -151,10 +217,18 @@ def child_spans(spans: list[ReadableSpan], key: str) -> list[ReadableSpan]:
     )
 
 
-def await_ranks(spans: list[ReadableSpan], key: str) -> dict[int, int]:
+def await_ranks(spans: list[Record], key: str) -> dict[int, int]:
     """Position -> rank, as the caller's awaits served them."""
     return {
         s.attributes["effecthost.position"]: s.attributes["effecthost.rank"]
         for s in spans
         if s.name == "effecthost.await" and s.attributes.get("effecthost.group.key") == key
     }
+
+
+registry = ToolRegistry({"work": work})
+"""The resolver another process loads (``otel_support:registry``); importing it there
+instruments that process into the file :data:`SPANS_FILE` names."""
+
+if os.environ.get(SPANS_FILE) and not telemetry.instrumented():
+    instrument_to_file(os.environ[SPANS_FILE])

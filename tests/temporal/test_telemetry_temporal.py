@@ -1,0 +1,52 @@
+"""Issue 23 on the Temporal tier: the caller's group span, the child spans the worker
+records and the tools' own spans form one trace, linked through Temporal's headers by
+``temporalio.contrib.opentelemetry``'s interceptor on the client (the worker inherits it)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+from otel_support import await_ranks, collected, expected_shape, run_program, shape, work
+from temporalio.client import Client
+from temporalio.contrib.opentelemetry import TracingInterceptor
+
+from effecthost.contract import ToolRegistry
+from effecthost.hosts.temporal import TemporalEffectHost, create_worker
+from effecthost.hosts.temporal.testing import DevServer
+
+from ._support import require_cli
+
+
+@pytest.mark.timeout(120)
+def test_issue23_one_trace_from_caller_through_worker(tmp_path: Path) -> None:
+    """Issue 23: on Temporal the program gives the same span tree as on memory and SQL:
+    the worker's child spans and their tools' spans hang under the caller's group span."""
+    require_cli()
+    asyncio.run(_program(tmp_path))
+
+
+async def _program(root: Path) -> None:
+    server = DevServer(root / "temporal")
+    await server.start()
+    try:
+        with collected() as seen:
+            tracer = seen.provider.get_tracer("temporalio")
+            client = await Client.connect(server.address, interceptors=[TracingInterceptor(tracer)])
+            queue = f"otel-{uuid.uuid4().hex[:8]}"
+            registry = ToolRegistry({"work": work})
+            worker = create_worker(client, queue, registry)
+            async with worker:
+                host = TemporalEffectHost(client, queue, registry)
+                key = f"otel:temporal:{uuid.uuid4().hex[:8]}"
+                try:
+                    assert await run_program(host, key) == [0, 1, 2]
+                finally:
+                    await host.aclose()
+            spans = seen.finished()
+            assert shape(spans, key) == expected_shape()
+            assert sorted(await_ranks(spans, key).values()) == [1, 2, 3]
+    finally:
+        await server.stop()
