@@ -56,6 +56,10 @@ class _Group:
     deciding_rank: int | None = None
     consumed: int = 0
 
+    @property
+    def trace_id(self) -> int:
+        return self.span.get_span_context().trace_id
+
 
 @dataclass
 class _Instruments:
@@ -73,6 +77,9 @@ class _Instruments:
 
 _inst: _Instruments | None = None
 _groups: OrderedDict[tuple[int, str], _Group] = OrderedDict()
+_by_key: dict[str, _Group] = {}
+"""The group spans held here by group key: a child a drain pass of this process starts
+(outside the caller's trace) still hangs under its group's span."""
 _patched: list[tuple[type, str, Any]] = []
 
 
@@ -121,6 +128,7 @@ def uninstall() -> None:
     while _groups:
         _key, group = _groups.popitem(last=False)
         group.span.end()
+    _by_key.clear()
     _inst = None
 
 
@@ -249,11 +257,18 @@ def _wrap_open(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _hold(key: tuple[int, str], group: _Group) -> None:
     _groups[key] = group
+    _by_key[key[1]] = group
     while len(_groups) > MAX_OPEN_SPANS:
         _old, dropped = _groups.popitem(last=False)
+        _release(_old, dropped)
         dropped.span.set_attribute("effecthost.group.abandoned", True)
         dropped.span.end()
         _instruments().open_groups.add(-1, {"effecthost.host": dropped.host})
+
+
+def _release(key: tuple[int, str], group: _Group) -> None:
+    if _by_key.get(key[1]) is group:
+        del _by_key[key[1]]
 
 
 def _wrap_await(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -346,6 +361,7 @@ def _wrap_close(original: Callable[..., Any]) -> Callable[..., Any]:
         host = type(self).__name__
         in_force = _value(disposition) if disposition is not None else None
         if group is not None and _groups.pop(key, None) is not None:
+            _release(key, group)
             consumed = max(group.consumed, handle.consumed)
             retired = consumed == group.width
             attrs: dict[str, Any] = {
@@ -446,10 +462,24 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
         taken_over = _draining.get()
         if taken_over:
             attrs["effecthost.child.taken_over"] = True
+        parent = None
+        links: list[trace.Link] = []
+        if membership is not None and _by_key:
+            group = _by_key.get(membership.group_key)
+            current = trace.get_current_span().get_span_context()
+            if group is not None and current.trace_id != group.trace_id:
+                parent = group.context  # started outside its caller's trace (a drain pass)
+                if current.is_valid:
+                    links.append(trace.Link(current))
         started = time.perf_counter()
         status = "cancelled"
         with inst.tracer.start_as_current_span(
-            CHILD_SPAN, attributes=attrs, record_exception=False, set_status_on_exception=False
+            CHILD_SPAN,
+            context=parent,
+            links=links,
+            attributes=attrs,
+            record_exception=False,
+            set_status_on_exception=False,
         ) as span:
             if taken_over:
                 span.add_event(TAKEN_OVER)
