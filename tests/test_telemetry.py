@@ -3,7 +3,11 @@ the real SDK's in-memory exporters."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from otel_support import (
@@ -17,13 +21,21 @@ from otel_support import (
     work,
 )
 
-from effecthost.contract import ToolRegistry
+from effecthost import telemetry
+from effecthost.contract import (
+    EffectEnvelope,
+    EffectExecutor,
+    EffectGroup,
+    EffectKind,
+    LoserPolicy,
+    ToolRegistry,
+    WakePolicy,
+)
 from effecthost.hosts.memory import MemoryEffectHost
 from effecthost.hosts.sql import SqlEffectHost, SqliteStore
 
-pytestmark = pytest.mark.anyio
 
-
+@pytest.mark.anyio
 async def test_memory_group_child_and_tool_spans_form_one_tree() -> None:
     """Issue 23: one group span, a child span per child under it with the tool's own span
     inside, an await span per rank; metrics count them with bounded attributes."""
@@ -49,6 +61,7 @@ async def test_memory_group_child_and_tool_spans_form_one_tree() -> None:
                 assert "effecthost.group.key" not in point.attributes, name
 
 
+@pytest.mark.anyio
 async def test_sqlite_group_child_and_tool_spans_form_one_tree(tmp_path: Path) -> None:
     """Issue 23: the same program on SQLite yields the same tree."""
     with collected() as seen:
@@ -59,3 +72,76 @@ async def test_sqlite_group_child_and_tool_spans_form_one_tree(tmp_path: Path) -
         finally:
             await host.aclose()
         assert shape(seen.finished(), "otel:sqlite:0") == expected_shape()
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_loser_and_the_deciding_rank_are_on_the_spans() -> None:
+    """Issue 23: a FIRST group with CANCEL: the group span names rank 1 as deciding (with
+    its position), the loser's child span says it was a cancelled loser."""
+    never = asyncio.Event()
+
+    async def fast(value: Any) -> Any:
+        return value
+
+    async def slow(_value: Any) -> Any:
+        await never.wait()
+
+    group = EffectGroup(
+        key="otel:mem:race",
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.CANCEL,
+        children=[
+            EffectEnvelope(replay_key="race:0", kind=EffectKind.TOOL_CALL, name="slow", input=0),
+            EffectEnvelope(replay_key="race:1", kind=EffectKind.TOOL_CALL, name="fast", input=1),
+        ],
+    )
+    with collected() as seen:
+        host = MemoryEffectHost(ToolRegistry({"fast": fast, "slow": slow}))
+        try:
+            handle = await host.open_effect_group(group)
+            assert (await host.await_next_settlement(handle)).position == 1
+            await host.close_effect_group(handle)
+            others = asyncio.all_tasks() - {asyncio.current_task()}
+            await asyncio.wait(others, timeout=5)  # the loser's task ending
+        finally:
+            await host.aclose()
+        spans = seen.finished()
+        loser, winner = child_spans(spans, group.key)
+        assert loser.attributes["effecthost.status"] == "cancelled"
+        assert loser.attributes["effecthost.child.cancelled_loser"] is True
+        assert winner.attributes["effecthost.status"] == "success"
+        (span,) = [s for s in spans if s.name == "effecthost.group"]
+        assert span.attributes["effecthost.group.deciding_rank"] == 1
+        assert span.attributes["effecthost.group.deciding_position"] == 1
+
+
+def test_off_until_instrumented_and_off_again_after() -> None:
+    """Issue 23 (no cost when unused): before ``instrument`` and after ``uninstrument`` the
+    executor and the controllers run their own methods, not wrappers."""
+    original = EffectExecutor.__dict__["execute"]
+    opens = MemoryEffectHost.__dict__["open_effect_group"]
+    assert not telemetry.instrumented()
+    with collected():
+        assert EffectExecutor.__dict__["execute"] is not original
+        assert MemoryEffectHost.__dict__["open_effect_group"] is not opens
+    assert EffectExecutor.__dict__["execute"] is original
+    assert MemoryEffectHost.__dict__["open_effect_group"] is opens
+
+
+def test_without_the_extra_instrument_names_the_install() -> None:
+    """Issue 23: with ``opentelemetry`` missing, ``instrument`` raises ``MissingExtra``
+    naming ``effecthost[otel]``; importing ``effecthost.telemetry`` alone needs nothing."""
+    code = (
+        "import sys; sys.modules['opentelemetry'] = None\n"
+        "from effecthost import telemetry\n"
+        "from effecthost.hosts import MissingExtra\n"
+        "try:\n"
+        "    telemetry.instrument()\n"
+        "except MissingExtra as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "effecthost[otel]" in result.stdout

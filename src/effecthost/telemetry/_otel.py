@@ -76,6 +76,31 @@ class _Instruments:
 
 
 _inst: _Instruments | None = None
+_fixed: bool | None = None
+"""Whether the providers ``install`` was given record anything; ``None`` when one of them
+is the global provider, which may be set later (then asked per call)."""
+_NO_OP = {"NoOpTracerProvider", "ProxyTracerProvider", "NoOpMeterProvider", "_ProxyMeterProvider"}
+
+
+def _silent(provider: Any) -> bool:
+    return type(provider).__name__ in _NO_OP
+
+
+def _live() -> _Instruments | None:
+    """The instruments, or ``None`` while no provider records anything (nothing is set
+    globally, or both given are no-ops): then the wrappers only pass the call through."""
+    inst = _inst
+    if inst is None or _fixed is False:
+        return None
+    if (
+        _fixed is None
+        and _silent(trace.get_tracer_provider())
+        and _silent(metrics.get_meter_provider())
+    ):
+        return None
+    return inst
+
+
 _groups: OrderedDict[tuple[int, str], _Group] = OrderedDict()
 _by_key: dict[str, _Group] = {}
 """The group spans held here by group key: a child a drain pass of this process starts
@@ -84,9 +109,13 @@ _patched: list[tuple[type, str, Any]] = []
 
 
 def install(tracer_provider: Any, meter_provider: Any) -> None:
-    global _inst
+    global _inst, _fixed
     if _inst is not None:
         return
+    if tracer_provider is not None and meter_provider is not None:
+        _fixed = not (_silent(tracer_provider) and _silent(meter_provider))
+    else:
+        _fixed = None
     tracer = trace.get_tracer(SCOPE, __version__, tracer_provider=tracer_provider)
     meter = metrics.get_meter(SCOPE, __version__, meter_provider=meter_provider)
     _inst = _Instruments(
@@ -120,7 +149,8 @@ def install(tracer_provider: Any, meter_provider: Any) -> None:
 
 
 def uninstall() -> None:
-    global _inst
+    global _inst, _fixed
+    _fixed = None
     _controller._on_subclass = None
     for cls, name, original in reversed(_patched):
         setattr(cls, name, original)
@@ -199,9 +229,9 @@ def _value(x: Any) -> Any:
 def _wrap_open(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def open_effect_group(self: Any, group: EffectGroup, *args: Any, **kw: Any) -> Any:
-        if _in_call.get() or _inst is None:
+        inst = _live()
+        if inst is None or _in_call.get():
             return await original(self, group, *args, **kw)
-        inst = _inst
         key = (id(self), group.key)
         known = _groups.get(key)
         host = type(self).__name__
@@ -274,9 +304,9 @@ def _release(key: tuple[int, str], group: _Group) -> None:
 def _wrap_await(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def await_next_settlement(self: Any, handle: GroupHandle, *args: Any, **kw: Any) -> Any:
-        if _in_call.get() or _inst is None:
+        inst = _live()
+        if inst is None or _in_call.get():
             return await original(self, handle, *args, **kw)
-        inst = _inst
         group = _groups.get((id(self), handle.group_key))
         rank = handle.consumed + 1
         host = type(self).__name__
@@ -339,9 +369,9 @@ def _wrap_close(original: Callable[..., Any]) -> Callable[..., Any]:
         *args: Any,
         **kw: Any,
     ) -> Any:
-        if _in_call.get() or _inst is None:
+        inst = _live()
+        if inst is None or _in_call.get():
             return await original(self, handle, disposition, *args, **kw)
-        inst = _inst
         key = (id(self), handle.group_key)
         group = _groups.get(key)
         token = otel_context.attach(group.context) if group is not None else None
@@ -396,9 +426,9 @@ _CONTROLLER_METHODS.update(
 def _wrap_run_pass(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def run_pass(self: Any, *args: Any, **kw: Any) -> Any:
-        if _draining.get() or _inst is None:
+        inst = _live()
+        if inst is None or _draining.get():
             return await original(self, *args, **kw)
-        inst = _inst
         host = type(self).__name__
         draining = _draining.set(True)
         try:
@@ -445,7 +475,7 @@ _DRAIN_METHODS["run_pass"] = _wrap_run_pass
 def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def execute(self: Any, call: ExecutionInput) -> Outcome:
-        inst = _inst
+        inst = _live()
         if inst is None:
             return await original(self, call)  # type: ignore[no-any-return]
         envelope = call.envelope
