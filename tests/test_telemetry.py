@@ -83,7 +83,10 @@ async def test_a_cancelled_loser_and_the_deciding_rank_are_on_the_spans() -> Non
     async def fast(value: Any) -> Any:
         return value
 
+    running: list[asyncio.Task[Any]] = []
+
     async def slow(_value: Any) -> Any:
+        running.append(asyncio.current_task())  # type: ignore[arg-type]
         await never.wait()
 
     group = EffectGroup(
@@ -101,8 +104,7 @@ async def test_a_cancelled_loser_and_the_deciding_rank_are_on_the_spans() -> Non
             handle = await host.open_effect_group(group)
             assert (await host.await_next_settlement(handle)).position == 1
             await host.close_effect_group(handle)
-            others = asyncio.all_tasks() - {asyncio.current_task()}
-            await asyncio.wait(others, timeout=5)  # the loser's task ending
+            await asyncio.wait(running, timeout=5)  # the loser's task ending
         finally:
             await host.aclose()
         spans = seen.finished()
