@@ -49,7 +49,9 @@ async def test_memory_group_child_and_tool_spans_form_one_tree() -> None:
         assert shape(spans, "otel:mem:0") == expected_shape()
         children = child_spans(spans, "otel:mem:0")
         assert [c.attributes["effecthost.status"] for c in children] == ["success"] * WIDTH
-        assert sorted(await_ranks(spans, "otel:mem:0").values()) == [1, 2, 3]
+        ranks = await_ranks(spans, "otel:mem:0")
+        assert sorted(ranks.values()) == [1, 2, 3]
+        assert [c.attributes["effecthost.rank"] for c in children] == [ranks[p] for p in range(3)]
         (group,) = [s for s in spans if s.name == "effecthost.group"]
         assert group.attributes["effecthost.group.width"] == WIDTH
         assert group.attributes["effecthost.group.deciding_rank"] == WIDTH
@@ -71,7 +73,11 @@ async def test_sqlite_group_child_and_tool_spans_form_one_tree(tmp_path: Path) -
             assert await run_program(host, "otel:sqlite:0") == [0, 1, 2]
         finally:
             await host.aclose()
-        assert shape(seen.finished(), "otel:sqlite:0") == expected_shape()
+        spans = seen.finished()
+        assert shape(spans, "otel:sqlite:0") == expected_shape()
+        ranks = await_ranks(spans, "otel:sqlite:0")
+        children = child_spans(spans, "otel:sqlite:0")
+        assert [c.attributes["effecthost.rank"] for c in children] == [ranks[p] for p in range(3)]
 
 
 @pytest.mark.anyio

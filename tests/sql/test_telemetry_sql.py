@@ -43,7 +43,10 @@ async def test_issue23_postgres_gives_the_same_tree(pg_dsn: str, pg_schema: str)
             await host.aclose()
         spans = seen.finished()
         assert shape(spans, "otel:pg:0") == expected_shape()
-        assert sorted(await_ranks(spans, "otel:pg:0").values()) == [1, 2, 3]
+        ranks = await_ranks(spans, "otel:pg:0")
+        assert sorted(ranks.values()) == [1, 2, 3]
+        children = child_spans(spans, "otel:pg:0")
+        assert [c.attributes["effecthost.rank"] for c in children] == [ranks[p] for p in range(3)]
 
 
 @pytest.mark.timeout(120)
@@ -79,6 +82,8 @@ def test_issue23_a_sigkilled_callers_reopen_keeps_the_tree(
     children = child_spans(spans, key)
     assert [c.attributes["effecthost.attempt"] for c in children] == [2, 2, 2]
     assert all(c.attributes.get("effecthost.child.taken_over") for c in children)
+    ranks = await_ranks(spans, key)
+    assert [c.attributes["effecthost.rank"] for c in children] == [ranks[p] for p in range(3)]
 
 
 async def _reopen(path: Path, key: str) -> list[object]:

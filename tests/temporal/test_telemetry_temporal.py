@@ -9,7 +9,15 @@ import uuid
 from pathlib import Path
 
 import pytest
-from otel_support import await_ranks, collected, expected_shape, run_program, shape, work
+from otel_support import (
+    await_ranks,
+    child_spans,
+    collected,
+    expected_shape,
+    run_program,
+    shape,
+    work,
+)
 from temporalio.client import Client
 from temporalio.contrib.opentelemetry import TracingInterceptor
 
@@ -48,5 +56,7 @@ async def _program(root: Path) -> None:
             spans = seen.finished()
             assert shape(spans, key) == expected_shape()
             assert sorted(await_ranks(spans, key).values()) == [1, 2, 3]
+            children = child_spans(spans, key)
+            assert all(c.attributes.get("effecthost.attempt") == 1 for c in children)
     finally:
         await server.stop()

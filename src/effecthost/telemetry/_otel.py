@@ -103,6 +103,9 @@ def _live() -> _Instruments | None:
 
 _groups: OrderedDict[tuple[int, str], _Group] = OrderedDict()
 _by_key: dict[str, _Group] = {}
+_unranked: dict[tuple[str, int], tuple[trace.Span, int]] = {}
+"""Child spans of groups held here, settled and waiting for the await that serves their rank
+(with the time they settled): (group key, position) -> (span, end time in ns)."""
 """The group spans held here by group key: a child a drain pass of this process starts
 (outside the caller's trace) still hangs under its group's span."""
 _patched: list[tuple[type, str, Any]] = []
@@ -159,6 +162,7 @@ def uninstall() -> None:
         _key, group = _groups.popitem(last=False)
         group.span.end()
     _by_key.clear()
+    _end_unranked()
     _inst = None
 
 
@@ -336,6 +340,8 @@ def _wrap_await(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _in_call.reset(busy)
         inst.rank_wait.record(waited, {"effecthost.host": host, "effecthost.status": status})
+        if _unranked:
+            _ranked(handle.group_key, settlement.position, settlement.rank)
         if group is not None:
             group.consumed = max(group.consumed, settlement.rank)
             if group.deciding_rank is None and _decides(group, settlement):
@@ -392,6 +398,7 @@ def _wrap_close(original: Callable[..., Any]) -> Callable[..., Any]:
         in_force = _value(disposition) if disposition is not None else None
         if group is not None and _groups.pop(key, None) is not None:
             _release(key, group)
+            _end_unranked(handle.group_key)
             consumed = max(group.consumed, handle.consumed)
             retired = consumed == group.width
             attrs: dict[str, Any] = {
@@ -503,14 +510,10 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
                     links.append(trace.Link(current))
         started = time.perf_counter()
         status = "cancelled"
-        with inst.tracer.start_as_current_span(
-            CHILD_SPAN,
-            context=parent,
-            links=links,
-            attributes=attrs,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
+        span = inst.tracer.start_span(CHILD_SPAN, context=parent, links=links, attributes=attrs)
+        with trace.use_span(
+            span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+        ):
             if taken_over:
                 span.add_event(TAKEN_OVER)
             try:
@@ -529,6 +532,40 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
                     time.perf_counter() - started,
                     {"effecthost.kind": kind, "effecthost.status": status},
                 )
+                _settled(span, membership)
         return outcome
 
     return execute
+
+
+def _settled(span: trace.Span, membership: Any) -> None:
+    """End a child's span at its settlement, or, when a caller of this process holds its
+    group open, keep it (with that end time) until the caller's await serves its rank, so
+    the span carries the rank too; the group's close ends the ones never served."""
+    ended = time.time_ns()
+    if membership is not None:
+        group = _by_key.get(membership.group_key)
+        if group is not None and span.get_span_context().trace_id == group.trace_id:
+            slot = (membership.group_key, membership.position)
+            earlier = _unranked.pop(slot, None)
+            if earlier is not None:
+                earlier[0].end(end_time=earlier[1])
+            _unranked[slot] = (span, ended)
+            while len(_unranked) > MAX_OPEN_SPANS:
+                old, at = _unranked.pop(next(iter(_unranked)))
+                old.end(end_time=at)
+            return
+    span.end(end_time=ended)
+
+
+def _ranked(group_key: str, position: int, rank: int) -> None:
+    entry = _unranked.pop((group_key, position), None)
+    if entry is not None:
+        entry[0].set_attribute("effecthost.rank", rank)
+        entry[0].end(end_time=entry[1])
+
+
+def _end_unranked(group_key: str | None = None) -> None:
+    for slot in [s for s in _unranked if group_key is None or s[0] == group_key]:
+        span, at = _unranked.pop(slot)
+        span.end(end_time=at)
