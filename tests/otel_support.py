@@ -67,18 +67,18 @@ def _record(span: ReadableSpan) -> Record:
 
 
 class FileExporter(SpanExporter):
-    """Appends each finished span as a JSON line (flushed at once: the process may be
-    SIGKILLed next)."""
+    """Appends each finished span as a JSON line, flushed at once (the process may be
+    SIGKILLed next). The file is opened once: a Temporal workflow's spans are exported
+    from inside its sandbox, where ``open`` is refused."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
+        self.out = open(path, "a", encoding="utf-8")
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        with open(self.path, "a", encoding="utf-8") as out:
-            for span in spans:
-                name, trace_id, span_id, parent_id, attributes = _record(span)
-                line = [name, trace_id, span_id, parent_id, attributes]
-                out.write(json.dumps(line) + "\n")
+        for span in spans:
+            name, trace_id, span_id, parent_id, attributes = _record(span)
+            self.out.write(json.dumps([name, trace_id, span_id, parent_id, attributes]) + "\n")
+        self.out.flush()
         return SpanExportResult.SUCCESS
 
 

@@ -1,19 +1,23 @@
 """Issue 23 on the Temporal tier: the caller's group span, the child spans the worker
 records and the tools' own spans form one trace, linked through Temporal's headers by
-``temporalio.contrib.opentelemetry``'s interceptor on the client (the worker inherits it)."""
+``temporalio.contrib.opentelemetry``'s interceptor: given on the client (the worker
+inherits it), or added by the host and the worker themselves when telemetry is on."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from pathlib import Path
 
 import pytest
 from otel_support import (
+    SPANS_FILE,
     await_ranks,
     child_spans,
     collected,
     expected_shape,
+    registry,
     run_program,
     shape,
     work,
@@ -23,7 +27,7 @@ from temporalio.contrib.opentelemetry import TracingInterceptor
 
 from effecthost.contract import ToolRegistry
 from effecthost.hosts.temporal import TemporalEffectHost, create_worker
-from effecthost.hosts.temporal.testing import DevServer
+from effecthost.hosts.temporal.testing import DevServer, WorkerProcess
 
 from ._support import require_cli
 
@@ -58,5 +62,48 @@ async def _program(root: Path) -> None:
             assert sorted(await_ranks(spans, key).values()) == [1, 2, 3]
             children = child_spans(spans, key)
             assert all(c.attributes.get("effecthost.attempt") == 1 for c in children)
+    finally:
+        await server.stop()
+
+
+@pytest.mark.timeout(120)
+def test_issue23_one_trace_across_a_worker_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: the worker runs in its own process, its client connected without any
+    interceptor: with telemetry on, the host and the worker add Temporal's tracing
+    interceptor themselves, and the worker process's child spans (and their tools' spans)
+    hang under the caller's group span."""
+    require_cli()
+    spans_file = tmp_path / "worker-spans.jsonl"
+    monkeypatch.setenv(SPANS_FILE, str(spans_file))
+    tests = str(Path(__file__).parents[1])
+    paths = [tests, os.environ.get("PYTHONPATH")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+    asyncio.run(_across(tmp_path, spans_file))
+
+
+async def _across(root: Path, spans_file: Path) -> None:
+    server = DevServer(root / "temporal")
+    client = await server.start()
+    queue = f"otel-{uuid.uuid4().hex[:8]}"
+    worker = WorkerProcess(server.address, "default", queue, root, root / "worker.log")
+    at = worker.argv.index("--resolver")
+    worker.argv[at + 1 : at + 4] = ["otel_support:registry"]
+    key = f"otel:temporal:{uuid.uuid4().hex[:8]}"
+    try:
+        with collected() as seen:
+            await worker.start()
+            host = TemporalEffectHost(client, queue, registry)
+            try:
+                assert await run_program(host, key) == [0, 1, 2]
+            finally:
+                await host.aclose()
+                # stopped before its spans are read: an activity's own span ends after
+                # the settlement it recorded reached the caller
+                await worker.terminate()
+            spans = seen.finished(spans_file)
+            assert shape(spans, key) == expected_shape()
+            assert len(child_spans(seen.finished(), key)) == 0  # all of them from the worker
     finally:
         await server.stop()

@@ -19,7 +19,14 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["attached", "carrier", "instrument", "instrumented", "uninstrument"]
+__all__ = [
+    "attached",
+    "carrier",
+    "instrument",
+    "instrumented",
+    "tracer_provider",
+    "uninstrument",
+]
 
 _active: Any = None
 """The running instrumentation (``effecthost.telemetry._otel``), or ``None``."""
@@ -55,6 +62,12 @@ def uninstrument() -> None:
 
 def instrumented() -> bool:
     return _active is not None
+
+
+def tracer_provider() -> Any:
+    """The tracer provider :func:`instrument` was given, or ``None`` (the global one); for
+    an engine's own tracing (Temporal's interceptor) to report into the same place."""
+    return None if _active is None else _active.tracer_provider()
 
 
 def carrier() -> dict[str, str]:

@@ -111,10 +111,18 @@ _unranked: dict[tuple[str, int], tuple[trace.Span, int]] = {}
 _patched: list[tuple[type, str, Any]] = []
 
 
+_provider: Any = None
+
+
+def tracer_provider() -> Any:
+    return _provider
+
+
 def install(tracer_provider: Any, meter_provider: Any) -> None:
-    global _inst, _fixed
+    global _inst, _fixed, _provider
     if _inst is not None:
         return
+    _provider = tracer_provider
     if tracer_provider is not None and meter_provider is not None:
         _fixed = not (_silent(tracer_provider) and _silent(meter_provider))
     else:
@@ -152,8 +160,9 @@ def install(tracer_provider: Any, meter_provider: Any) -> None:
 
 
 def uninstall() -> None:
-    global _inst, _fixed
+    global _inst, _fixed, _provider
     _fixed = None
+    _provider = None
     _controller._on_subclass = None
     for cls, name, original in reversed(_patched):
         setattr(cls, name, original)
