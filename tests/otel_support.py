@@ -169,9 +169,10 @@ OURS = ("effecthost.group", "effecthost.child", "effecthost.await", TOOL_SPAN)
 
 
 def shape(spans: list[Record], key: str) -> list[tuple[str, str | None]]:
-    """The tree of one group's spans as (span, nearest ancestor of ours), sorted: spans an
-    engine adds in between (a Temporal activity's) are walked through, so every tier that
-    keeps the links intact gives the same shape. Asserts one trace holds them all."""
+    """The tree under one group's span as (span, nearest ancestor of ours), sorted: spans
+    an engine adds in between (a Temporal activity's) are walked through, so every tier that
+    keeps the links intact gives the same shape. A span whose parent was not exported
+    fails it (a broken link), as does a span of ours outside the trace (it is missing)."""
     by_id = {s.span_id: s for s in spans}
     group = [
         s
@@ -179,20 +180,24 @@ def shape(spans: list[Record], key: str) -> list[tuple[str, str | None]]:
         if s.name == "effecthost.group" and s.attributes.get("effecthost.group.key") == key
     ]
     assert len(group) == 1, [s.name for s in spans]
-    trace_id = group[0].trace_id
-    mine = [s for s in spans if s.trace_id == trace_id and s.name in OURS]
-    result = []
+    root = group[0]
+    mine = [s for s in spans if s.trace_id == root.trace_id and s.name in OURS]
+    result = [(root.name, None)]
     for span in mine:
         parent = span.parent_id
         ancestor = None
-        while parent is not None:
+        under = False
+        while parent is not None and span is not root:
             above = by_id.get(parent)
             assert above is not None, f"{span.name}'s parent {parent:x} was not exported"
-            if above.name in OURS:
+            if ancestor is None and above.name in OURS:
                 ancestor = above.name
+            if above is root:
+                under = True
                 break
             parent = above.parent_id
-        result.append((span.name, ancestor))
+        if under:
+            result.append((span.name, ancestor))
     return sorted(result, key=lambda item: (item[0], item[1] or ""))
 
 

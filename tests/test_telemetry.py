@@ -153,3 +153,41 @@ def test_without_the_extra_instrument_names_the_install() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "effecthost[otel]" in result.stdout
+
+
+@pytest.mark.anyio
+async def test_a_group_a_tool_opens_hangs_under_that_tools_child_span() -> None:
+    """Issue 23: a tool that opens a group of its own (an agent step fanning out) gets a
+    group span under its child's span, with its children's spans under that."""
+    host: MemoryEffectHost
+
+    async def fan_out(_value: Any) -> Any:
+        return await run_program(host, "otel:mem:inner")
+
+    with collected() as seen:
+        host = MemoryEffectHost(ToolRegistry({"work": work, "fan_out": fan_out}))
+        outer = EffectGroup(
+            key="otel:mem:outer",
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[
+                EffectEnvelope(replay_key="outer:0", kind=EffectKind.TOOL_CALL, name="fan_out")
+            ],
+        )
+        try:
+            handle = await host.open_effect_group(outer)
+            assert (await host.await_next_settlement(handle)).outcome.value == [0, 1, 2]
+            await host.close_effect_group(handle)
+        finally:
+            await host.aclose()
+        spans = seen.finished()
+        assert shape(spans, "otel:mem:inner") == expected_shape()
+        (inner,) = [
+            s
+            for s in spans
+            if s.attributes.get("effecthost.group.key") == "otel:mem:inner"
+            and s.name == "effecthost.group"
+        ]
+        (outer_child,) = child_spans(spans, "otel:mem:outer")
+        assert inner.parent_id == outer_child.span_id
+        assert inner.trace_id == outer_child.trace_id

@@ -520,6 +520,8 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
         started = time.perf_counter()
         status = "cancelled"
         span = inst.tracer.start_span(CHILD_SPAN, context=parent, links=links, attributes=attrs)
+        # the tool starts afresh: a group it opens itself gets its own spans
+        inside, draining = _in_call.set(False), _draining.set(False)
         with trace.use_span(
             span, end_on_exit=False, record_exception=False, set_status_on_exception=False
         ):
@@ -542,6 +544,8 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
                     {"effecthost.kind": kind, "effecthost.status": status},
                 )
                 _settled(span, membership)
+                _draining.reset(draining)
+                _in_call.reset(inside)
         return outcome
 
     return execute
