@@ -237,3 +237,20 @@ instruments that process into the file :data:`SPANS_FILE` names."""
 
 if os.environ.get(SPANS_FILE) and not telemetry.instrumented():
     instrument_to_file(os.environ[SPANS_FILE])
+
+
+def traced_memory_factory(env: Any) -> Any:
+    """The memory host's conformance factory with telemetry on (the SDK, spans kept in
+    memory): the suite must pass with every method wrapped."""
+    from effecthost.hosts.memory.testing import sealed_factory
+
+    global _provider
+    if not telemetry.instrumented():
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+        _provider = provider
+        reader = InMemoryMetricReader()
+        telemetry.instrument(
+            tracer_provider=provider, meter_provider=MeterProvider(metric_readers=[reader])
+        )
+    return sealed_factory(env)

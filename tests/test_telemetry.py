@@ -4,6 +4,7 @@ the real SDK's in-memory exporters."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -191,3 +192,28 @@ async def test_a_group_a_tool_opens_hangs_under_that_tools_child_span() -> None:
         (outer_child,) = child_spans(spans, "otel:mem:outer")
         assert inner.parent_id == outer_child.span_id
         assert inner.trace_id == outer_child.trace_id
+
+
+def test_the_conformance_suite_passes_with_telemetry_on() -> None:
+    """Issue 23: instrumentation changes no behaviour: the shipped conformance suite passes
+    on the memory host with every controller, drain and executor method wrapped (G-19's
+    cancelled awaits, G-27's closes, R-9's outer cancellation included)."""
+    tests = str(Path(__file__).parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (tests, env.get("PYTHONPATH")) if p)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "effecthost.cli",
+            "conformance",
+            "otel_support:traced_memory_factory",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert " 0 failed" in result.stdout
