@@ -19,12 +19,15 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
+from opentelemetry.metrics import _internal as _global_meters
 from opentelemetry.trace import Status, StatusCode
 
 from .. import __version__
 from ..contract import _controller
 from ..contract._controller import EffectController, EffectExecutor, ExecutionInput, GroupDrain
 from ..contract._types import EffectGroup, GroupHandle, LoserPolicy, Outcome, Settlement, WakePolicy
+
+_global_tracers = trace
 
 SCOPE = "effecthost"
 
@@ -88,16 +91,17 @@ def _silent(provider: Any) -> bool:
 
 def _live() -> _Instruments | None:
     """The instruments, or ``None`` while no provider records anything (nothing is set
-    globally, or both given are no-ops): then the wrappers only pass the call through."""
+    globally, or both given are no-ops): then the wrappers only pass the call through.
+    The API's globals are read directly (``get_tracer_provider`` reads the environment on
+    every call) and only until one is set: once set, a global provider stays."""
+    global _fixed
     inst = _inst
     if inst is None or _fixed is False:
         return None
-    if (
-        _fixed is None
-        and _silent(trace.get_tracer_provider())
-        and _silent(metrics.get_meter_provider())
-    ):
-        return None
+    if _fixed is None:
+        if _global_tracers._TRACER_PROVIDER is None and _global_meters._METER_PROVIDER is None:
+            return None
+        _fixed = True
     return inst
 
 
@@ -127,6 +131,8 @@ def install(tracer_provider: Any, meter_provider: Any) -> None:
         _fixed = not (_silent(tracer_provider) and _silent(meter_provider))
     else:
         _fixed = None
+        trace.get_tracer_provider()  # loads one the environment names (OTEL_PYTHON_*)
+        metrics.get_meter_provider()
     tracer = trace.get_tracer(SCOPE, __version__, tracer_provider=tracer_provider)
     meter = metrics.get_meter(SCOPE, __version__, meter_provider=meter_provider)
     _inst = _Instruments(
@@ -153,6 +159,8 @@ def install(tracer_provider: Any, meter_provider: Any) -> None:
             "effecthost.children.taken_over", "{child}", "children a drain pass took over"
         ),
     )
+    if _fixed is False:
+        return  # both providers given are no-ops: nothing can ever be recorded
     _patch(EffectExecutor, "execute", _wrap_execute)
     for cls in _all_subclasses(EffectController) | _all_subclasses(GroupDrain):
         _patch_class(cls)
