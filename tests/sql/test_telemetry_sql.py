@@ -78,6 +78,16 @@ def test_issue23_a_sigkilled_callers_reopen_keeps_the_tree(
     with collected() as seen:
         assert asyncio.run(_reopen(path, key)) == [0, 1, 2]
         spans = seen.finished(killed_spans)
+        points = seen.metric_points()
+    assert sum(p.value for p in points["effecthost.drain.passes"]) >= 1
+    (taken,) = points["effecthost.children.taken_over"]
+    assert (taken.value, taken.attributes["effecthost.action"]) == (3, "resumed")
+    drains = [
+        s
+        for s in spans
+        if s.name == "effecthost.drain" and s.attributes["effecthost.drain.resumed"]
+    ]
+    assert sum(s.attributes["effecthost.drain.resumed"] for s in drains) == 3
     assert shape(spans, key) == expected_shape()
     children = child_spans(spans, key)
     assert [c.attributes["effecthost.attempt"] for c in children] == [2, 2, 2]
