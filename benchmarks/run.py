@@ -64,6 +64,7 @@ SUITE = [
     Bench("sealing", "sql_sealing.py", default=False),
     Bench("restate-count", "restate_wide.py", default=False, args=["--count"]),
     Bench("temporal-claims", "temporal_replay_claims.py", ["--rounds", "5"], default=False),
+    Bench("otel-cost", "otel_cost.py", ["--groups", "300", "--rounds", "3"], default=False),
 ]
 
 

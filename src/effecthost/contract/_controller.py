@@ -235,9 +235,20 @@ class DrainReport:
 class GroupDrain(ABC):
     """Finishes children whose caller is gone, applying the group's recorded disposition."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if _on_subclass is not None:
+            _on_subclass(cls)
+
     @abstractmethod
     async def run_pass(self) -> DrainReport:
         """One pass over unfinished children of open (or abandoned) groups."""
+
+
+_on_subclass: Callable[[type], None] | None = None
+"""Called with each controller or drain class defined after instrumentation was switched on
+(``effecthost.telemetry.instrument``), so a tier imported later is instrumented too; ``None``
+otherwise: nothing runs per call when telemetry is off."""
 
 
 class EffectController(ABC):  # noqa: B024 - loud defaults, nothing abstract (G-07)
@@ -246,6 +257,11 @@ class EffectController(ABC):  # noqa: B024 - loud defaults, nothing abstract (G-
     A subclass implementing groups overrides every group method and answers
     :meth:`supports_effect_groups` from whether a resolver is registered — not a constant.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if _on_subclass is not None:
+            _on_subclass(cls)
 
     def supports_concurrent_effects(self) -> bool:
         """Whether ungrouped effects may run concurrently on this controller."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any
 
+from effecthost import telemetry
 from effecthost.contract import (
     CursorExhausted,
     DispositionWidened,
@@ -136,6 +137,9 @@ class GroupObjectClient(WiredController):
             "collect": True,  # an ALL group may be collected (the endpoint's ``collect``)
             **self._first_waiter(group),
         }
+        trace = telemetry.carrier()
+        if trace:
+            body["trace"] = trace  # the children's spans join the caller's trace (issue 23)
         answer = await self._call(group.key, "open", body)
         self._opened(group, body, answer)
         _raise_refusal(answer)

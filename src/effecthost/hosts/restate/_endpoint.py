@@ -53,6 +53,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import timedelta
 from typing import Any
 
+from effecthost import telemetry
 from effecthost.contract import (
     EffectEnvelope,
     EffectHostError,
@@ -468,6 +469,8 @@ def build_services(
                 key, req["epoch"], position, envelope, targets.get(str(position)), cancel=False
             )
             body["collect"] = True
+            if req.get("trace"):
+                body["trace"] = req["trace"]  # the caller's trace context (issue 23)
             pending.append(ctx.service_call(run, body, idempotency_key=idem, headers=headers))
         ready: list[dict[str, Any]] = []
         recording: Any = None
@@ -586,6 +589,7 @@ def build_services(
                         "first": first,
                         "children": envelopes[part.start : part.stop],
                         "targets": {str(p): targets[str(p)] for p in part if str(p) in targets},
+                        **({"trace": req["trace"]} if req.get("trace") else {}),
                     },
                 )
             return {"ok": True, "epoch": epoch, "reopened": False, "parked": req.get("waiter")}
@@ -601,6 +605,8 @@ def build_services(
                 first_success=req["disposition"] == CANCEL
                 and req["wake"] == WakePolicy.FIRST_SUCCESS.value,
             )
+            if req.get("trace"):
+                body["trace"] = req["trace"]  # the caller's trace context (issue 23)
             handles.append(ctx.service_send(run, body, idempotency_key=idem, headers=headers))
         if req["disposition"] == LoserPolicy.CANCEL.value:
             # likely to cancel: keep the ids now (waiting for them holds the group's lock
@@ -1134,7 +1140,8 @@ def build_services(
         group_key = req["group_key"]
 
         async def action() -> dict[str, Any]:
-            outcome = await guarded_tool(group_key, envelope, guard, rerun, invocation)
+            with telemetry.attached(req.get("trace")):  # the child's span in the caller's trace
+                outcome = await guarded_tool(group_key, envelope, guard, rerun, invocation)
             if outcome == HELD:
                 # encoded now: once a cancel ends the hold the child awaits nothing more
                 # (a cancel still pending would cut that await, and the settle with it)

@@ -94,6 +94,7 @@ from ._shared import (  # noqa: E402
     children_digest,
     chunk_update_id,
 )
+from ._tracing import traced_client  # noqa: E402
 from ._workflow import EffectGroupWorkflow  # noqa: E402
 
 _ERRORS: dict[str, type[EffectHostError]] = {
@@ -301,6 +302,7 @@ class TemporalEffectHost(WiredController):
         chunk_bytes: int = MAX_SPEC_BYTES,
         outage_bound: float = DEFAULT_OUTAGE_BOUND,
     ) -> None:
+        client = traced_client(client)  # the caller's trace context reaches the children
         if keys is not None:
             client = sealed_client(client, keys)
             if payloads is None:

@@ -46,6 +46,7 @@ from ._shared import (  # noqa: E402
     SHARD_WORKFLOW_NAME,
     error_details,
 )
+from ._tracing import traced_client  # noqa: E402
 from ._workflow import EffectGroupWorkflow, EffectShardWorkflow  # noqa: E402
 
 HOLD_POLL = 0.5
@@ -244,6 +245,7 @@ def create_worker(
     client (every payload in history sealed) and, when ``payloads`` is not given, seals
     outcomes with ``AesGcmSealer(keys)`` (inline, no store).
     """
+    client = traced_client(client)  # the caller's trace context reaches the children
     if keys is not None:
         client = sealed_client(client, keys)
         if payloads is None:

@@ -1,0 +1,117 @@
+"""Issue 23 on the SQL tier: the telemetry program on PostgreSQL, and on SQLite after its
+first caller was SIGKILLed: the reopening caller's trace holds the group, the children
+it (or its drain pass) ran again and their tools' spans."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from otel_support import (
+    SPANS_FILE,
+    await_ranks,
+    child_spans,
+    collected,
+    expected_shape,
+    program_group,
+    registry,
+    run_program,
+    shape,
+)
+
+from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore
+
+TESTS = Path(__file__).parents[1]
+CALLER = str(Path(__file__).with_name("_otel_caller.py"))
+
+
+@pytest.mark.anyio
+async def test_issue23_postgres_gives_the_same_tree(pg_dsn: str, pg_schema: str) -> None:
+    """Issue 23: the same program on PostgreSQL yields the same span tree as on memory."""
+    with collected() as seen:
+        host = SqlEffectHost(PostgresStore(pg_dsn, schema=pg_schema, pool_size=2), registry)
+        await host.start()
+        try:
+            assert await run_program(host, "otel:pg:0") == [0, 1, 2]
+        finally:
+            await host.aclose()
+        spans = seen.finished()
+        assert shape(spans, "otel:pg:0") == expected_shape()
+        ranks = await_ranks(spans, "otel:pg:0")
+        assert sorted(ranks.values()) == [1, 2, 3]
+        children = child_spans(spans, "otel:pg:0")
+        assert [c.attributes["effecthost.rank"] for c in children] == [ranks[p] for p in range(3)]
+
+
+@pytest.mark.timeout(120)
+def test_issue23_a_sigkilled_callers_reopen_keeps_the_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: a caller is SIGKILLed while its three children run; a new caller reopens
+    the group and drains the dead lease's children. Its trace has one group span, the three
+    child spans under it (each marked taken over by the drain) and the tools' spans inside
+    them, and an await span per rank."""
+    path = tmp_path / "otel.sqlite3"
+    key = "otel:sqlite:killed:0"
+    killed_spans = tmp_path / "killed-spans.jsonl"
+    env = dict(os.environ)
+    env[SPANS_FILE] = str(killed_spans)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH")) if p)
+    caller = subprocess.Popen(
+        [sys.executable, CALLER, str(path), key],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert caller.stdout is not None
+    line = caller.stdout.readline()
+    caller.send_signal(signal.SIGKILL)
+    _out, err = caller.communicate(timeout=30)
+    assert line.strip() == "running", err
+    with collected() as seen:
+        assert asyncio.run(_reopen(path, key)) == [0, 1, 2]
+        spans = seen.finished(killed_spans)
+        points = seen.metric_points()
+    assert sum(p.value for p in points["effecthost.drain.passes"]) >= 1
+    (taken,) = points["effecthost.children.taken_over"]
+    assert (taken.value, taken.attributes["effecthost.action"]) == (3, "resumed")
+    drains = [
+        s
+        for s in spans
+        if s.name == "effecthost.drain" and s.attributes["effecthost.drain.resumed"]
+    ]
+    assert sum(s.attributes["effecthost.drain.resumed"] for s in drains) == 3
+    assert shape(spans, key) == expected_shape()
+    children = child_spans(spans, key)
+    assert [c.attributes["effecthost.attempt"] for c in children] == [2, 2, 2]
+    assert all(c.attributes.get("effecthost.child.taken_over") for c in children)
+    ranks = await_ranks(spans, key)
+    assert [c.attributes["effecthost.rank"] for c in children] == [ranks[p] for p in range(3)]
+
+
+async def _reopen(path: Path, key: str) -> list[object]:
+    host = SqlEffectHost(SqliteStore(path), registry, lease_ttl=0.6, renew_every=0.1)
+    await host.start()
+    try:
+        handle = await host.open_effect_group(program_group(key))
+        passes = host.drain()
+        deadline = time.monotonic() + 30
+        while any(r.state != "settled" for r in await host.store.children(key)):
+            assert time.monotonic() < deadline, "the killed caller's children never re-ran"
+            await passes.run_pass()
+            await asyncio.sleep(0.05)  # the database clock passing the dead lease's TTL
+        values = {}
+        while not handle.exhausted:
+            settlement = await host.await_next_settlement(handle)
+            values[settlement.position] = settlement.outcome.value
+        await host.close_effect_group(handle)
+        return [values[p] for p in sorted(values)]
+    finally:
+        await host.aclose()
