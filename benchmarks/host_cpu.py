@@ -35,14 +35,14 @@ import asyncio
 import cProfile
 import gc
 import io
-import json
 import platform
 import pstats
-import statistics
 import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
+
+from _bench import RESULTS, spread, write_json
 
 from effecthost.combinators import Scope, all_, tool
 from effecthost.contract import ToolRegistry, limits
@@ -103,9 +103,9 @@ def cpu_rows(groups: int, width: int, rounds: int) -> dict[str, Any]:
         "workload": f"all() of {width}",
         "groups": groups,
         "rounds": rounds,
-        "us_per_child": _spread(host_us),
-        "native_us_per_child": _spread(native_us),
-        "library_us_per_child": _spread([h - n for h, n in zip(host_us, native_us, strict=True)]),
+        "us_per_child": spread(host_us),
+        "native_us_per_child": spread(native_us),
+        "library_us_per_child": spread([h - n for h, n in zip(host_us, native_us, strict=True)]),
     }
 
 
@@ -186,8 +186,8 @@ def scaling_rows(widths: list[int], rounds: int) -> dict[str, Any]:
             samples[width].append(_one_wide_cpu(width))
     rows = {
         str(w): {
-            "us_per_child": _spread([s["us_per_child"] for s in got]),
-            "gc_us_per_child": _spread([s["gc_us_per_child"] for s in got]),
+            "us_per_child": spread([s["us_per_child"] for s in got]),
+            "gc_us_per_child": spread([s["gc_us_per_child"] for s in got]),
             "collections": [s["collections"] for s in got],
         }
         for w, got in samples.items()
@@ -225,9 +225,9 @@ def memory_rows(width: int, rounds: int) -> dict[str, Any]:
         "asked_width": width,
         "width": ran,
         "rounds": rounds,
-        "bytes_per_child": _spread(per_child),
-        "held_calls_bytes_per_child": _spread(held),
-        "native_bytes_per_child": _spread(native),
+        "bytes_per_child": spread(per_child),
+        "held_calls_bytes_per_child": spread(held),
+        "native_bytes_per_child": spread(native),
     }
 
 
@@ -293,15 +293,6 @@ def memory_profile(width: int, top: int) -> str:
     return "\n".join(lines)
 
 
-def _spread(samples: list[float]) -> dict[str, Any]:
-    return {
-        "median": statistics.median(samples),
-        "min": min(samples),
-        "max": max(samples),
-        "samples": samples,
-    }
-
-
 def measure(
     groups: int = 2000,
     width: int = 8,
@@ -357,9 +348,8 @@ def main(options: argparse.Namespace) -> None:
         print(profile(options.groups, options.width, options.profile))
     if options.memory_profile:
         print(memory_profile(options.wide, options.memory_profile))
-    out = Path(options.out or Path(__file__).parent / "results" / "host_cpu.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2) + "\n")
+    out = Path(options.out or RESULTS / "host_cpu.json")
+    write_json(out, document)
     print(f"wrote {out}")
 
 

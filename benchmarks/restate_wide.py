@@ -16,13 +16,14 @@ Writes JSON (``--out``, default benchmarks/results/restate_wide.json).
 
 import argparse
 import asyncio
-import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _bench import write_json
+from restate_groups import bench_restate
 
 WORK = "bench.work"
 
@@ -222,24 +223,8 @@ async def widths(
 
 
 async def main(options: argparse.Namespace) -> dict[str, Any]:
-    from effecthost.hosts.restate import register_deployment
-    from effecthost.hosts.restate.testing import LocalRestate, _spawn, _stop, _wait_until
-
     with tempfile.TemporaryDirectory(prefix="effecthost-wide-") as tmp:
-        local = LocalRestate(Path(tmp), "unused:unused")
-        await local.start_server()
-        log = (Path(tmp) / "wide-endpoint.log").open("ab")
-        bind = f"127.0.0.1:{local.endpoint_port}"
-        endpoint = _spawn([sys.executable, __file__, "--serve", bind], log)
-        try:
-
-            async def up() -> bool:
-                _, writer = await asyncio.open_connection("127.0.0.1", local.endpoint_port)
-                writer.close()
-                return True
-
-            await _wait_until(up, "bench endpoint")
-            await register_deployment(local.admin_url, local.endpoint_uri, force=True)
+        async with bench_restate(Path(tmp), __file__) as local:
             if options.count:
                 rows = await count(local.ingress_url, local.admin_url)
                 for row in rows:
@@ -249,17 +234,12 @@ async def main(options: argparse.Namespace) -> dict[str, Any]:
                     )
                 return {"counts": rows}
             sizes = [int(w) for w in options.widths.split(",")]
-            assert local.server is not None
-            pids = [local.server.pid, endpoint.pid]
+            pids = [local.server.pid, local.endpoint.pid]
             server_log = Path(tmp) / "restate-server.log"
             rows = await widths(
                 local.ingress_url, local.admin_url, server_log, sizes, options.rounds, pids
             )
             return {"widths": rows}
-        finally:
-            _stop(endpoint, 9)
-            log.close()
-            await local.stop()
 
 
 if __name__ == "__main__":
@@ -273,6 +253,4 @@ if __name__ == "__main__":
     if options.serve:
         serve(options.serve)
     else:
-        result = asyncio.run(main(options))
-        options.out.parent.mkdir(parents=True, exist_ok=True)
-        options.out.write_text(json.dumps(result, indent=2))
+        write_json(options.out, asyncio.run(main(options)))

@@ -26,11 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import secrets
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -38,6 +34,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from _bench import machine, postgres, write_json
 
 from effecthost.contract import (
     EffectEnvelope,
@@ -48,7 +46,6 @@ from effecthost.contract import (
     WakePolicy,
 )
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
-from effecthost.hosts.sql.testing import PostgresServer
 from effecthost.payloads import AesGcmSealer, InMemoryKeyStore, PayloadPolicy
 
 _RUN = iter(range(1_000_000))
@@ -170,12 +167,7 @@ async def main() -> None:
     )
     options = parser.parse_args()
     substrates = options.substrates.split(",")
-    document: dict[str, Any] = {
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "cpus": os.cpu_count(),
-        "rows": [],
-    }
+    document: dict[str, Any] = {**machine(sqlite=True, load=None), "rows": []}
     header = f"{'workload':<28}{'db':<10}{'plain/s':>10}{'sealed/s':>12}{'ratio':>8}"
     print(header + "\n" + "-" * len(header), flush=True)
     if "sqlite" in substrates:
@@ -183,26 +175,12 @@ async def main() -> None:
             path = Path(folder) / "bench.sqlite3"
             document["rows"] += await bench("sqlite", lambda: SqliteStore(path), options)
     if "postgres" in substrates:
-        dsn = os.environ.get("EFFECTHOST_POSTGRES_DSN")
-        server: PostgresServer | None = None
-        try:
-            if not dsn:
-                server = PostgresServer(fsync=not options.no_fsync)
-                dsn = server.start()
+        with postgres(fsync=not options.no_fsync) as dsn:
             schema = f"ehseal_{secrets.token_hex(4)}"
-            chosen = dsn
             document["rows"] += await bench(
-                "postgres", lambda: PostgresStore(chosen, schema=schema), options
+                "postgres", lambda: PostgresStore(dsn, schema=schema), options
             )
-        finally:
-            if server is not None:
-                server.stop()
-    _write(Path(options.out), document)
-
-
-def _write(path: Path, document: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n")
+    write_json(Path(options.out), document)
 
 
 if __name__ == "__main__":
