@@ -17,11 +17,9 @@ and a key directory in the work dir): payload references and sealing (G-47…G-5
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +33,10 @@ from effecthost.conformance import (
 )
 from effecthost.contract import EffectController, EffectGroup, GroupExecutors
 from effecthost.hosts import EngineMissing, require
+from effecthost.hosts._procs import free_port
+from effecthost.hosts._procs import spawn as _spawn
+from effecthost.hosts._procs import stop as _stop
+from effecthost.hosts._procs import wait_until as _wait_until
 from effecthost.payloads import (
     AesGcmSealer,
     FileKeyStore,
@@ -80,47 +82,6 @@ def find_server_binary() -> str:
     raise EngineMissing(
         "restate-server", f"run scripts/install-restate.sh (it prints the path) or set {SERVER_ENV}"
     )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-async def _wait_until(probe: Any, what: str, timeout: float = 30.0) -> None:
-    """Poll a readiness probe of a process we started (start-up only, never ordering)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    delay = 0.02
-    while True:
-        with contextlib.suppress(Exception):
-            if await probe():
-                return
-        if loop.time() > deadline:
-            raise TimeoutError(f"{what} did not come up within {timeout}s")
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.25)
-
-
-def _spawn(
-    command: list[str], log: IO[bytes], *, env: dict[str, str] | None = None, cwd: Any = None
-) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-    )
-
-
-def _stop(process: subprocess.Popen[bytes] | None, sig: int, wait: float = 10.0) -> None:
-    if process is None or process.poll() is not None:
-        return
-    process.send_signal(sig)
-    try:
-        process.wait(wait)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(wait)
 
 
 class LocalRestate:
