@@ -358,3 +358,15 @@ def _host_options(parser: argparse.ArgumentParser, *, engines: bool = False) -> 
         metavar="SECONDS",
         help="how long to wait for PostgreSQL to answer (default 10)",
     )
+
+
+def command(commands: Any, name: str, **texts: str) -> argparse.ArgumentParser:
+    """A subcommand of ``commands`` (``help``, ``description``) with the exit-code table
+    under its ``--help``."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name,
+        **texts,
+        epilog=exit_code_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser

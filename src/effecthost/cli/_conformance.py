@@ -14,7 +14,7 @@ from typing import Any
 
 from effecthost._inspect import safe_text
 
-from ._common import ExitCode, Refused, _problem, _Progress, _shown, exit_code_help
+from ._common import ExitCode, Refused, _problem, _Progress, _shown, command
 
 
 def _conformance(args: argparse.Namespace) -> int:
@@ -223,11 +223,10 @@ def _guarded_factory(spec: str, timeout: float) -> Any:
 
 def add_parser(commands: Any) -> None:
     """Add the command to ``commands`` (the ``effecthost`` subparsers)."""
-    conformance = commands.add_parser(
+    conformance = command(
+        commands,
         "conformance",
         help="run the conformance suite against a host factory",
-        epilog=exit_code_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     conformance.add_argument("factory", nargs="?", metavar="MODULE:FACTORY")
     conformance.add_argument("-k", metavar="EXPR", help="select checks (ids, names; and/or/not)")

@@ -26,7 +26,7 @@ from ._common import (
     _start,
     _store,
     _where,
-    exit_code_help,
+    command,
 )
 
 
@@ -248,15 +248,14 @@ def _drain(args: argparse.Namespace) -> int:
 
 def add_parser(commands: Any) -> None:
     """Add the command to ``commands`` (the ``effecthost`` subparsers)."""
-    drain = commands.add_parser(
+    drain = command(
+        commands,
         "drain",
         help="finish children whose caller or process is gone (SQL tiers)",
         description="Finish children whose caller or process is gone. The database must "
         "exist and be an effecthost database of this schema version; it is checked before "
         "anything is written. A database holding sealed outcomes is drained only with its "
         "payload settings (--keys).",
-        epilog=exit_code_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _host_options(drain)
     drain.add_argument(

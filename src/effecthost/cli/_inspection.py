@@ -24,7 +24,7 @@ from ._common import (
     _shown,
     _store,
     _where,
-    exit_code_help,
+    command,
 )
 
 
@@ -375,7 +375,8 @@ def _write_page(name: str, page: str, force: bool) -> None:
 
 def add_parser(commands: Any) -> None:
     """Add the command to ``commands`` (the ``effecthost`` subparsers)."""
-    inspect_ = commands.add_parser(
+    inspect_ = command(
+        commands,
         "inspect",
         help="list the open groups of a host, or one group's ranks",
         description="List the open groups of a host (key, age, wake, disposition, "
@@ -383,8 +384,6 @@ def add_parser(commands: Any) -> None:
         "Nothing is written and no write lock is taken: a SQLite file is opened read-only, "
         "a PostgreSQL schema is read in read-only transactions, Restate is read through "
         "its admin SQL API and Temporal through visibility, queries and history reads.",
-        epilog=exit_code_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _host_options(inspect_, engines=True)
     inspect_.add_argument("--group", metavar="KEY", help="show this group's rank table")

@@ -7,7 +7,14 @@ import asyncio
 import contextlib
 from typing import Any
 
-from ._common import ExitCode, Refused, _bounded_int, _host_options, _no_side_files, exit_code_help
+from ._common import (
+    ExitCode,
+    Refused,
+    _bounded_int,
+    _host_options,
+    _no_side_files,
+    command,
+)
 from ._inspection import _inspector
 
 
@@ -80,15 +87,14 @@ def _serve(args: argparse.Namespace) -> int:
 
 def add_parser(commands: Any) -> None:
     """Add the command to ``commands`` (the ``effecthost`` subparsers)."""
-    ui = commands.add_parser(
+    ui = command(
+        commands,
         "ui",
         help="serve every open group's timeline on a loopback address",
         description="A small local viewer: an index of the open groups of a host, each "
         "linking to the page `inspect --group KEY --html` writes. It reads like inspect "
         "(never writes) and listens on a loopback address only; stop it with Ctrl-C or "
         "SIGTERM.",
-        epilog=exit_code_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _host_options(ui, engines=True)
     ui.add_argument(
