@@ -21,6 +21,27 @@ from effecthost.hosts.sql import SqlEffectHost
 from effecthost.hosts.sql._store import ChildSpec
 
 
+def tool(replay_key: str, value: Any = None, name: str = "t") -> EffectEnvelope:
+    """A tool call child."""
+    return EffectEnvelope(replay_key=replay_key, kind=EffectKind.TOOL_CALL, name=name, input=value)
+
+
+def event(replay_key: str, name: str = "go", value: Any = None) -> EffectEnvelope:
+    """An ``await_event`` child waiting for event ``name``."""
+    return EffectEnvelope(
+        replay_key=replay_key, kind=EffectKind.AWAIT_EVENT, name=name, input=value
+    )
+
+
+def group(
+    key: str,
+    children: list[EffectEnvelope],
+    wake: WakePolicy = WakePolicy.ALL,
+    disposition: LoserPolicy = LoserPolicy.RUN_TO_COMPLETION,
+) -> EffectGroup:
+    return EffectGroup(key=key, wake=wake, disposition=disposition, children=children)
+
+
 def tools_group(
     key: str,
     n: int = 2,
@@ -28,27 +49,12 @@ def tools_group(
     wake: WakePolicy = WakePolicy.FIRST,
 ) -> EffectGroup:
     """``n`` children of tool ``t``, replay keys ``{key}.c{i}``, input ``i``."""
-    return EffectGroup(
-        key=key,
-        wake=wake,
-        disposition=disposition,
-        children=[
-            EffectEnvelope(replay_key=f"{key}.c{i}", kind=EffectKind.TOOL_CALL, name="t", input=i)
-            for i in range(n)
-        ],
-    )
+    return group(key, [tool(f"{key}.c{i}", i) for i in range(n)], wake, disposition)
 
 
 def event_group(key: str) -> EffectGroup:
     """A ``first``/``cancel`` group of one ``await_event`` child ``{key}.e`` on event ``go``."""
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[
-            EffectEnvelope(replay_key=f"{key}.e", kind=EffectKind.AWAIT_EVENT, name="go", input=0)
-        ],
-    )
+    return group(key, [event(f"{key}.e", value=0)], WakePolicy.FIRST, LoserPolicy.CANCEL)
 
 
 def spec(key: str, position: int = 0, *, claim: bool = False) -> ChildSpec:

@@ -10,12 +10,10 @@ import asyncio
 from typing import Any
 
 import pytest
-from sql_support import parked_wait, tools_group
+from sql_support import event, parked_wait, tools_group
 
 from effecthost.contract import (
-    EffectEnvelope,
     EffectGroup,
-    EffectKind,
     LoserPolicy,
     ToolRegistry,
     WakePolicy,
@@ -115,9 +113,7 @@ async def test_G21_a_watched_group_notifies_its_finalize_and_close(
             key="loud:g",
             wake=WakePolicy.FIRST,
             disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[
-                EffectEnvelope(replay_key="loud:e", kind=EffectKind.AWAIT_EVENT, name="go", input=0)
-            ],
+            children=[event("loud:e", value=0)],
         )
         handle = await waiter.open_effect_group(group)
         waiting = await parked_wait(waiter, handle)
