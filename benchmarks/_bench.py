@@ -53,6 +53,22 @@ def postgres(*, fsync: bool = True) -> Iterator[str]:
         server.stop()
 
 
+def work_group(key: str, n: int, value: Callable[[int], Any] = lambda i: i) -> Any:
+    """An ``all`` group (run to completion) of ``n`` calls of tool ``work``, replay keys
+    ``{key}.c{i}``, input ``value(i)``."""
+    from effecthost.contract import EffectEnvelope, EffectGroup, EffectKind, LoserPolicy, WakePolicy
+
+    calls = [
+        EffectEnvelope(
+            replay_key=f"{key}.c{i}", kind=EffectKind.TOOL_CALL, name="work", input=value(i)
+        )
+        for i in range(n)
+    ]
+    return EffectGroup(
+        key=key, wake=WakePolicy.ALL, disposition=LoserPolicy.RUN_TO_COMPLETION, children=calls
+    )
+
+
 def percentile(samples: list[float], q: float) -> float:
     """The sample at index ``q * n`` of the sorted samples (NaN when there are none)."""
     if not samples:

@@ -45,18 +45,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from _bench import machine, percentile, postgres, run
+from _bench import machine, percentile, postgres, run, work_group
 from sql_ceilings import PostgresCeiling, SqliteCeiling
 
-from effecthost.contract import (
-    EffectEnvelope,
-    EffectGroup,
-    EffectKind,
-    LoserPolicy,
-    Outcome,
-    ToolRegistry,
-    WakePolicy,
-)
+from effecthost.contract import EffectGroup, Outcome, ToolRegistry
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
 from effecthost.hosts.sql._store import Finalize, GroupRow, Opened
 
@@ -69,20 +61,6 @@ def _registry() -> ToolRegistry:
         return value
 
     return ToolRegistry({"work": work})
-
-
-def _group(key: str, n: int) -> EffectGroup:
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
-            EffectEnvelope(
-                replay_key=f"{key}.c{i}", kind=EffectKind.TOOL_CALL, name="work", input=i
-            )
-            for i in range(n)
-        ],
-    )
 
 
 _RUN = iter(range(1_000_000))
@@ -141,7 +119,7 @@ async def lib_small(
     async def caller(c: int) -> None:
         i = 0
         while time.perf_counter() < stop:
-            wakes.extend(await _consume(host, commits, _group(f"b{run}:group:{c}-{i}:0", 2)))
+            wakes.extend(await _consume(host, commits, work_group(f"b{run}:group:{c}-{i}:0", 2)))
             done[0] += 2
             i += 1
 
@@ -156,7 +134,7 @@ async def lib_big(host: SqlEffectHost, commits: _Commits, n: int, rounds: int) -
     for _ in range(rounds):
         run = next(_RUN)
         started = time.perf_counter()
-        wakes += await _consume(host, commits, _group(f"big{run}:group:g:0", n))
+        wakes += await _consume(host, commits, work_group(f"big{run}:group:g:0", n))
         rates.append(n / (time.perf_counter() - started))
     return {
         "children": n * rounds,

@@ -35,16 +35,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _bench import machine, postgres, write_json
+from _bench import machine, postgres, work_group, write_json
 
-from effecthost.contract import (
-    EffectEnvelope,
-    EffectGroup,
-    EffectKind,
-    LoserPolicy,
-    ToolRegistry,
-    WakePolicy,
-)
+from effecthost.contract import EffectGroup, ToolRegistry
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
 from effecthost.payloads import AesGcmSealer, InMemoryKeyStore, PayloadPolicy
 
@@ -56,20 +49,6 @@ def _registry() -> ToolRegistry:
         return {"n": size, "pad": "v" * int(size)}
 
     return ToolRegistry({"work": work})
-
-
-def _group(key: str, n: int, size: int) -> EffectGroup:
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
-            EffectEnvelope(
-                replay_key=f"{key}.c{i}", kind=EffectKind.TOOL_CALL, name="work", input=size
-            )
-            for i in range(n)
-        ],
-    )
 
 
 async def _consume(host: SqlEffectHost, group: EffectGroup) -> None:
@@ -87,7 +66,7 @@ async def small(host: SqlEffectHost, callers: int, seconds: float) -> float:
     async def caller(c: int) -> None:
         i = 0
         while time.perf_counter() < stop:
-            await _consume(host, _group(f"s{run}:group:{c}-{i}:0", 2, 100))
+            await _consume(host, work_group(f"s{run}:group:{c}-{i}:0", 2, lambda _: 100))
             done[0] += 2
             i += 1
 
@@ -98,7 +77,7 @@ async def small(host: SqlEffectHost, callers: int, seconds: float) -> float:
 
 async def big(host: SqlEffectHost, n: int, size: int) -> float:
     started = time.perf_counter()
-    await _consume(host, _group(f"b{next(_RUN)}:group:g:0", n, size))
+    await _consume(host, work_group(f"b{next(_RUN)}:group:g:0", n, lambda _: size))
     return n / (time.perf_counter() - started)
 
 
