@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+WORK = "bench.work"
+"""The tool of restate_groups.py's endpoint, temporal_groups.py's worker and wide_groups.py."""
 
 
 def machine(*, sqlite: bool = False, load: str | None = "loadavg") -> dict[str, Any]:
@@ -51,6 +53,16 @@ def postgres(*, fsync: bool = True) -> Iterator[str]:
         yield server.start()
     finally:
         server.stop()
+
+
+def echo_tools(name: str = WORK) -> Any:
+    """A registry of one tool, ``name``, that returns its input."""
+    from effecthost.contract import ToolRegistry
+
+    async def echo(value: Any) -> Any:
+        return value
+
+    return ToolRegistry({name: echo})
 
 
 def work_group(key: str, n: int, value: Callable[[int], Any] = lambda i: i) -> Any:

@@ -28,9 +28,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from _bench import RESULTS, alternate, machine, paired_table, run
+from _bench import RESULTS, WORK, alternate, echo_tools, machine, paired_table, run
 
-WORK = "bench.work"
 SCRIPT = str(Path(__file__).resolve())
 
 
@@ -38,15 +37,9 @@ def endpoint_services() -> list[Any]:
     import restate
 
     from effecthost.combinators import Scope, all_, race, tool
-    from effecthost.contract import ToolRegistry
     from effecthost.hosts.restate import HandlerController, build_services
 
-    tools = ToolRegistry()
-
-    @tools.tool(WORK)
-    async def work(arg: Any) -> Any:
-        return arg
-
+    tools = echo_tools()
     worker = restate.Service("BenchWork")
 
     @worker.handler()

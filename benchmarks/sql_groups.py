@@ -45,22 +45,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from _bench import machine, percentile, postgres, run, work_group
+from _bench import echo_tools, machine, percentile, postgres, run, work_group
 from sql_ceilings import PostgresCeiling, SqliteCeiling
 
-from effecthost.contract import EffectGroup, Outcome, ToolRegistry
+from effecthost.contract import EffectGroup, Outcome
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
 from effecthost.hosts.sql._store import Finalize, GroupRow, Opened
 
 BIG_CONNECTIONS = 16
 OWNER = "bench:raw"
-
-
-def _registry() -> ToolRegistry:
-    async def work(value: Any) -> Any:
-        return value
-
-    return ToolRegistry({"work": work})
 
 
 _RUN = iter(range(1_000_000))
@@ -577,7 +570,7 @@ def _row(
 async def _with_host(
     store: Store, body: Callable[[SqlEffectHost, _Commits], Awaitable[None]]
 ) -> None:
-    host = SqlEffectHost(store, _registry())
+    host = SqlEffectHost(store, echo_tools("work"))
     commits = _Commits(store)
     try:
         await host.start()

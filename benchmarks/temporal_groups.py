@@ -48,9 +48,8 @@ from temporalio import activity, workflow
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
-    from _bench import RESULTS, alternate, machine, paired_table, run
+    from _bench import RESULTS, WORK, alternate, echo_tools, machine, paired_table, run
 
-WORK = "bench.work"
 WORKLOADS = (("race", 2), ("all", 50))
 START_TO_CLOSE = timedelta(hours=24)  # the group workflow's default for its children
 WARM_UP = 2
@@ -95,15 +94,7 @@ class NativeGroup:
 
 
 def bench_tools() -> Any:
-    from effecthost.contract import ToolRegistry
-
-    tools = ToolRegistry()
-
-    @tools.tool(WORK)
-    async def work(arg: Any) -> Any:
-        return arg
-
-    return tools
+    return echo_tools()
 
 
 async def serve_native(address: str, namespace: str, task_queue: str) -> None:

@@ -43,9 +43,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from _bench import RESULTS, machine, postgres, run
+from _bench import RESULTS, WORK, echo_tools, machine, postgres, run
 
-WORK = "bench.work"  # the tool of restate_groups.py's endpoint and temporal_groups.py's worker
 TIERS = ("memory", "sqlite", "postgres", "restate", "temporal")
 ENGINES = ("restate", "temporal")
 SCRIPT = str(Path(__file__).resolve())
@@ -71,21 +70,9 @@ def _reset_peak() -> bool:
     return True
 
 
-def _registry() -> Any:
-    from effecthost.contract import ToolRegistry
-
-    tools = ToolRegistry()
-
-    @tools.tool(WORK)
-    async def work(arg: Any) -> Any:
-        return arg
-
-    return tools
-
-
 @contextlib.asynccontextmanager
 async def _controller(tier: str, conf: dict[str, Any]) -> AsyncIterator[Any]:
-    tools = _registry()
+    tools = echo_tools()
     if tier == "memory":
         from effecthost.hosts.memory import MemoryEffectHost
 
