@@ -61,15 +61,20 @@ async def _load_controller(spec: str) -> EffectController:
     return made
 
 
+def _module(module_name: str, label: str, code: ExitCode) -> Any:
+    """The module ``module_name``; one that cannot be imported is refused with ``code``."""
+    try:
+        return importlib.import_module(module_name)
+    except (Exception, SystemExit) as exc:
+        raise Refused(
+            code, f"{label}: cannot import its module ({_shown(_problem(exc))})"
+        ) from None
+
+
 def _named(module_name: str, attribute: str, spec: str) -> Any:
     """``module_name.attribute``; a module that cannot be imported or a missing attribute
     is a one-line usage refusal."""
-    try:
-        module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as exc:
-        raise Refused(
-            ExitCode.USAGE, f"{_shown(spec)}: cannot import its module ({_shown(_problem(exc))})"
-        ) from None
+    module = _module(module_name, _shown(spec), ExitCode.USAGE)
     if not hasattr(module, attribute):
         raise Refused(ExitCode.USAGE, f"{_shown(spec)}: no such attribute")
     return getattr(module, attribute)

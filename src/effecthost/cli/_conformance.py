@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import inspect
 import os
 import sys
@@ -14,7 +13,7 @@ from typing import Any
 
 from effecthost._inspect import safe_text
 
-from ._common import ExitCode, Refused, _problem, _Progress, _shown, command
+from ._common import ExitCode, Refused, _module, _problem, _Progress, _shown, command
 
 
 def _conformance(args: argparse.Namespace) -> int:
@@ -163,12 +162,7 @@ def _guarded_factory(spec: str, timeout: float) -> Any:
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise Refused(ExitCode.USAGE, f"factory must be given as MODULE:FACTORY, got {name}")
-    try:
-        module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as exc:
-        raise Refused(
-            ExitCode.FACTORY, f"factory {name}: cannot import its module ({_shown(_problem(exc))})"
-        ) from None
+    module = _module(module_name, f"factory {name}", ExitCode.FACTORY)
     target = getattr(module, attribute, None)
     if target is None or not callable(target):
         what = "has no such attribute" if target is None else "is not callable"
