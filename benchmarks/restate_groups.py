@@ -105,28 +105,13 @@ async def bench_restate(work_dir: Path, script: str = SCRIPT) -> AsyncIterator[A
     """A restate-server and the endpoint of ``script`` (this file's by default) run with
     ``--serve``, registered; yields the tier's ``LocalRestate`` (``ingress_url``,
     ``admin_url``, the processes as ``server`` and ``endpoint``). Both are stopped on exit."""
-    from effecthost.hosts.restate import register_deployment
-    from effecthost.hosts.restate.testing import LocalRestate, _spawn, _stop, _wait_until
+    from effecthost.hosts.restate.testing import LocalRestate
 
     local = LocalRestate(work_dir, "unused:unused")
-    await local.start_server()
-    log = (work_dir / "bench-endpoint.log").open("ab")
-    endpoint = None
     try:
-        bind = f"127.0.0.1:{local.endpoint_port}"
-        endpoint = local.endpoint = _spawn([sys.executable, script, "--serve", bind], log)
-
-        async def up() -> bool:
-            _, writer = await asyncio.open_connection("127.0.0.1", local.endpoint_port)
-            writer.close()
-            return True
-
-        await _wait_until(up, "bench endpoint")
-        await register_deployment(local.admin_url, local.endpoint_uri, force=True)
+        await local.start_app([sys.executable, script, "--serve"], "bench-endpoint")
         yield local
     finally:
-        _stop(endpoint, 9)
-        log.close()
         await local.stop()
 
 

@@ -184,16 +184,29 @@ class LocalRestate:
         for arg in self.resolver_args:
             command += ["--resolver-arg", arg]
         command += self.endpoint_args
-        self.endpoint = _spawn(command, self._log("endpoint"))
+        await self._run_endpoint(command, "endpoint")
+
+    async def start_app(self, command: list[str], name: str = "app") -> None:
+        """Serve an app of one's own instead of the tier's endpoint: the restate-server is
+        started (unless external), then ``command`` with the endpoint's bind address
+        (``127.0.0.1:PORT``) appended, which is registered once it listens; its output
+        goes to ``{name}.log``. :meth:`stop` stops both."""
+        if not self.external:
+            await self.start_server()
+        await self._run_endpoint([*command, f"127.0.0.1:{self.endpoint_port}"], name)
+        await register_deployment(self.admin_url, self.endpoint_uri, force=True)
+
+    async def _run_endpoint(self, command: list[str], name: str) -> None:
+        self.endpoint = _spawn(command, self._log(name))
 
         async def listening() -> bool:
             if self.endpoint is not None and self.endpoint.poll() is not None:
-                raise RuntimeError(f"endpoint exited; see {self.work_dir}/endpoint.log")
+                raise RuntimeError(f"{name} exited; see {self.work_dir}/{name}.log")
             _, writer = await asyncio.open_connection("127.0.0.1", self.endpoint_port)
             writer.close()
             return True
 
-        await _wait_until(listening, "endpoint")
+        await _wait_until(listening, name)
 
     def kill_endpoint(self) -> None:
         """SIGKILL the endpoint process: in-flight invocations die mid-step."""
