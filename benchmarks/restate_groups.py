@@ -33,20 +33,26 @@ from _bench import RESULTS, WORK, alternate, echo_tools, machine, paired_table, 
 SCRIPT = str(Path(__file__).resolve())
 
 
-def endpoint_services() -> list[Any]:
+def endpoint_services(name: str = "Bench", *, counts: bool = False) -> list[Any]:
+    """Handlers ``{name}/effecthost`` and ``{name}/native``: a race or an all of ``n``
+    calls of ``{name}Work/run``, through ``HandlerController`` or the SDK's own
+    ``select``/``gather``. With ``counts`` an all answers how many calls it made, not
+    their results, and the native all awaits its calls one by one: ``restate.gather`` is
+    quadratic in the SDK (10,000 futures spent ~190 s at full CPU after every child had
+    finished), so for wide groups the fastest native fan-out awaits each call in turn."""
     import restate
 
     from effecthost.combinators import Scope, all_, race, tool
     from effecthost.hosts.restate import HandlerController, build_services
 
     tools = echo_tools()
-    worker = restate.Service("BenchWork")
+    worker = restate.Service(f"{name}Work")
 
     @worker.handler()
     async def run(ctx: restate.Context, arg: Any) -> Any:
         return await ctx.run("work", lambda: arg)
 
-    bench = restate.Service("Bench")
+    bench = restate.Service(name)
 
     @bench.handler()
     async def effecthost(ctx: restate.Context, req: dict[str, Any]) -> Any:
@@ -55,7 +61,8 @@ def endpoint_services() -> list[Any]:
         calls = [tool(WORK, i) for i in range(int(req["n"]))]
         if req["op"] == "race":
             return await race(controller, scope, calls)
-        return await all_(controller, scope, calls)
+        results = await all_(controller, scope, calls)
+        return len(results) if counts else results
 
     @bench.handler()
     async def native(ctx: restate.Context, req: dict[str, Any]) -> Any:
@@ -63,18 +70,20 @@ def endpoint_services() -> list[Any]:
         if req["op"] == "race":
             done = await restate.select(**{f"c{i}": f for i, f in enumerate(futures)})
             return done[1]
+        if counts:
+            return len([await f for f in futures])
         await restate.gather(*futures)
         return [await f for f in futures]
 
     return [*build_services(tools), worker, bench]
 
 
-def serve(bind: str) -> None:
+def serve(bind: str, name: str = "Bench", *, counts: bool = False) -> None:
     import restate
 
     from effecthost.hosts.restate import serve as serve_app
 
-    asyncio.run(serve_app(restate.app(endpoint_services()), bind))
+    asyncio.run(serve_app(restate.app(endpoint_services(name, counts=counts)), bind))
 
 
 async def call(client: Any, ingress: str, handler: str, op: str, n: int) -> float:

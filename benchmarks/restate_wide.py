@@ -23,61 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from _bench import write_json
-from restate_groups import bench_restate
-
-WORK = "bench.work"
-
-
-def endpoint_services() -> list[Any]:
-    import restate
-
-    from effecthost.combinators import Scope, all_, race, tool
-    from effecthost.contract import ToolRegistry
-    from effecthost.hosts.restate import HandlerController, build_services
-
-    tools = ToolRegistry()
-
-    @tools.tool(WORK)
-    async def work(arg: Any) -> Any:
-        return arg
-
-    worker = restate.Service("WideWork")
-
-    @worker.handler()
-    async def run(ctx: restate.Context, arg: Any) -> Any:
-        return await ctx.run("work", lambda: arg)
-
-    bench = restate.Service("Wide")
-
-    @bench.handler()
-    async def effecthost(ctx: restate.Context, req: dict[str, Any]) -> Any:
-        controller = HandlerController(ctx, tools, owner="bench")
-        scope = Scope(scope_id=ctx.request().id)
-        calls = [tool(WORK, i) for i in range(int(req["n"]))]
-        if req["op"] == "race":
-            return await race(controller, scope, calls)
-        return len(await all_(controller, scope, calls))
-
-    @bench.handler()
-    async def native(ctx: restate.Context, req: dict[str, Any]) -> Any:
-        futures = [ctx.service_call(run, i) for i in range(int(req["n"]))]
-        if req["op"] == "race":
-            done = await restate.select(**{f"c{i}": f for i, f in enumerate(futures)})
-            return done[1]
-        # One by one: restate.gather is quadratic in the SDK (10,000 futures spent ~190 s
-        # at full CPU after every child had finished), so the fastest native fan-out
-        # awaits each call in turn.
-        return len([await f for f in futures])
-
-    return [*build_services(tools), worker, bench]
-
-
-def serve(bind: str) -> None:
-    import restate
-
-    from effecthost.hosts.restate import serve as serve_app
-
-    asyncio.run(serve_app(restate.app(endpoint_services()), bind))
+from restate_groups import bench_restate, serve
 
 
 async def _query(client: Any, admin: str, sql: str) -> list[dict[str, Any]]:
@@ -251,6 +197,6 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/restate_wide.json"))
     options = parser.parse_args()
     if options.serve:
-        serve(options.serve)
+        serve(options.serve, "Wide", counts=True)
     else:
         write_json(options.out, asyncio.run(main(options)))
