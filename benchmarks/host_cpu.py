@@ -40,17 +40,17 @@ import asyncio
 import cProfile
 import gc
 import io
-import json
 import os
 import platform
 import pstats
 import shutil
-import statistics
 import tempfile
 import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
+
+from _bench import RESULTS, spread, write_json
 
 from effecthost.combinators import Scope, all_, tool
 from effecthost.contract import ToolRegistry, limits
@@ -111,9 +111,9 @@ def cpu_rows(groups: int, width: int, rounds: int) -> dict[str, Any]:
         "workload": f"all() of {width}",
         "groups": groups,
         "rounds": rounds,
-        "us_per_child": _spread(host_us),
-        "native_us_per_child": _spread(native_us),
-        "library_us_per_child": _spread([h - n for h, n in zip(host_us, native_us, strict=True)]),
+        "us_per_child": spread(host_us),
+        "native_us_per_child": spread(native_us),
+        "library_us_per_child": spread([h - n for h, n in zip(host_us, native_us, strict=True)]),
     }
 
 
@@ -168,7 +168,7 @@ def sql_rows(substrates: list[str], groups: int, width: int, rounds: int) -> dic
         "groups": groups,
         "rounds": rounds,
         "load": os.getloadavg(),
-        "us_per_child": {name: _spread(got) for name, got in samples.items()},
+        "us_per_child": {name: spread(got) for name, got in samples.items()},
     }
 
 
@@ -249,8 +249,8 @@ def scaling_rows(widths: list[int], rounds: int) -> dict[str, Any]:
             samples[width].append(_one_wide_cpu(width))
     rows = {
         str(w): {
-            "us_per_child": _spread([s["us_per_child"] for s in got]),
-            "gc_us_per_child": _spread([s["gc_us_per_child"] for s in got]),
+            "us_per_child": spread([s["us_per_child"] for s in got]),
+            "gc_us_per_child": spread([s["gc_us_per_child"] for s in got]),
             "collections": [s["collections"] for s in got],
         }
         for w, got in samples.items()
@@ -288,9 +288,9 @@ def memory_rows(width: int, rounds: int) -> dict[str, Any]:
         "asked_width": width,
         "width": ran,
         "rounds": rounds,
-        "bytes_per_child": _spread(per_child),
-        "held_calls_bytes_per_child": _spread(held),
-        "native_bytes_per_child": _spread(native),
+        "bytes_per_child": spread(per_child),
+        "held_calls_bytes_per_child": spread(held),
+        "native_bytes_per_child": spread(native),
     }
 
 
@@ -354,15 +354,6 @@ def memory_profile(width: int, top: int) -> str:
                 f"  {stat.size_diff / ran:7.1f} B {stat.count_diff / ran:5.2f} obj  {where}"
             )
     return "\n".join(lines)
-
-
-def _spread(samples: list[float]) -> dict[str, Any]:
-    return {
-        "median": statistics.median(samples),
-        "min": min(samples),
-        "max": max(samples),
-        "samples": samples,
-    }
 
 
 def measure(
@@ -432,9 +423,8 @@ def main(options: argparse.Namespace) -> None:
         print(profile(options.groups, options.width, options.profile))
     if options.memory_profile:
         print(memory_profile(options.wide, options.memory_profile))
-    out = Path(options.out or Path(__file__).parent / "results" / "host_cpu.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2) + "\n")
+    out = Path(options.out or RESULTS / "host_cpu.json")
+    write_json(out, document)
     print(f"wrote {out}")
 
 

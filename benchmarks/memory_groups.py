@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+from _bench import RESULTS, machine, percentile, run
 
 from effecthost.combinators import Scope, all_, race, tool
 from effecthost.contract import EffectController, ToolRegistry
@@ -82,7 +81,7 @@ async def _interleaved(groups: int, runs: int, grouped: Body, native: Body) -> d
         "groups_per_s": statistics.median(eh_runs),
         "native_groups_per_s": statistics.median(nat_runs),
         "p50_ms": statistics.median(samples) * 1e3,
-        "p99_ms": _p99(samples) * 1e3,
+        "p99_ms": percentile(samples, 0.99) * 1e3,
         "ratio": statistics.median(ratios),
         "ratio_min": min(ratios),
         "ratio_max": max(ratios),
@@ -127,11 +126,6 @@ def _row(name: str, width: int, measured: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _p99(samples: list[float]) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-
-
 def table(document: dict[str, Any]) -> str:
     header = (
         f"{'workload':<14}{'groups':>8}{'groups/s':>11}{'µs/child':>10}{'p50 ms':>9}"
@@ -162,21 +156,13 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
 
 
+async def document(args: argparse.Namespace) -> dict[str, Any]:
+    return {"host": "memory", **machine(load=None), "rows": await measure(args)}
+
+
 def main(args: argparse.Namespace) -> None:
-    started = time.perf_counter()
-    rows = asyncio.run(measure(args))
-    document = {
-        "host": "memory",
-        "python": platform.python_version(),
-        "cpus": os.cpu_count() or 0,
-        "rows": rows,
-        "wall_s": round(time.perf_counter() - started, 1),
-    }
-    print(table(document))
-    out = Path(args.out or Path(__file__).parent / "results" / "memory.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"wrote {out}")
+    out = Path(args.out or RESULTS / "memory.json")
+    run(lambda _tmp: document(args), out, table)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,7 @@ The server and endpoint are stopped on exit, even on error.
 import argparse
 import asyncio
 import contextlib
-import json
-import math
-import os
-import platform
-import statistics
+import functools
 import subprocess
 import sys
 import tempfile
@@ -32,30 +28,31 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-WORK = "bench.work"
+from _bench import RESULTS, WORK, alternate, echo_tools, machine, paired_table, run
+
 SCRIPT = str(Path(__file__).resolve())
 
 
-def endpoint_services() -> list[Any]:
+def endpoint_services(name: str = "Bench", *, counts: bool = False) -> list[Any]:
+    """Handlers ``{name}/effecthost`` and ``{name}/native``: a race or an all of ``n``
+    calls of ``{name}Work/run``, through ``HandlerController`` or the SDK's own
+    ``select``/``gather``. With ``counts`` an all answers how many calls it made, not
+    their results, and the native all awaits its calls one by one: ``restate.gather`` is
+    quadratic in the SDK (10,000 futures spent ~190 s at full CPU after every child had
+    finished), so for wide groups the fastest native fan-out awaits each call in turn."""
     import restate
 
     from effecthost.combinators import Scope, all_, race, tool
-    from effecthost.contract import ToolRegistry
     from effecthost.hosts.restate import HandlerController, build_services
 
-    tools = ToolRegistry()
-
-    @tools.tool(WORK)
-    async def work(arg: Any) -> Any:
-        return arg
-
-    worker = restate.Service("BenchWork")
+    tools = echo_tools()
+    worker = restate.Service(f"{name}Work")
 
     @worker.handler()
     async def run(ctx: restate.Context, arg: Any) -> Any:
         return await ctx.run("work", lambda: arg)
 
-    bench = restate.Service("Bench")
+    bench = restate.Service(name)
 
     @bench.handler()
     async def effecthost(ctx: restate.Context, req: dict[str, Any]) -> Any:
@@ -64,7 +61,8 @@ def endpoint_services() -> list[Any]:
         calls = [tool(WORK, i) for i in range(int(req["n"]))]
         if req["op"] == "race":
             return await race(controller, scope, calls)
-        return await all_(controller, scope, calls)
+        results = await all_(controller, scope, calls)
+        return len(results) if counts else results
 
     @bench.handler()
     async def native(ctx: restate.Context, req: dict[str, Any]) -> Any:
@@ -72,18 +70,20 @@ def endpoint_services() -> list[Any]:
         if req["op"] == "race":
             done = await restate.select(**{f"c{i}": f for i, f in enumerate(futures)})
             return done[1]
+        if counts:
+            return len([await f for f in futures])
         await restate.gather(*futures)
         return [await f for f in futures]
 
     return [*build_services(tools), worker, bench]
 
 
-def serve(bind: str) -> None:
+def serve(bind: str, name: str = "Bench", *, counts: bool = False) -> None:
     import restate
 
     from effecthost.hosts.restate import serve as serve_app
 
-    asyncio.run(serve_app(restate.app(endpoint_services()), bind))
+    asyncio.run(serve_app(restate.app(endpoint_services(name, counts=counts)), bind))
 
 
 async def call(client: Any, ingress: str, handler: str, op: str, n: int) -> float:
@@ -100,72 +100,27 @@ async def measure(ingress: str, op: str, n: int, groups: int, runs: int) -> dict
     each side (groups ÷ the time spent in that side) and their ratio."""
     import httpx
 
-    sides = ("effecthost", "native")
-    per_run = max(1, groups // runs)
-    latencies: dict[str, list[float]] = {side: [] for side in sides}
-    rates: dict[str, list[float]] = {side: [] for side in sides}
     async with httpx.AsyncClient(timeout=600.0) as client:
+        sides = ("effecthost", "native")
         for side in sides:
             await call(client, ingress, side, op, n)  # warm-up
-        i = 0
-        for _ in range(runs):
-            spent = dict.fromkeys(sides, 0.0)
-            for _ in range(per_run):
-                for side in sides[i % 2 :] + sides[: i % 2]:
-                    latency = await call(client, ingress, side, op, n)
-                    spent[side] += latency
-                    latencies[side].append(latency)
-                i += 1
-            for side in sides:
-                rates[side].append(per_run / spent[side])
-    ratios = [a / b for a, b in zip(rates["effecthost"], rates["native"], strict=True)]
-    return {
-        "workload": f"{n}-child {op}",
-        **{side: _summary(latencies[side], rates[side]) for side in sides},
-        "ratio": statistics.median(ratios),
-        "ratio_min": min(ratios),
-        "ratio_max": max(ratios),
-        "ratios": ratios,
-    }
-
-
-def _summary(latencies: list[float], rates: list[float]) -> dict[str, Any]:
-    ordered = sorted(x * 1000 for x in latencies)
-    return {
-        "groups": len(ordered),
-        "p50_ms": statistics.median(ordered),
-        "p95_ms": ordered[max(0, math.ceil(len(ordered) * 0.95) - 1)],
-        "groups_per_s": statistics.median(rates),
-        "runs": rates,
-    }
+        bodies = {side: functools.partial(call, client, ingress, side, op, n) for side in sides}
+        measured = await alternate(bodies, max(1, groups // runs), runs)
+    return {"workload": f"{n}-child {op}", **measured}
 
 
 @contextlib.asynccontextmanager
-async def bench_restate(work_dir: Path) -> AsyncIterator[Any]:
-    """A restate-server and this file's endpoint (``--serve``), registered; yields the
-    tier's ``LocalRestate`` (``ingress_url``, ``admin_url``). Both are stopped on exit."""
-    from effecthost.hosts.restate import register_deployment
-    from effecthost.hosts.restate.testing import LocalRestate, _spawn, _stop, _wait_until
+async def bench_restate(work_dir: Path, script: str = SCRIPT) -> AsyncIterator[Any]:
+    """A restate-server and the endpoint of ``script`` (this file's by default) run with
+    ``--serve``, registered; yields the tier's ``LocalRestate`` (``ingress_url``,
+    ``admin_url``, the processes as ``server`` and ``endpoint``). Both are stopped on exit."""
+    from effecthost.hosts.restate.testing import LocalRestate
 
     local = LocalRestate(work_dir, "unused:unused")
-    await local.start_server()
-    log = (work_dir / "bench-endpoint.log").open("ab")
-    endpoint = None
     try:
-        bind = f"127.0.0.1:{local.endpoint_port}"
-        endpoint = _spawn([sys.executable, SCRIPT, "--serve", bind], log)
-
-        async def up() -> bool:
-            _, writer = await asyncio.open_connection("127.0.0.1", local.endpoint_port)
-            writer.close()
-            return True
-
-        await _wait_until(up, "bench endpoint")
-        await register_deployment(local.admin_url, local.endpoint_uri, force=True)
+        await local.start_app([sys.executable, script, "--serve"], "bench-endpoint")
         yield local
     finally:
-        _stop(endpoint, 9)
-        log.close()
         await local.stop()
 
 
@@ -178,9 +133,7 @@ async def main(groups: int, runs: int) -> dict[str, Any]:
                 rows.append(await measure(local.ingress_url, op, n, count, runs))
     return {
         "restate": server_version(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count() or 0,
-        "loadavg": os.getloadavg(),
+        **machine(),
         "rows": rows,
     }
 
@@ -195,26 +148,11 @@ def server_version() -> str:
 
 
 def table(document: dict[str, Any]) -> str:
-    header = (
-        f"{'workload':<15}{'groups':>7}{'eh p50 ms':>11}{'eh p95 ms':>11}{'eh groups/s':>13}"
-        f"{'nat p50 ms':>12}{'nat p95 ms':>12}{'nat groups/s':>14}{'ratio':>7}{'(range)':>13}"
-    )
-    lines = [
+    title = (
         f"restate={document['restate']}  python={document['python']}  cpus={document['cpus']}"
-        "  (eh = effecthost, nat = native handler)",
-        header,
-        "-" * len(header),
-    ]
-    for row in document["rows"]:
-        ours, theirs = row["effecthost"], row["native"]
-        span = f"({row['ratio_min']:.2f}–{row['ratio_max']:.2f})"
-        lines.append(
-            f"{row['workload']:<15}{ours['groups']:>7}{ours['p50_ms']:>11.1f}"
-            f"{ours['p95_ms']:>11.1f}{ours['groups_per_s']:>13.2f}{theirs['p50_ms']:>12.1f}"
-            f"{theirs['p95_ms']:>12.1f}{theirs['groups_per_s']:>14.2f}{row['ratio']:>7.2f}"
-            f"{span:>13}"
-        )
-    return "\n".join(lines)
+        "  (eh = effecthost, nat = native handler)"
+    )
+    return paired_table(title, document["rows"])
 
 
 if __name__ == "__main__":
@@ -224,17 +162,9 @@ if __name__ == "__main__":
         "--groups", type=int, default=60, help="2-child races per side (the all runs a fifth)"
     )
     parser.add_argument("--runs", type=int, default=3, help="runs per workload (ratio range)")
-    parser.add_argument(
-        "--out", type=Path, default=Path(__file__).parent / "results" / "restate.json"
-    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "restate.json")
     options = parser.parse_args()
     if options.serve:
         serve(options.serve)
     else:
-        started = time.perf_counter()
-        document = asyncio.run(main(options.groups, options.runs))
-        document["wall_s"] = round(time.perf_counter() - started, 1)
-        print(table(document))
-        options.out.parent.mkdir(parents=True, exist_ok=True)
-        options.out.write_text(json.dumps(document, indent=2) + "\n")
-        print(f"wrote {options.out} in {document['wall_s']} s")
+        run(lambda _tmp: main(options.groups, options.runs), options.out, table)

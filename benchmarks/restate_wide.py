@@ -16,67 +16,14 @@ Writes JSON (``--out``, default benchmarks/results/restate_wide.json).
 
 import argparse
 import asyncio
-import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-WORK = "bench.work"
-
-
-def endpoint_services() -> list[Any]:
-    import restate
-
-    from effecthost.combinators import Scope, all_, race, tool
-    from effecthost.contract import ToolRegistry
-    from effecthost.hosts.restate import HandlerController, build_services
-
-    tools = ToolRegistry()
-
-    @tools.tool(WORK)
-    async def work(arg: Any) -> Any:
-        return arg
-
-    worker = restate.Service("WideWork")
-
-    @worker.handler()
-    async def run(ctx: restate.Context, arg: Any) -> Any:
-        return await ctx.run("work", lambda: arg)
-
-    bench = restate.Service("Wide")
-
-    @bench.handler()
-    async def effecthost(ctx: restate.Context, req: dict[str, Any]) -> Any:
-        controller = HandlerController(ctx, tools, owner="bench")
-        scope = Scope(scope_id=ctx.request().id)
-        calls = [tool(WORK, i) for i in range(int(req["n"]))]
-        if req["op"] == "race":
-            return await race(controller, scope, calls)
-        return len(await all_(controller, scope, calls))
-
-    @bench.handler()
-    async def native(ctx: restate.Context, req: dict[str, Any]) -> Any:
-        futures = [ctx.service_call(run, i) for i in range(int(req["n"]))]
-        if req["op"] == "race":
-            done = await restate.select(**{f"c{i}": f for i, f in enumerate(futures)})
-            return done[1]
-        # One by one: restate.gather is quadratic in the SDK (10,000 futures spent ~190 s
-        # at full CPU after every child had finished), so the fastest native fan-out
-        # awaits each call in turn.
-        return len([await f for f in futures])
-
-    return [*build_services(tools), worker, bench]
-
-
-def serve(bind: str) -> None:
-    import restate
-
-    from effecthost.hosts.restate import serve as serve_app
-
-    asyncio.run(serve_app(restate.app(endpoint_services()), bind))
+from _bench import write_json
+from restate_groups import bench_restate, serve
 
 
 async def _query(client: Any, admin: str, sql: str) -> list[dict[str, Any]]:
@@ -222,24 +169,8 @@ async def widths(
 
 
 async def main(options: argparse.Namespace) -> dict[str, Any]:
-    from effecthost.hosts.restate import register_deployment
-    from effecthost.hosts.restate.testing import LocalRestate, _spawn, _stop, _wait_until
-
     with tempfile.TemporaryDirectory(prefix="effecthost-wide-") as tmp:
-        local = LocalRestate(Path(tmp), "unused:unused")
-        await local.start_server()
-        log = (Path(tmp) / "wide-endpoint.log").open("ab")
-        bind = f"127.0.0.1:{local.endpoint_port}"
-        endpoint = _spawn([sys.executable, __file__, "--serve", bind], log)
-        try:
-
-            async def up() -> bool:
-                _, writer = await asyncio.open_connection("127.0.0.1", local.endpoint_port)
-                writer.close()
-                return True
-
-            await _wait_until(up, "bench endpoint")
-            await register_deployment(local.admin_url, local.endpoint_uri, force=True)
+        async with bench_restate(Path(tmp), __file__) as local:
             if options.count:
                 rows = await count(local.ingress_url, local.admin_url)
                 for row in rows:
@@ -249,17 +180,12 @@ async def main(options: argparse.Namespace) -> dict[str, Any]:
                     )
                 return {"counts": rows}
             sizes = [int(w) for w in options.widths.split(",")]
-            assert local.server is not None
-            pids = [local.server.pid, endpoint.pid]
+            pids = [local.server.pid, local.endpoint.pid]
             server_log = Path(tmp) / "restate-server.log"
             rows = await widths(
                 local.ingress_url, local.admin_url, server_log, sizes, options.rounds, pids
             )
             return {"widths": rows}
-        finally:
-            _stop(endpoint, 9)
-            log.close()
-            await local.stop()
 
 
 if __name__ == "__main__":
@@ -271,8 +197,6 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/restate_wide.json"))
     options = parser.parse_args()
     if options.serve:
-        serve(options.serve)
+        serve(options.serve, "Wide", counts=True)
     else:
-        result = asyncio.run(main(options))
-        options.out.parent.mkdir(parents=True, exist_ok=True)
-        options.out.write_text(json.dumps(result, indent=2))
+        write_json(options.out, asyncio.run(main(options)))

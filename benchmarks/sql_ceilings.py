@@ -36,21 +36,19 @@ import argparse
 import asyncio
 import hashlib
 import json
-import os
-import platform
 import secrets
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from _bench import machine, postgres, run
+
 from effecthost.contract import Outcome
 from effecthost.hosts.sql._postgres import DDL as POSTGRES_DDL
 from effecthost.hosts.sql._sqlite import DDL as SQLITE_DDL
-from effecthost.hosts.sql.testing import PostgresServer
 
 OWNER = "bench:ceiling"
 TTL = 30.0
@@ -440,33 +438,23 @@ async def _rows(substrate: str, small: Any, big: Any, options: argparse.Namespac
 async def main(options: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     document: dict[str, Any] = {
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "cpus": os.cpu_count(),
+        **machine(sqlite=True, load=None),
         "seconds": options.seconds,
         "rounds": options.rounds,
         "notify": options.notify,
         "rows": rows,
     }
     if "postgres" in options.substrates:
-        dsn = os.environ.get("EFFECTHOST_POSTGRES_DSN")
-        server: PostgresServer | None = None
-        ceiling: PostgresCeiling | None = None
-        try:
-            if not dsn:
-                server = PostgresServer(fsync=not options.no_fsync)
-                dsn = server.start()
+        with postgres(fsync=not options.no_fsync) as dsn:
             ceiling = PostgresCeiling(dsn, notify=options.notify)
-            await ceiling.start(max(options.callers))
-            conn = ceiling.conns[0]
-            document["postgres"] = await conn.fetchval("SHOW server_version")
-            document["postgres_fsync"] = await conn.fetchval("SHOW fsync")
-            rows += await _rows("postgres", ceiling.small, ceiling.big, options)
-        finally:
-            if ceiling is not None:
+            try:
+                await ceiling.start(max(options.callers))
+                conn = ceiling.conns[0]
+                document["postgres"] = await conn.fetchval("SHOW server_version")
+                document["postgres_fsync"] = await conn.fetchval("SHOW fsync")
+                rows += await _rows("postgres", ceiling.small, ceiling.big, options)
+            finally:
                 await ceiling.aclose()
-            if server is not None:
-                server.stop()
     if "sqlite" in options.substrates:
         lite = SqliteCeiling(work_dir / "ceiling.sqlite3")
         try:
@@ -525,17 +513,7 @@ def cli() -> None:
     options = parser.parse_args()
     options.callers = [int(c) for c in options.callers.split(",")]
     options.substrates = options.substrates.split(",")
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="effecthost-ceiling-") as tmp:
-        try:
-            document = asyncio.run(main(options, Path(tmp)))
-        except KeyboardInterrupt:
-            raise SystemExit("interrupted; the server was stopped") from None
-    document["wall_s"] = round(time.perf_counter() - started, 1)
-    print(table(document))
-    options.out.parent.mkdir(parents=True, exist_ok=True)
-    options.out.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"wrote {options.out} in {document['wall_s']} s")
+    run(lambda tmp: main(options, tmp), options.out, table, prefix="effecthost-ceiling-")
 
 
 if __name__ == "__main__":

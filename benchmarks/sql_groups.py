@@ -35,64 +35,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import secrets
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from _bench import echo_tools, machine, percentile, postgres, run, work_group
 from sql_ceilings import PostgresCeiling, SqliteCeiling
 
-from effecthost.contract import (
-    EffectEnvelope,
-    EffectGroup,
-    EffectKind,
-    LoserPolicy,
-    Outcome,
-    ToolRegistry,
-    WakePolicy,
-)
+from effecthost.contract import EffectGroup, Outcome
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
 from effecthost.hosts.sql._store import Finalize, GroupRow, Opened
-from effecthost.hosts.sql.testing import PostgresServer
 
 BIG_CONNECTIONS = 16
 OWNER = "bench:raw"
-
-
-def _registry() -> ToolRegistry:
-    async def work(value: Any) -> Any:
-        return value
-
-    return ToolRegistry({"work": work})
-
-
-def _group(key: str, n: int) -> EffectGroup:
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
-            EffectEnvelope(
-                replay_key=f"{key}.c{i}", kind=EffectKind.TOOL_CALL, name="work", input=i
-            )
-            for i in range(n)
-        ],
-    )
-
-
-def _pct(samples: list[float], q: float) -> float:
-    if not samples:
-        return float("nan")
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 _RUN = iter(range(1_000_000))
@@ -151,7 +112,7 @@ async def lib_small(
     async def caller(c: int) -> None:
         i = 0
         while time.perf_counter() < stop:
-            wakes.extend(await _consume(host, commits, _group(f"b{run}:group:{c}-{i}:0", 2)))
+            wakes.extend(await _consume(host, commits, work_group(f"b{run}:group:{c}-{i}:0", 2)))
             done[0] += 2
             i += 1
 
@@ -166,21 +127,21 @@ async def lib_big(host: SqlEffectHost, commits: _Commits, n: int, rounds: int) -
     for _ in range(rounds):
         run = next(_RUN)
         started = time.perf_counter()
-        wakes += await _consume(host, commits, _group(f"big{run}:group:g:0", n))
+        wakes += await _consume(host, commits, work_group(f"big{run}:group:g:0", n))
         rates.append(n / (time.perf_counter() - started))
     return {
         "children": n * rounds,
         "children_per_s": statistics.median(rates),
-        "wake_p50_ms": _pct(wakes, 0.5) * 1e3,
-        "wake_p95_ms": _pct(wakes, 0.95) * 1e3,
+        "wake_p50_ms": percentile(wakes, 0.5) * 1e3,
+        "wake_p95_ms": percentile(wakes, 0.95) * 1e3,
     }
 
 
 def _result(children: int, elapsed: float, wakes: list[float] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"children": children, "children_per_s": children / elapsed}
     if wakes is not None:
-        out["wake_p50_ms"] = _pct(wakes, 0.5) * 1e3
-        out["wake_p95_ms"] = _pct(wakes, 0.95) * 1e3
+        out["wake_p50_ms"] = percentile(wakes, 0.5) * 1e3
+        out["wake_p95_ms"] = percentile(wakes, 0.95) * 1e3
     return out
 
 
@@ -609,7 +570,7 @@ def _row(
 async def _with_host(
     store: Store, body: Callable[[SqlEffectHost, _Commits], Awaitable[None]]
 ) -> None:
-    host = SqlEffectHost(store, _registry())
+    host = SqlEffectHost(store, echo_tools("work"))
     commits = _Commits(store)
     try:
         await host.start()
@@ -738,9 +699,7 @@ async def main(options: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
 
     rows: list[dict[str, Any]] = []
     document: dict[str, Any] = {
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "cpus": os.cpu_count(),
+        **machine(sqlite=True, load=None),
         "seconds": options.seconds,
         "rounds": options.rounds,
         "big_rounds": options.big_rounds,
@@ -750,12 +709,7 @@ async def main(options: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     if "postgres" in options.substrates:
         external = os.environ.get("EFFECTHOST_POSTGRES_DSN")
         for fsync in [None] if external else options.fsync:
-            server: PostgresServer | None = None
-            try:
-                dsn = external
-                if not dsn:
-                    server = PostgresServer(fsync=fsync == "on")
-                    dsn = server.start()
+            with postgres(fsync=fsync != "off") as dsn:
                 conn = await asyncpg.connect(dsn)
                 try:
                     document["postgres"] = await conn.fetchval("SHOW server_version")
@@ -763,9 +717,6 @@ async def main(options: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
                 finally:
                     await conn.close()
                 await bench_postgres(dsn, shown, options, rows)
-            finally:
-                if server is not None:
-                    server.stop()
     if "sqlite" in options.substrates:
         await bench_sqlite(work_dir, options, rows)
     if options.floor:
@@ -864,17 +815,7 @@ def cli() -> None:
     options.fsync = ["off"] if options.no_fsync else options.fsync.split(",")
     if set(options.fsync) - {"on", "off"}:
         parser.error("--fsync takes on, off or on,off")
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="effecthost-bench-") as tmp:
-        try:
-            document = asyncio.run(main(options, Path(tmp)))
-        except KeyboardInterrupt:
-            raise SystemExit("interrupted; the server was stopped") from None
-    document["wall_s"] = round(time.perf_counter() - started, 1)
-    print(table(document))
-    options.out.parent.mkdir(parents=True, exist_ok=True)
-    options.out.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"wrote {options.out} in {document['wall_s']} s")
+    run(lambda tmp: main(options, tmp), options.out, table)
 
 
 if __name__ == "__main__":

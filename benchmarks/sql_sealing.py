@@ -26,11 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import secrets
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -39,16 +35,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from effecthost.contract import (
-    EffectEnvelope,
-    EffectGroup,
-    EffectKind,
-    LoserPolicy,
-    ToolRegistry,
-    WakePolicy,
-)
+from _bench import machine, postgres, work_group, write_json
+
+from effecthost.contract import EffectGroup, ToolRegistry
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
-from effecthost.hosts.sql.testing import PostgresServer
 from effecthost.payloads import AesGcmSealer, InMemoryKeyStore, PayloadPolicy
 
 _RUN = iter(range(1_000_000))
@@ -59,20 +49,6 @@ def _registry() -> ToolRegistry:
         return {"n": size, "pad": "v" * int(size)}
 
     return ToolRegistry({"work": work})
-
-
-def _group(key: str, n: int, size: int) -> EffectGroup:
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
-            EffectEnvelope(
-                replay_key=f"{key}.c{i}", kind=EffectKind.TOOL_CALL, name="work", input=size
-            )
-            for i in range(n)
-        ],
-    )
 
 
 async def _consume(host: SqlEffectHost, group: EffectGroup) -> None:
@@ -90,7 +66,7 @@ async def small(host: SqlEffectHost, callers: int, seconds: float) -> float:
     async def caller(c: int) -> None:
         i = 0
         while time.perf_counter() < stop:
-            await _consume(host, _group(f"s{run}:group:{c}-{i}:0", 2, 100))
+            await _consume(host, work_group(f"s{run}:group:{c}-{i}:0", 2, lambda _: 100))
             done[0] += 2
             i += 1
 
@@ -101,7 +77,7 @@ async def small(host: SqlEffectHost, callers: int, seconds: float) -> float:
 
 async def big(host: SqlEffectHost, n: int, size: int) -> float:
     started = time.perf_counter()
-    await _consume(host, _group(f"b{next(_RUN)}:group:g:0", n, size))
+    await _consume(host, work_group(f"b{next(_RUN)}:group:g:0", n, lambda _: size))
     return n / (time.perf_counter() - started)
 
 
@@ -170,12 +146,7 @@ async def main() -> None:
     )
     options = parser.parse_args()
     substrates = options.substrates.split(",")
-    document: dict[str, Any] = {
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "cpus": os.cpu_count(),
-        "rows": [],
-    }
+    document: dict[str, Any] = {**machine(sqlite=True, load=None), "rows": []}
     header = f"{'workload':<28}{'db':<10}{'plain/s':>10}{'sealed/s':>12}{'ratio':>8}"
     print(header + "\n" + "-" * len(header), flush=True)
     if "sqlite" in substrates:
@@ -183,26 +154,12 @@ async def main() -> None:
             path = Path(folder) / "bench.sqlite3"
             document["rows"] += await bench("sqlite", lambda: SqliteStore(path), options)
     if "postgres" in substrates:
-        dsn = os.environ.get("EFFECTHOST_POSTGRES_DSN")
-        server: PostgresServer | None = None
-        try:
-            if not dsn:
-                server = PostgresServer(fsync=not options.no_fsync)
-                dsn = server.start()
+        with postgres(fsync=not options.no_fsync) as dsn:
             schema = f"ehseal_{secrets.token_hex(4)}"
-            chosen = dsn
             document["rows"] += await bench(
-                "postgres", lambda: PostgresStore(chosen, schema=schema), options
+                "postgres", lambda: PostgresStore(dsn, schema=schema), options
             )
-        finally:
-            if server is not None:
-                server.stop()
-    _write(Path(options.out), document)
-
-
-def _write(path: Path, document: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n")
+    write_json(Path(options.out), document)
 
 
 if __name__ == "__main__":

@@ -27,17 +27,16 @@ import argparse
 import asyncio
 import json
 import os
-import platform
-import sqlite3
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from queue import Queue
 from typing import IO, Any
+
+from _bench import machine, percentile, postgres, run
 
 from effecthost.contract import (
     EffectEnvelope,
@@ -48,7 +47,6 @@ from effecthost.contract import (
     WakePolicy,
 )
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
-from effecthost.hosts.sql.testing import PostgresServer
 
 
 def _store(substrate: str, target: str) -> Store:
@@ -148,31 +146,17 @@ async def measure(substrate: str, target: str, samples: int) -> dict[str, Any]:
         "substrate": substrate,
         "samples": len(wakes),
         "p50_ms": statistics.median(wakes) * 1e3,
-        "p95_ms": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))] * 1e3,
+        "p95_ms": percentile(ordered, 0.95) * 1e3,
         "max_ms": ordered[-1] * 1e3,
     }
 
 
 async def main(options: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
-    document: dict[str, Any] = {
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "cpus": os.cpu_count(),
-        "load_average": os.getloadavg(),
-        "rows": rows,
-    }
+    document: dict[str, Any] = {**machine(sqlite=True, load="load_average"), "rows": rows}
     if "postgres" in options.substrates:
-        dsn = os.environ.get("EFFECTHOST_POSTGRES_DSN")
-        server: PostgresServer | None = None
-        try:
-            if not dsn:
-                server = PostgresServer(fsync=not options.no_fsync)
-                dsn = server.start()
+        with postgres(fsync=not options.no_fsync) as dsn:
             rows.append(await measure("postgres", dsn, options.samples))
-        finally:
-            if server is not None:
-                server.stop()
     if "sqlite" in options.substrates:
         rows.append(await measure("sqlite", str(work_dir / "wake.sqlite3"), options.samples))
     return document
@@ -208,12 +192,7 @@ def cli() -> None:
     )
     options = parser.parse_args()
     options.substrates = options.substrates.split(",")
-    with tempfile.TemporaryDirectory(prefix="effecthost-wake-") as tmp:
-        document = asyncio.run(main(options, Path(tmp)))
-    print(table(document))
-    options.out.parent.mkdir(parents=True, exist_ok=True)
-    options.out.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"wrote {options.out}")
+    run(lambda tmp: main(options, tmp), options.out, table, prefix="effecthost-wake-")
 
 
 if __name__ == "__main__":

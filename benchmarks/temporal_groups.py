@@ -32,15 +32,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import math
+import functools
 import os
-import platform
 import signal
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -51,7 +47,9 @@ from typing import Any
 from temporalio import activity, workflow
 from temporalio.workflow import ActivityCancellationType
 
-WORK = "bench.work"
+with workflow.unsafe.imports_passed_through():
+    from _bench import RESULTS, WORK, alternate, echo_tools, machine, paired_table, run
+
 WORKLOADS = (("race", 2), ("all", 50))
 START_TO_CLOSE = timedelta(hours=24)  # the group workflow's default for its children
 WARM_UP = 2
@@ -96,15 +94,7 @@ class NativeGroup:
 
 
 def bench_tools() -> Any:
-    from effecthost.contract import ToolRegistry
-
-    tools = ToolRegistry()
-
-    @tools.tool(WORK)
-    async def work(arg: Any) -> Any:
-        return arg
-
-    return tools
+    return echo_tools()
 
 
 async def serve_native(address: str, namespace: str, task_queue: str) -> None:
@@ -170,10 +160,6 @@ def _unclaimed() -> type:
 # -- measuring -------------------------------------------------------------------------
 
 
-def _p95(ordered: list[float]) -> float:
-    return ordered[max(0, math.ceil(len(ordered) * 0.95) - 1)]
-
-
 async def measure(
     bodies: dict[str, Callable[[], Awaitable[Any]]], rounds: int, runs: int
 ) -> dict[str, Any]:
@@ -185,41 +171,14 @@ async def measure(
     for _ in range(WARM_UP):
         for name in names:
             await bodies[name]()
-    per_run = max(1, rounds // runs)
-    latencies: dict[str, list[float]] = {name: [] for name in names}
-    rates: dict[str, list[float]] = {name: [] for name in names}
-    i = 0
-    for _ in range(runs):
-        spent = dict.fromkeys(names, 0.0)
-        for _ in range(per_run):
-            for name in names[i % 2 :] + names[: i % 2]:
-                t0 = time.perf_counter()
-                await bodies[name]()
-                elapsed = time.perf_counter() - t0
-                latencies[name].append(elapsed)
-                spent[name] += elapsed
-            i += 1
-        for name in names:
-            rates[name].append(per_run / spent[name])
-    ratios = [a / b for a, b in zip(rates[names[0]], rates[names[1]], strict=True)]
-    return {
-        **{name: _summary(latencies[name], rates[name]) for name in names},
-        "ratio": statistics.median(ratios),
-        "ratio_min": min(ratios),
-        "ratio_max": max(ratios),
-        "ratios": ratios,
-    }
 
+    async def timed(body: Callable[[], Awaitable[Any]]) -> float:
+        t0 = time.perf_counter()
+        await body()
+        return time.perf_counter() - t0
 
-def _summary(samples: list[float], rates: list[float]) -> dict[str, Any]:
-    ordered = sorted(sample * 1000 for sample in samples)
-    return {
-        "groups": len(samples),
-        "p50_ms": statistics.median(ordered),
-        "p95_ms": _p95(ordered),
-        "groups_per_s": statistics.median(rates),
-        "runs": rates,
-    }
+    timed_bodies = {name: functools.partial(timed, bodies[name]) for name in names}
+    return await alternate(timed_bodies, max(1, rounds // runs), runs)
 
 
 def rounds_for(n: int, rounds: int, runs: int) -> int:
@@ -303,9 +262,7 @@ async def run_benchmark(
     return {
         "against": against,
         "temporal": cli_version() if server is not None else f"external server {address}",
-        "python": platform.python_version(),
-        "cpus": os.cpu_count() or 0,
-        "loadavg": os.getloadavg(),
+        **machine(),
         "rows": rows,
     }
 
@@ -340,33 +297,13 @@ async def main(rounds: int, runs: int, work_dir: Path, against: str) -> dict[str
 
 
 def table(document: dict[str, Any]) -> str:
-    header = (
-        f"{'workload':<15}{'groups':>7}{'eh p50 ms':>11}{'eh p95 ms':>11}{'eh groups/s':>13}"
-        f"{'nat p50 ms':>12}{'nat p95 ms':>12}{'nat groups/s':>14}{'ratio':>7}{'(range)':>13}"
-    )
     other = document.get("against", "native")
     what = "native workflow" if other == "native" else "effecthost without replay-key claims"
-    lines = [
+    title = (
         f"temporal={document['temporal']}  python={document['python']}  "
-        f"cpus={document['cpus']}  (eh = effecthost, nat = {what})",
-        header,
-        "-" * len(header),
-    ]
-    for row in document["rows"]:
-        ours, theirs = row["effecthost"], row["native"]
-        span = f"({row['ratio_min']:.2f}–{row['ratio_max']:.2f})"
-        lines.append(
-            f"{row['workload']:<15}{ours['groups']:>7}{ours['p50_ms']:>11.1f}"
-            f"{ours['p95_ms']:>11.1f}{ours['groups_per_s']:>13.2f}{theirs['p50_ms']:>12.1f}"
-            f"{theirs['p95_ms']:>12.1f}{theirs['groups_per_s']:>14.2f}{row['ratio']:>7.2f}"
-            f"{span:>13}"
-        )
-    return "\n".join(lines)
-
-
-def write_json(document: dict[str, Any], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2) + "\n")
+        f"cpus={document['cpus']}  (eh = effecthost, nat = {what})"
+    )
+    return paired_table(title, document["rows"])
 
 
 def cli() -> None:
@@ -399,18 +336,15 @@ def _cli() -> None:
     if options.worker:
         run_worker(options.worker, options.address, options.namespace, options.task_queue)
         return
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="effecthost-bench-") as tmp:
-        try:
-            document = asyncio.run(main(options.rounds, options.runs, Path(tmp), options.against))
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            raise SystemExit("interrupted; the server and workers were stopped") from None
-    document["wall_s"] = round(time.perf_counter() - started, 1)
-    print(table(document))
     name = "temporal.json" if options.against == "native" else "temporal_unclaimed.json"
-    out = options.out or Path(__file__).parent / "results" / name
-    write_json(document, out)
-    print(f"wrote {out} in {document['wall_s']} s")
+    try:
+        run(
+            lambda tmp: main(options.rounds, options.runs, tmp, options.against),
+            options.out or RESULTS / name,
+            table,
+        )
+    except asyncio.CancelledError:
+        raise SystemExit("interrupted; the server and workers were stopped") from None
 
 
 if __name__ == "__main__":

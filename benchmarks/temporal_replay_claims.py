@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
@@ -30,6 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from _bench import write_json
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -107,5 +107,4 @@ if __name__ == "__main__":
     print(f"{'op':<10}{'children':>9}{'p50 ms':>9}{'p95 ms':>9}")
     for row in rows:
         print(f"{row['op']:<10}{row['children']:>9}{row['p50']:>9.1f}{row['p95']:>9.1f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=2))
+    write_json(args.out, rows)

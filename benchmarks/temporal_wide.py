@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -34,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _bench import write_json
 from temporal_groups import WORK, bench_tools, bench_worker
 
 
@@ -178,8 +178,7 @@ def cli() -> None:
             document = asyncio.run(run(widths, options.rounds, Path(tmp), sizes))
     finally:
         release_temporal_runtime()
-    options.out.parent.mkdir(parents=True, exist_ok=True)
-    options.out.write_text(json.dumps(document, indent=2) + "\n")
+    write_json(options.out, document)
     print(f"wrote {options.out}")
 
 

@@ -35,17 +35,16 @@ import contextlib
 import gc
 import json
 import os
-import platform
 import secrets
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-WORK = "bench.work"  # the tool of restate_groups.py's endpoint and temporal_groups.py's worker
+from _bench import RESULTS, WORK, echo_tools, machine, postgres, run
+
 TIERS = ("memory", "sqlite", "postgres", "restate", "temporal")
 ENGINES = ("restate", "temporal")
 SCRIPT = str(Path(__file__).resolve())
@@ -71,21 +70,9 @@ def _reset_peak() -> bool:
     return True
 
 
-def _registry() -> Any:
-    from effecthost.contract import ToolRegistry
-
-    tools = ToolRegistry()
-
-    @tools.tool(WORK)
-    async def work(arg: Any) -> Any:
-        return arg
-
-    return tools
-
-
 @contextlib.asynccontextmanager
 async def _controller(tier: str, conf: dict[str, Any]) -> AsyncIterator[Any]:
-    tools = _registry()
+    tools = echo_tools()
     if tier == "memory":
         from effecthost.hosts.memory import MemoryEffectHost
 
@@ -188,15 +175,8 @@ async def tier_env(tier: str, work_dir: Path) -> AsyncIterator[dict[str, Any]]:
     elif tier == "sqlite":
         yield {"dir": str(work_dir)}
     elif tier == "postgres":
-        from effecthost.hosts.sql.testing import PostgresServer
-
-        dsn = os.environ.get("EFFECTHOST_POSTGRES_DSN")
-        server = None if dsn else PostgresServer(fsync=True)
-        try:
-            yield {"dsn": dsn or server.start()}  # type: ignore[union-attr]
-        finally:
-            if server is not None:
-                server.stop()
+        with postgres() as dsn:
+            yield {"dsn": dsn}
     elif tier == "restate":
         from restate_groups import bench_restate
 
@@ -281,9 +261,7 @@ def summarize(tier: str, width: int, answers: list[dict[str, Any]]) -> dict[str,
 async def main(options: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     document: dict[str, Any] = {
-        "python": platform.python_version(),
-        "cpus": os.cpu_count() or 0,
-        "loadavg": os.getloadavg(),
+        **machine(),
         "widths": options.widths,
         "rows": rows,
     }
@@ -356,7 +334,7 @@ def cli() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="groups per width (median, range)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per group")
     parser.add_argument("--quick", action="store_true", help="widths 100 and 1,000, one round")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "wide.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "wide.json")
     parser.add_argument("--one", choices=TIERS, help=argparse.SUPPRESS)
     parser.add_argument("--width", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--conf", default="{}", help=argparse.SUPPRESS)
@@ -371,20 +349,13 @@ def cli() -> None:
     if unknown:
         parser.error(f"unknown tier(s): {', '.join(sorted(unknown))}")
     options.widths = [int(w) for w in options.widths.split(",")]
-    started = time.perf_counter()
     try:
-        with tempfile.TemporaryDirectory(prefix="effecthost-wide-") as tmp:
-            document = asyncio.run(main(options, Path(tmp)))
+        run(lambda tmp: main(options, tmp), options.out, table, prefix="effecthost-wide-")
     finally:
         if "temporal" in options.tiers:
             from effecthost.hosts.temporal import release_temporal_runtime
 
             release_temporal_runtime()
-    document["wall_s"] = round(time.perf_counter() - started, 1)
-    print(table(document))
-    options.out.parent.mkdir(parents=True, exist_ok=True)
-    options.out.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"wrote {options.out} in {document['wall_s']} s")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,40 @@ def outcome_status(recorded: Any) -> tuple[str, bool | None]:
     return HIDDEN, None
 
 
+def settled_child(
+    rank: int,
+    position: int,
+    replay_key: str | None,
+    tool: str | None,
+    recorded: Any,
+    settled_at: float | None = None,
+    started_at: float | None = None,
+) -> ChildRow:
+    """The row of a ranked child from its recorded outcome (see :func:`outcome_status`)."""
+    status, sealed = outcome_status(recorded)
+    return ChildRow(rank, position, replay_key, tool, status, settled_at, sealed, started_at)
+
+
+def running_child(
+    position: int, replay_key: str | None, tool: str | None, started_at: float | None = None
+) -> ChildRow:
+    """The row of a child that holds no rank yet."""
+    return ChildRow(None, position, replay_key, tool, RUNNING, None, None, started_at)
+
+
+def open_group(
+    key: str,
+    opened_at: float | None,
+    wake: str | None = None,
+    disposition: str | None = None,
+    settled: int | None = None,
+    total: int | None = None,
+    owner: str | None = None,
+) -> GroupRow:
+    """The row of an open group, its age counted from ``opened_at`` (epoch seconds)."""
+    return GroupRow(key, age(opened_at), wake, disposition, settled, total, owner, opened_at)
+
+
 def in_rank_order(children: Sequence[ChildRow]) -> list[ChildRow]:
     """Ranked children by rank, then the running ones by position (a rank or position
     that is not an integer, as a tampered store may hold, sorts last)."""

@@ -7,19 +7,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from restate_stack import Stack, eventually, running_stack, step
 
-from effecthost.conformance import Lab, conformance_resolver, step_input
 from effecthost.contract import (
-    EffectEnvelope,
     EffectGroup,
-    EffectKind,
     LoserPolicy,
     WakePolicy,
     group_key,
@@ -31,52 +27,16 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 TIMEOUT = 20.0
 
 
-@dataclass
-class Stack:
-    lab: Lab
-    local: LocalRestate
-    controller: RestateController
+def _dead_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens: a dead node
 
 
-@pytest.fixture
-async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    lab = Lab(tmp_path / "lab")
-    await lab.start()
-    local = LocalRestate(
-        tmp_path / "restate", "effecthost.conformance:conformance_resolver", [str(lab.path)]
-    )
-    try:
-        await local.start()
-        controller = local.controller(conformance_resolver(lab.path), owner="tests")
-        try:
-            yield Stack(lab, local, controller)
-        finally:
-            await controller.aclose()
-    finally:
-        lab.open_all("")
-        await local.stop()
-        await lab.stop()
+def _two_dead_admins(local: LocalRestate) -> None:
+    local.endpoint_admin_urls = [_dead_url(), local.admin_url, _dead_url()]
 
 
-def _step(tag: str, **options: Any) -> EffectEnvelope:
-    return EffectEnvelope(
-        replay_key=tag,
-        kind=EffectKind.TOOL_CALL,
-        name="conformance.step",
-        input=step_input(tag, **options),
-    )
-
-
-async def _poll(probe: Any, accept: Any, what: str) -> Any:
-    """Re-read an engine fact until ``accept`` holds (nothing is ordered by this)."""
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        value = await probe()
-        if accept(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {value!r}")
-        await asyncio.sleep(0.05)
+def _no_admin(local: LocalRestate) -> None:
+    local.endpoint_admin_urls = [_dead_url(), _dead_url()]
 
 
 async def _child(ctl: RestateController, tag: str) -> list[dict[str, Any]]:
@@ -98,7 +58,7 @@ async def test_issue25_a_cancelled_losers_rerun_after_close_does_not_start_its_t
         key=group_key("guard", "race", 0),
         wake=WakePolicy.FIRST,
         disposition=LoserPolicy.CANCEL,
-        children=[_step("guard.win", gate=False), _step("guard.lose")],
+        children=[step("guard.win", gate=False), step("guard.lose")],
     )
     handle = await ctl.open_effect_group(group)
     first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -110,7 +70,7 @@ async def test_issue25_a_cancelled_losers_rerun_after_close_does_not_start_its_t
     async with httpx.AsyncClient(timeout=10.0) as client:
         paused = await client.patch(f"{stack.local.admin_url}/invocations/{loser['id']}/pause")
         assert paused.status_code < 300, paused.text
-        await _poll(
+        await eventually(
             lambda: _child(ctl, "guard.lose"), lambda rows: rows[0]["status"] == "paused", "pause"
         )
         await stack.local.start_endpoint()
@@ -118,10 +78,10 @@ async def test_issue25_a_cancelled_losers_rerun_after_close_does_not_start_its_t
         resumed = await client.patch(f"{stack.local.admin_url}/invocations/{loser['id']}/resume")
         assert resumed.status_code < 300 or resumed.status_code == 409, resumed.text
 
-    rows = await _poll(
+    rows = await eventually(
         lambda: _child(ctl, "guard.lose"), lambda rows: rows[0]["status"] == "completed", "settle"
     )
-    await _poll(
+    await eventually(
         lambda: group_state(ctl, group.key), lambda state: set(state) == {"tombstone"}, "retire"
     )
     assert stack.lab.count("started", "guard.lose") == 1, rows
@@ -147,7 +107,7 @@ async def test_issue25_a_rerun_whose_cancel_is_still_in_flight_does_not_start_it
         key=group_key("guard", declared.value, 0),
         wake=WakePolicy.FIRST,
         disposition=declared,
-        children=[_step(f"{tag}.first", gate=False), _step(late)],
+        children=[step(f"{tag}.first", gate=False), step(late)],
     )
     handle = await ctl.open_effect_group(group)
     await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -158,7 +118,9 @@ async def test_issue25_a_rerun_whose_cancel_is_still_in_flight_does_not_start_it
     async with httpx.AsyncClient(timeout=10.0) as client:
         paused = await client.patch(f"{stack.local.admin_url}/invocations/{loser['id']}/pause")
         assert paused.status_code < 300, paused.text
-        await _poll(lambda: _child(ctl, late), lambda rows: rows[0]["status"] == "paused", "pause")
+        await eventually(
+            lambda: _child(ctl, late), lambda rows: rows[0]["status"] == "paused", "pause"
+        )
         state = {k: json.loads(v) for k, v in (await group_state(ctl, group.key)).items()}
         shape = {**state.pop("shape"), "effective": "cancel"}
         state.pop("waiters", None)
@@ -174,17 +136,17 @@ async def test_issue25_a_rerun_whose_cancel_is_still_in_flight_does_not_start_it
             json={"object_key": group.key, "new_state": wanted},
         )
         answer.raise_for_status()
-        await _poll(
+        await eventually(
             lambda: group_state(ctl, group.key), lambda found: "tombstone" in found, "the state"
         )
         await stack.local.start_endpoint()
         resumed = await client.patch(f"{stack.local.admin_url}/invocations/{loser['id']}/resume")
         assert resumed.status_code < 300, resumed.text
 
-    rows = await _poll(
+    rows = await eventually(
         lambda: _child(ctl, late), lambda rows: rows[0]["status"] == "completed", "settle"
     )
-    await _poll(
+    await eventually(
         lambda: group_state(ctl, group.key), lambda state: set(state) == {"tombstone"}, "retire"
     )
     assert stack.lab.count("started", late) == 1, rows
@@ -200,89 +162,60 @@ async def test_issue25_the_guard_and_the_target_check_fail_over_between_admin_ur
     race's children still read their group's tombstone (the guard) and run their tools,
     and a routed child still finds its target unbound (G-14) instead of retrying while
     the node it was reading is gone."""
-    lab = Lab(tmp_path / "lab")
-    await lab.start()
-    local = LocalRestate(
-        tmp_path / "restate", "effecthost.conformance:conformance_resolver", [str(lab.path)]
-    )
-    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]  # nothing listens: dead nodes
-    local.endpoint_admin_urls = [dead[0], local.admin_url, dead[1]]
-    try:
-        await local.start()
-        ctl = local.controller(conformance_resolver(lab.path), owner="tests")
-        try:
-            race = EffectGroup(
-                key=group_key("failover", "race", 0),
-                wake=WakePolicy.FIRST,
-                disposition=LoserPolicy.CANCEL,
-                children=[_step("failover.win", gate=False), _step("failover.lose")],
-            )
-            handle = await ctl.open_effect_group(race)
-            first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
-            assert first.replay_key == "failover.win" and first.outcome.error is None, first
-            await asyncio.wait_for(ctl.close_effect_group(handle), TIMEOUT)
+    async with running_stack(tmp_path, before_start=_two_dead_admins) as stack:
+        ctl = stack.controller
+        race = EffectGroup(
+            key=group_key("failover", "race", 0),
+            wake=WakePolicy.FIRST,
+            disposition=LoserPolicy.CANCEL,
+            children=[step("failover.win", gate=False), step("failover.lose")],
+        )
+        handle = await ctl.open_effect_group(race)
+        first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+        assert first.replay_key == "failover.win" and first.outcome.error is None, first
+        await asyncio.wait_for(ctl.close_effect_group(handle), TIMEOUT)
 
-            routed = EffectGroup(
-                key=group_key("failover", "routed", 0),
-                wake=WakePolicy.ALL,
-                disposition=LoserPolicy.RUN_TO_COMPLETION,
-                children=[_step("failover.routed", gate=False)],
-            )
-            handle = await ctl.open_routed(routed, {0: "NoSuchService/handler"})
-            settlement = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
-            assert settlement.outcome.error is not None, settlement
-            assert settlement.outcome.error.code == 404, settlement
-            await ctl.close_effect_group(handle)
-        finally:
-            await ctl.aclose()
-    finally:
-        lab.open_all("")
-        await local.stop()
-        await lab.stop()
+        routed = EffectGroup(
+            key=group_key("failover", "routed", 0),
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.RUN_TO_COMPLETION,
+            children=[step("failover.routed", gate=False)],
+        )
+        handle = await ctl.open_routed(routed, {0: "NoSuchService/handler"})
+        settlement = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+        assert settlement.outcome.error is not None, settlement
+        assert settlement.outcome.error.code == 404, settlement
+        await ctl.close_effect_group(handle)
 
 
 async def test_issue25_no_admin_api_answering_holds_the_tool_in_retries(tmp_path: Path) -> None:
     """G-27, issue 25: when none of the endpoint's admin URLs answers, the guard's read
     fails and the attempt is retried; the tool of a child of a ``CANCEL`` group never
     starts on a guess."""
-    lab = Lab(tmp_path / "lab")
-    await lab.start()
-    local = LocalRestate(
-        tmp_path / "restate", "effecthost.conformance:conformance_resolver", [str(lab.path)]
-    )
-    local.endpoint_admin_urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
-    try:
-        await local.start()
-        ctl = local.controller(conformance_resolver(lab.path), owner="tests")
-        try:
-            race = EffectGroup(
-                key=group_key("noadmin", "race", 0),
-                wake=WakePolicy.FIRST,
-                disposition=LoserPolicy.CANCEL,
-                children=[_step("noadmin.a", gate=False), _step("noadmin.b", gate=False)],
+    async with running_stack(tmp_path, before_start=_no_admin) as stack:
+        ctl = stack.controller
+        race = EffectGroup(
+            key=group_key("noadmin", "race", 0),
+            wake=WakePolicy.FIRST,
+            disposition=LoserPolicy.CANCEL,
+            children=[step("noadmin.a", gate=False), step("noadmin.b", gate=False)],
+        )
+        await ctl.open_effect_group(race)
+
+        async def retried() -> list[dict[str, Any]]:
+            return await ctl.query(
+                "SELECT retry_count, last_failure FROM sys_invocation "
+                f"WHERE target_service_name = '{CHILD}' "
+                "AND idempotency_key LIKE '%:noadmin.%'"
             )
-            await ctl.open_effect_group(race)
 
-            async def retried() -> list[dict[str, Any]]:
-                return await ctl.query(
-                    "SELECT retry_count, last_failure FROM sys_invocation "
-                    f"WHERE target_service_name = '{CHILD}' "
-                    "AND idempotency_key LIKE '%:noadmin.%'"
-                )
-
-            # retry_count 2: the first attempt failed (its read took ADMIN_BOUND, 10 s)
-            deadline = time.monotonic() + 60.0
+        # retry_count 2: the first attempt failed (its read took ADMIN_BOUND, 10 s)
+        deadline = time.monotonic() + 60.0
+        rows = await retried()
+        while not (len(rows) == 2 and all(r["retry_count"] >= 2 for r in rows)):
+            assert time.monotonic() < deadline, rows
+            await asyncio.sleep(0.2)  # a bounded poll of the engine's state
             rows = await retried()
-            while not (len(rows) == 2 and all(r["retry_count"] >= 2 for r in rows)):
-                assert time.monotonic() < deadline, rows
-                await asyncio.sleep(0.2)  # a bounded poll of the engine's state
-                rows = await retried()
-            assert all("admin" in str(r.get("last_failure")) for r in rows), rows
-            assert lab.count("started", "noadmin.a") == 0
-            assert lab.count("started", "noadmin.b") == 0
-        finally:
-            await ctl.aclose()
-    finally:
-        lab.open_all("")
-        await local.stop()
-        await lab.stop()
+        assert all("admin" in str(r.get("last_failure")) for r in rows), rows
+        assert stack.lab.count("started", "noadmin.a") == 0
+        assert stack.lab.count("started", "noadmin.b") == 0

@@ -8,17 +8,14 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from restate_stack import Stack, running_stack, step
 
-from effecthost.conformance import Lab, conformance_resolver, step_input
 from effecthost.contract import (
-    EffectEnvelope,
     EffectGroup,
-    EffectKind,
     GroupHandle,
     LoserPolicy,
     UnknownGroup,
@@ -26,67 +23,24 @@ from effecthost.contract import (
     group_key,
 )
 from effecthost.hosts.restate import RestateController, file_payload_policy
-from effecthost.hosts.restate.testing import LocalRestate, group_state
-from effecthost.payloads import PayloadPolicy
+from effecthost.hosts.restate.testing import group_state
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 TIMEOUT = 20.0
 LOSERS = ("l1", "l2", "l3")
 
 
-@dataclass
-class Stack:
-    lab: Lab
-    local: LocalRestate
-    controller: RestateController
-    payloads: PayloadPolicy | None
-
-    def reconnect(self) -> RestateController:
-        resolver = conformance_resolver(self.lab.path)
-        self.controller = self.local.controller(resolver, owner="tests", payloads=self.payloads)
-        return self.controller
-
-
 @pytest.fixture(params=["plain", "sealed"])
 async def stack(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
     """A server and an endpoint; ``sealed``: with a payload policy on both sides (the
     settlements carry only sealed outcomes)."""
-    lab = Lab(tmp_path / "lab")
-    await lab.start()
     payloads, args = None, []
     if request.param == "sealed":
         payload_dir, key_dir = tmp_path / "payloads", tmp_path / "keys"
         payloads = file_payload_policy(payload_dir, key_dir)
         args = ["--payload-dir", str(payload_dir), "--key-dir", str(key_dir)]
-    local = LocalRestate(
-        tmp_path / "restate",
-        "effecthost.conformance:conformance_resolver",
-        [str(lab.path)],
-        endpoint_args=args,
-    )
-    try:
-        await local.start()
-        controller = local.controller(
-            conformance_resolver(lab.path), owner="tests", payloads=payloads
-        )
-        built = Stack(lab, local, controller, payloads)
-        try:
-            yield built
-        finally:
-            await built.controller.aclose()
-    finally:
-        lab.open_all("")
-        await local.stop()
-        await lab.stop()
-
-
-def _step(tag: str, **options: Any) -> EffectEnvelope:
-    return EffectEnvelope(
-        replay_key=tag,
-        kind=EffectKind.TOOL_CALL,
-        name="conformance.step",
-        input=step_input(tag, **options),
-    )
+    async with running_stack(tmp_path, endpoint_args=args, payloads=payloads) as built:
+        yield built
 
 
 async def _crashed_race(
@@ -100,8 +54,8 @@ async def _crashed_race(
         wake=wake,
         disposition=LoserPolicy.CANCEL,
         children=[
-            _step(f"{name}.w", **(winner or {"gate": False, "result": "won"})),
-            *(_step(f"{name}.{x}") for x in LOSERS),
+            step(f"{name}.w", **(winner or {"gate": False, "result": "won"})),
+            *(step(f"{name}.{x}") for x in LOSERS),
         ],
     )
     handle = await stack.controller.open_effect_group(group)
@@ -111,8 +65,7 @@ async def _crashed_race(
         await stack.lab.wait_for("started", f"{name}.{x}", 1, TIMEOUT)
     stack.local.kill_endpoint()
     await stack.local.start_endpoint()
-    await stack.controller.aclose()
-    stack.reconnect()
+    await stack.reconnect()
     return group
 
 

@@ -12,8 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from effecthost.hosts.restate import register_deployment
-from effecthost.hosts.restate.testing import LocalRestate, _spawn, _stop, _wait_until
+from effecthost.hosts.restate.testing import LocalRestate
 
 APP = Path(__file__).resolve().parent / "restate_reader_app.py"
 pytestmark = pytest.mark.anyio
@@ -22,22 +21,10 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 async def reader(tmp_path: Path) -> AsyncIterator[LocalRestate]:
     local = LocalRestate(tmp_path, "unused:unused")
-    await local.start_server()
-    log = (tmp_path / "reader.log").open("ab")
-    app = _spawn([sys.executable, str(APP), f"127.0.0.1:{local.endpoint_port}"], log)
     try:
-
-        async def up() -> bool:
-            _, writer = await asyncio.open_connection("127.0.0.1", local.endpoint_port)
-            writer.close()
-            return True
-
-        await _wait_until(up, "reader endpoint")
-        await register_deployment(local.admin_url, local.endpoint_uri, force=True)
+        await local.start_app([sys.executable, str(APP)], "reader")
         yield local
     finally:
-        _stop(app, 9)
-        log.close()
         await local.stop()
 
 

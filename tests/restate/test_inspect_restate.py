@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 from inspect_support import check_inspect, inspect
+from restate_stack import running_stack
 
-from effecthost.conformance import Lab, conformance_resolver, step_input
+from effecthost.conformance import step_input
 from effecthost.contract import (
     EffectEnvelope,
     EffectGroup,
@@ -18,7 +19,7 @@ from effecthost.contract import (
     WakePolicy,
     group_key,
 )
-from effecthost.hosts.restate.testing import LocalRestate, group_state
+from effecthost.hosts.restate.testing import group_state
 
 pytestmark = pytest.mark.anyio
 STEP = "conformance.step"
@@ -27,52 +28,39 @@ STEP = "conformance.step"
 async def test_inspect_restate_lists_and_ranks_without_writing(tmp_path: Path) -> None:
     """G-30: inspect reads a Restate deployment through the admin SQL API only: the
     group's state and the server's invocations are the same before and after."""
-    lab = Lab(tmp_path / "lab")
-    await lab.start()
-    local = LocalRestate(
-        tmp_path / "restate", "effecthost.conformance:conformance_resolver", [str(lab.path)]
-    )
-    try:
-        await local.start()
-        ctl = local.controller(conformance_resolver(lab.path), owner="inspector-test")
-        try:
-            key = group_key("inspect", "restate", 0)
-            tags = ["inspect.r.hold", "inspect.r.quick"]
-            group = EffectGroup(
-                key=key,
-                wake=WakePolicy.ALL,
-                disposition=LoserPolicy.CANCEL,
-                children=[
-                    EffectEnvelope(
-                        replay_key=t, kind=EffectKind.TOOL_CALL, name=STEP, input=step_input(t)
-                    )
-                    for t in tags
-                ],
-            )
-            handle = await ctl.open_effect_group(group)
-            lab.open(tags[1])
-            first = await asyncio.wait_for(ctl.await_next_settlement(handle), 20)
-            assert first.position == 1
-            await lab.wait_for("started", tags[0], 1, 20)
+    async with running_stack(tmp_path, owner="inspector-test") as stack:
+        ctl, lab, local = stack.controller, stack.lab, stack.local
+        key = group_key("inspect", "restate", 0)
+        tags = ["inspect.r.hold", "inspect.r.quick"]
+        group = EffectGroup(
+            key=key,
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.CANCEL,
+            children=[
+                EffectEnvelope(
+                    replay_key=t, kind=EffectKind.TOOL_CALL, name=STEP, input=step_input(t)
+                )
+                for t in tags
+            ],
+        )
+        handle = await ctl.open_effect_group(group)
+        lab.open(tags[1])
+        first = await asyncio.wait_for(ctl.await_next_settlement(handle), 20)
+        assert first.position == 1
+        await lab.wait_for("started", tags[0], 1, 20)
 
-            invocations = "SELECT id, status, modified_at FROM sys_invocation ORDER BY id"
-            before = (await group_state(ctl, key), await ctl.query(invocations))
-            await asyncio.to_thread(
-                check_inspect,
-                ["--restate", local.admin_url],
-                key,
-                wake="all",
-                disposition="cancel",
-                owner="inspector-test",
-                children=[(t, STEP) for t in tags],
-            )
-            assert (await group_state(ctl, key), await ctl.query(invocations)) == before
+        invocations = "SELECT id, status, modified_at FROM sys_invocation ORDER BY id"
+        before = (await group_state(ctl, key), await ctl.query(invocations))
+        await asyncio.to_thread(
+            check_inspect,
+            ["--restate", local.admin_url],
+            key,
+            wake="all",
+            disposition="cancel",
+            owner="inspector-test",
+            children=[(t, STEP) for t in tags],
+        )
+        assert (await group_state(ctl, key), await ctl.query(invocations)) == before
 
-            down = await asyncio.to_thread(inspect, "--restate", "http://127.0.0.1:1")
-            assert down.returncode == 14 and down.stderr.count("\n") == 1, down.stderr
-        finally:
-            await ctl.aclose()
-    finally:
-        lab.open_all("")
-        await local.stop()
-        await lab.stop()
+        down = await asyncio.to_thread(inspect, "--restate", "http://127.0.0.1:1")
+        assert down.returncode == 14 and down.stderr.count("\n") == 1, down.stderr

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 from operator_tools import resolver
+from restate_stack import running_stack
 
-from effecthost.conformance import Lab, step_input
+from effecthost.conformance import step_input
 from effecthost.contract import EffectEnvelope, EffectGroup, EffectKind, LoserPolicy, WakePolicy
 from effecthost.hosts.restate import CHILD, GROUP, RestateController
 from effecthost.hosts.restate.testing import LocalRestate
@@ -62,35 +63,26 @@ async def raced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
     assert CLI.is_file(), "run scripts/install-restate.sh (installs the restate CLI)"
     paths = [TESTS, os.environ.get("PYTHONPATH")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
-    lab = Lab(tmp_path / "lab")
-    await lab.start()
-    local = LocalRestate(tmp_path / "restate", "operator_tools:resolver", [str(lab.path)])
-    try:
-        await local.start()
-        ctl = local.controller(resolver(str(lab.path)), owner="tests")
-        group = EffectGroup(
-            key="ops:race:7",
-            wake=WakePolicy.FIRST,
-            disposition=LoserPolicy.CANCEL,
-            children=[
-                _child("ops.fast", "lookup.fast", gate=False),
-                _child("ops.slow", "lookup.slow", hold_cancel=True),
-            ],
-        )
-        try:
-            handle = await ctl.open_effect_group(group)
-            await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
-            await lab.wait_for("started", "ops.slow", 1, TIMEOUT)
-            await asyncio.wait_for(ctl.close_effect_group(handle), TIMEOUT)
-            await lab.wait_for("cancelled", "ops.slow", 1, TIMEOUT)
-            lab.open("ops.slow/release")
-            yield Raced(local, ctl, group, tmp_path / "cli")
-        finally:
-            await ctl.aclose()
-    finally:
-        lab.open_all("")
-        await local.stop()
-        await lab.stop()
+    group = EffectGroup(
+        key="ops:race:7",
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.CANCEL,
+        children=[
+            _child("ops.fast", "lookup.fast", gate=False),
+            _child("ops.slow", "lookup.slow", hold_cancel=True),
+        ],
+    )
+    async with running_stack(
+        tmp_path, resolver="operator_tools:resolver", executors=resolver(str(tmp_path / "lab"))
+    ) as stack:
+        ctl, lab = stack.controller, stack.lab
+        handle = await ctl.open_effect_group(group)
+        await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
+        await lab.wait_for("started", "ops.slow", 1, TIMEOUT)
+        await asyncio.wait_for(ctl.close_effect_group(handle), TIMEOUT)
+        await lab.wait_for("cancelled", "ops.slow", 1, TIMEOUT)
+        lab.open("ops.slow/release")
+        yield Raced(stack.local, ctl, group, tmp_path / "cli")
 
 
 async def _children(raced: Raced) -> dict[str, dict[str, str]]:

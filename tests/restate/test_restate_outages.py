@@ -7,14 +7,15 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from restate_stack import Stack as BaseStack
+from restate_stack import running_stack
 
 from effecthost._inspect import TierUnreachable
-from effecthost.conformance import Lab, conformance_resolver, step_input
+from effecthost.conformance import conformance_resolver, step_input
 from effecthost.contract import (
     EffectEnvelope,
     EffectGroup,
@@ -30,7 +31,7 @@ from effecthost.contract import (
 )
 from effecthost.hosts.restate import RestateController, register_deployment
 from effecthost.hosts.restate._inspect import RestateInspector
-from effecthost.hosts.restate.testing import LocalRestate, _stop, free_port
+from effecthost.hosts.restate.testing import _stop, free_port
 
 pytestmark = pytest.mark.anyio
 TIMEOUT = 30.0
@@ -38,12 +39,7 @@ OUTAGE = 100.0
 BOUND = 2.0
 
 
-@dataclass
-class Stack:
-    lab: Lab
-    local: LocalRestate
-    controller: RestateController
-
+class Stack(BaseStack):
     def short(self, **urls: Any) -> RestateController:
         """A controller that gives up on open/close/deliver after ``BOUND`` seconds."""
         return RestateController(
@@ -57,22 +53,8 @@ class Stack:
 
 @pytest.fixture
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    lab = Lab(tmp_path / "lab")
-    await lab.start()
-    local = LocalRestate(
-        tmp_path / "restate", "effecthost.conformance:conformance_resolver", [str(lab.path)]
-    )
-    try:
-        await local.start()
-        controller = local.controller(conformance_resolver(lab.path), owner="tests")
-        try:
-            yield Stack(lab, local, controller)
-        finally:
-            await controller.aclose()
-    finally:
-        lab.open_all("")
-        await local.stop()
-        await lab.stop()
+    async with running_stack(tmp_path, stack=Stack) as built:
+        yield built
 
 
 def _group(name: str, tags: list[str], **kw: Any) -> EffectGroup:

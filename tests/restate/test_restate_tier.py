@@ -7,20 +7,17 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from restate_stack import Stack, step
 
 from effecthost.combinators import Scope, next_group_key, race, tool
 from effecthost.conformance import (
     STEP,
     UNROUTABLE,
-    Lab,
-    conformance_resolver,
     run_suite,
     step_input,
 )
@@ -40,7 +37,6 @@ from effecthost.hosts.restate import CHILD, GROUP, PAYLOAD, REPLAY_KEY, RestateC
 from effecthost.hosts.restate._endpoint import COLLECT_FROM, COLLECT_SLICE
 from effecthost.hosts.restate.testing import (
     UNBOUND_TARGET,
-    LocalRestate,
     factory,
     group_state,
     sealed_factory,
@@ -49,53 +45,8 @@ from effecthost.hosts.restate.testing import (
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from untyped_calls import wrong_type_calls
 
-
-@dataclass
-class Stack:
-    lab: Lab
-    local: LocalRestate
-    controller: RestateController
-
-    async def reconnect(self) -> RestateController:
-        await self.controller.aclose()
-        self.controller = self.local.controller(conformance_resolver(self.lab.path), owner="tests")
-        return self.controller
-
-
-@pytest.fixture
-async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    lab = Lab(tmp_path / "lab")
-    await lab.start()
-    local = LocalRestate(
-        tmp_path / "restate",
-        "effecthost.conformance:conformance_resolver",
-        [str(lab.path)],
-    )
-    try:
-        await local.start()
-        controller = local.controller(conformance_resolver(lab.path), owner="tests")
-        built = Stack(lab, local, controller)
-        try:
-            yield built
-        finally:
-            await built.controller.aclose()
-    finally:
-        lab.open_all("")
-        await local.stop()
-        await lab.stop()
-
-
 pytestmark = pytest.mark.anyio
 TIMEOUT = 20.0
-
-
-def _step(tag: str, **options: Any) -> EffectEnvelope:
-    return EffectEnvelope(
-        replay_key=tag,
-        kind=EffectKind.TOOL_CALL,
-        name="conformance.step",
-        input=step_input(tag, **options),
-    )
 
 
 async def test_conformance_suite_passes() -> None:
@@ -121,7 +72,7 @@ async def test_endpoint_crash_keeps_ranks_and_settles_the_rest_once(stack: Stack
         key=group_key("crash", "batch", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step(tag, result={"i": i}) for i, tag in enumerate(tags)],
+        children=[step(tag, result={"i": i}) for i, tag in enumerate(tags)],
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -163,7 +114,7 @@ async def test_unbound_target_is_a_terminal_404_within_seconds(stack: Stack) -> 
         key=group_key("unbound", "batch", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step("unbound.x", gate=False)],
+        children=[step("unbound.x", gate=False)],
     )
     ctl = stack.controller
     started = time.monotonic()
@@ -186,7 +137,7 @@ async def test_cancel_close_returns_while_the_loser_runs(stack: Stack) -> None:
         key=group_key("cancel", "batch", 0),
         wake=WakePolicy.FIRST,
         disposition=LoserPolicy.CANCEL,
-        children=[_step("cancel.win", gate=False), _step("cancel.lose", hold_cancel=True)],
+        children=[step("cancel.win", gate=False), step("cancel.lose", hold_cancel=True)],
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -261,7 +212,7 @@ async def test_G41_close_clears_spilled_outcomes_also_of_a_group_of_the_layout_b
         key=group_key("spill", "none", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step("spill.none", gate=False, result={"small": 1})],
+        children=[step("spill.none", gate=False, result={"small": 1})],
     )
     handle = await ctl.open_effect_group(small)
     await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -271,7 +222,7 @@ async def test_G41_close_clears_spilled_outcomes_also_of_a_group_of_the_layout_b
             key=group_key("spill", name, 0),
             wake=WakePolicy.ALL,
             disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[_step(f"spill.{name}", gate=False, result=big)],
+            children=[step(f"spill.{name}", gate=False, result=big)],
         )
         handle = await ctl.open_effect_group(group)
         settled = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -303,13 +254,13 @@ async def test_R6_a_replay_key_is_held_by_one_group_until_it_closes(stack: Stack
         key=group_key("r6", "one", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step("r6.shared", gate=False)],
+        children=[step("r6.shared", gate=False)],
     )
     two = EffectGroup(
         key=group_key("r6", "two", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step("r6.own", gate=False), _step("r6.shared", gate=False)],
+        children=[step("r6.own", gate=False), step("r6.shared", gate=False)],
     )
     unresolvable = EffectEnvelope(
         replay_key="r6.nowhere", kind=EffectKind.TOOL_CALL, name=UNROUTABLE, input=None
@@ -318,7 +269,7 @@ async def test_R6_a_replay_key_is_held_by_one_group_until_it_closes(stack: Stack
         key=group_key("r6", "three", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[unresolvable, _step("r6.shared", gate=False)],
+        children=[unresolvable, step("r6.shared", gate=False)],
     )
     handle = await ctl.open_effect_group(one)
     await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -364,7 +315,7 @@ async def test_R6_keys_of_one_prefix_are_claimed_in_one_call(stack: Stack) -> No
             key=group_key("r6p", name, 0),
             wake=WakePolicy.ALL,
             disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[*extra, *(_step(k, gate=False) for k in keys)],
+            children=[*extra, *(step(k, gate=False) for k in keys)],
         )
 
     one = group("one", ["r6p.a:0", "r6p.a:1", "r6p.a:2"])
@@ -415,7 +366,7 @@ async def test_R6_concurrent_opens_sharing_a_prefixed_key_record_one_group(stack
             key=group_key("r6q", f"g{i}", 0),
             wake=WakePolicy.ALL,
             disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[_step(f"r6q.own{i}:0", gate=False), _step("r6q.shared:0", gate=False)],
+            children=[step(f"r6q.own{i}:0", gate=False), step("r6q.shared:0", gate=False)],
         )
         for i in range(4)
     ]
@@ -453,7 +404,7 @@ async def test_R6_a_closed_groups_replay_keys_are_free_as_soon_as_close_returns(
                 key=group_key("r6-reuse", side, n),
                 wake=WakePolicy.FIRST,
                 disposition=LoserPolicy.RUN_TO_COMPLETION,
-                children=[_step(k, gate=False) for k in keys],
+                children=[step(k, gate=False) for k in keys],
             )
             handle = await ctl.open_effect_group(group)
             for _ in keys:
@@ -524,7 +475,7 @@ async def test_G37_a_reused_replay_key_runs_as_a_new_invocation(stack: Stack) ->
             key=group_key("g37", name, 0),
             wake=WakePolicy.ALL,
             disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[_step("g37.reused", gate=False, result=name)],
+            children=[step("g37.reused", gate=False, result=name)],
         )
         handle = await ctl.open_effect_group(group)
         results.append(await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT))
@@ -553,7 +504,7 @@ async def test_G26_G27_a_run_to_completion_group_narrowed_at_close_cancels_its_c
         key=group_key("g27", "narrowed", 0),
         wake=WakePolicy.FIRST,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step("g27.quick", gate=False), _step("g27.held")],
+        children=[step("g27.quick", gate=False), step("g27.held")],
     )
     handle = await ctl.open_effect_group(group)
     await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -585,7 +536,7 @@ async def test_G38_a_duplicate_settlement_takes_no_rank(stack: Stack) -> None:
         key=group_key("g38", "dup", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step("g38.a", gate=False, result="a"), _step("g38.b", result="b")],
+        children=[step("g38.a", gate=False, result="a"), step("g38.b", result="b")],
     )
     handle = await ctl.open_effect_group(group)
     first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -615,7 +566,7 @@ async def test_G39_a_parked_read_holds_no_lock(stack: Stack) -> None:
         key=group_key("g39", "parked", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step("g39.x", result="x")],
+        children=[step("g39.x", result="x")],
     )
     handle = await ctl.open_effect_group(group)
     read = asyncio.ensure_future(ctl.await_next_settlement(handle))
@@ -652,7 +603,7 @@ async def test_G41_close_leaves_only_the_tombstone(stack: Stack) -> None:
         key=group_key("g41", "clear", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step(f"g41.{i}", gate=False) for i in range(3)],
+        children=[step(f"g41.{i}", gate=False) for i in range(3)],
     )
     handle = await ctl.open_effect_group(group)
     for _ in range(3):
@@ -693,7 +644,7 @@ async def test_G38_a_wide_all_group_is_collected_and_each_child_takes_one_rank(
         key=group_key("wide", "all", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step(tag, gate=False, result={"i": i}) for i, tag in enumerate(tags)],
+        children=[step(tag, gate=False, result={"i": i}) for i, tag in enumerate(tags)],
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -722,7 +673,7 @@ async def test_G41_a_wide_collected_group_narrowed_to_cancel_cancels_its_losers(
         key=group_key("widec", "all", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step(tag, gate=i < held) for i, tag in enumerate(tags)],
+        children=[step(tag, gate=i < held) for i, tag in enumerate(tags)],
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -751,7 +702,7 @@ async def test_G38_an_endpoint_crash_mid_collected_group_keeps_ranks_and_settles
         key=group_key("widek", "all", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step(tag, gate=i < k, result={"i": i}) for i, tag in enumerate(tags)],
+        children=[step(tag, gate=i < k, result={"i": i}) for i, tag in enumerate(tags)],
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -809,7 +760,7 @@ async def test_an_open_without_collect_of_the_release_before_sends_its_children_
             key=group_key(name, "all", 0),
             wake=WakePolicy.ALL,
             disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[_step(f"{name}.c{i}", gate=False) for i in range(n)],
+            children=[step(f"{name}.c{i}", gate=False) for i in range(n)],
         )
         for name in ("oldopen", "newopen")
     )

@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
+from restate_stack import Stack, eventually, step
 
-from effecthost.conformance import Lab, conformance_resolver, step_input
 from effecthost.contract import (
     EffectEnvelope,
     EffectGroup,
@@ -28,66 +24,14 @@ from effecthost.contract import (
     group_key,
 )
 from effecthost.hosts.restate import CHILD, GROUP, RestateController
-from effecthost.hosts.restate.testing import LocalRestate, group_state
+from effecthost.hosts.restate.testing import group_state
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 TIMEOUT = 20.0
-T = TypeVar("T")
-
-
-@dataclass
-class Stack:
-    lab: Lab
-    local: LocalRestate
-    controller: RestateController
-
-
-@pytest.fixture
-async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    lab = Lab(tmp_path / "lab")
-    await lab.start()
-    local = LocalRestate(
-        tmp_path / "restate", "effecthost.conformance:conformance_resolver", [str(lab.path)]
-    )
-    try:
-        await local.start()
-        controller = local.controller(conformance_resolver(lab.path), owner="tests")
-        try:
-            yield Stack(lab, local, controller)
-        finally:
-            await controller.aclose()
-    finally:
-        lab.open_all("")
-        await local.stop()
-        await lab.stop()
-
-
-def _step(tag: str, **options: Any) -> EffectEnvelope:
-    return EffectEnvelope(
-        replay_key=tag,
-        kind=EffectKind.TOOL_CALL,
-        name="conformance.step",
-        input=step_input(tag, **options),
-    )
 
 
 def _event(tag: str, name: str) -> EffectEnvelope:
     return EffectEnvelope(replay_key=tag, kind=EffectKind.AWAIT_EVENT, name=name, input=None)
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T]], accept: Callable[[T], bool], what: str
-) -> T:
-    """Re-read an engine fact until ``accept`` holds (a retirement has no event to wait on;
-    nothing is ordered by this)."""
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        value = await probe()
-        if accept(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {value!r}")
-        await asyncio.sleep(0.05)
 
 
 async def running_children(ctl: RestateController, key: str) -> list[dict[str, Any]]:
@@ -130,7 +74,7 @@ async def test_R11_deliver_reaches_a_closed_groups_pending_wait_then_the_group_r
         key=group_key("r11ev", "race", 0),
         wake=WakePolicy.FIRST,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step("r11ev.win", gate=False), _event("r11ev.wait", "go")],
+        children=[step("r11ev.win", gate=False), _event("r11ev.wait", "go")],
     )
     handle = await ctl.open_effect_group(group)
     first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -163,13 +107,13 @@ async def test_R11_a_closed_groups_replay_keys_stay_claimed_until_its_loser_sett
         key=group_key("r11rk", "first", 0),
         wake=WakePolicy.FIRST,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step(keys[0], gate=False), _step(keys[1])],
+        children=[step(keys[0], gate=False), step(keys[1])],
     )
     second = EffectGroup(
         key=group_key("r11rk", "second", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step(k, gate=False) for k in keys],
+        children=[step(k, gate=False) for k in keys],
     )
     handle = await ctl.open_effect_group(first)
     await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -207,7 +151,7 @@ async def test_R11_a_group_closed_by_the_release_before_stays_closed(stack: Stac
         key=group_key("r11old", "closed", 0),
         wake=WakePolicy.FIRST,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step("r11old.win", gate=False), _event("r11old.wait", "go")],
+        children=[step("r11old.win", gate=False), _event("r11old.wait", "go")],
     )
     handle = await ctl.open_effect_group(group)
     await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -226,7 +170,7 @@ async def test_R11_a_group_closed_by_the_release_before_stays_closed(stack: Stac
         key=group_key("r11old", "again", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step("r11old.win", gate=False)],
+        children=[step("r11old.win", gate=False)],
     )
     reopened = await ctl.open_effect_group(again)
     await asyncio.wait_for(ctl.await_next_settlement(reopened), TIMEOUT)

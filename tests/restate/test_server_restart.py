@@ -7,18 +7,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from restate_stack import Stack, running_stack, step
 
-from effecthost.conformance import Lab, conformance_resolver, step_input
 from effecthost.contract import (
     CursorExhausted,
-    EffectEnvelope,
     EffectGroup,
-    EffectKind,
     GroupHandle,
     LoserPolicy,
     Settlement,
@@ -26,53 +23,16 @@ from effecthost.contract import (
     group_key,
 )
 from effecthost.hosts.restate import CHILD, GROUP, RestateController
-from effecthost.hosts.restate.testing import LocalRestate, group_state
+from effecthost.hosts.restate.testing import group_state
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 TIMEOUT = 30.0
 
 
-@dataclass
-class Stack:
-    lab: Lab
-    local: LocalRestate
-    controller: RestateController
-
-    async def crash_server(self) -> RestateController:
-        """SIGKILL the restate-server, start it again on its data; a fresh controller."""
-        await self.controller.aclose()
-        await self.local.restart_server()
-        self.controller = self.local.controller(conformance_resolver(self.lab.path), owner="t")
-        return self.controller
-
-
 @pytest.fixture
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    lab = Lab(tmp_path / "lab")
-    await lab.start()
-    local = LocalRestate(
-        tmp_path / "restate", "effecthost.conformance:conformance_resolver", [str(lab.path)]
-    )
-    built: Stack | None = None
-    try:
-        await local.start()
-        built = Stack(lab, local, local.controller(conformance_resolver(lab.path), owner="t"))
+    async with running_stack(tmp_path, owner="t") as built:
         yield built
-    finally:
-        if built is not None:
-            await built.controller.aclose()
-        lab.open_all("")
-        await local.stop()
-        await lab.stop()
-
-
-def _step(tag: str, **options: Any) -> EffectEnvelope:
-    return EffectEnvelope(
-        replay_key=tag,
-        kind=EffectKind.TOOL_CALL,
-        name="conformance.step",
-        input=step_input(tag, **options),
-    )
 
 
 async def _next(ctl: RestateController, handle: GroupHandle) -> Settlement:
@@ -110,7 +70,7 @@ async def test_server_sigkill_mid_all_keeps_ranks_and_completes(stack: Stack) ->
         key=group_key("sk", "all", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step(tag, result={"i": i}) for i, tag in enumerate(tags)],
+        children=[step(tag, result={"i": i}) for i, tag in enumerate(tags)],
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -158,7 +118,7 @@ async def test_server_sigkill_mid_race_keeps_rank_one_and_the_loser_is_cancelled
         key=group_key("sk", "race", 0),
         wake=WakePolicy.FIRST,
         disposition=LoserPolicy.CANCEL,
-        children=[_step("sk.race.win", result="w"), _step("sk.race.lose")],
+        children=[step("sk.race.win", result="w"), step("sk.race.lose")],
     )
     handle = await ctl.open_effect_group(group)
     await stack.lab.wait_for("started", "sk.race.lose", 1, TIMEOUT)
@@ -193,7 +153,7 @@ async def test_server_sigkill_before_a_races_first_rank(stack: Stack) -> None:
         key=group_key("sk", "early", 0),
         wake=WakePolicy.FIRST,
         disposition=LoserPolicy.CANCEL,
-        children=[_step("sk.early.win", result="w"), _step("sk.early.lose")],
+        children=[step("sk.early.win", result="w"), step("sk.early.lose")],
     )
     handle = await ctl.open_effect_group(group)
     for tag in ("sk.early.win", "sk.early.lose"):

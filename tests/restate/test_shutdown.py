@@ -11,13 +11,11 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
+from restate_stack import Stack, running_stack, step
 
-from effecthost.conformance import Lab, conformance_resolver, step_input
 from effecthost.contract import (
     CursorExhausted,
     EffectEnvelope,
@@ -28,8 +26,6 @@ from effecthost.contract import (
     group_key,
 )
 from effecthost.hosts._shutdown import FORCE_AFTER
-from effecthost.hosts.restate import RestateController
-from effecthost.hosts.restate.testing import LocalRestate
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
@@ -43,47 +39,9 @@ MARGIN = 4.0
 """How long past its grace an endpoint may take to exit (interpreter teardown)."""
 
 
-@dataclass
-class Stack:
-    lab: Lab
-    local: LocalRestate
-    controller: RestateController
-
-
-async def _stack(
-    tmp_path: Path,
-    endpoint_args: list[str],
-    resolver: str = "effecthost.conformance:conformance_resolver",
-) -> AsyncIterator[Stack]:
-    lab = Lab(tmp_path / "lab")
-    await lab.start()
-    local = LocalRestate(
-        tmp_path / "restate", resolver, [str(lab.path)], endpoint_args=endpoint_args
-    )
-    mine = stubborn_registry(str(lab.path)) if resolver.startswith("stubborn") else None
-    try:
-        await local.start()
-        controller = local.controller(mine or conformance_resolver(lab.path), owner="tests")
-        try:
-            yield Stack(lab, local, controller)
-        finally:
-            await controller.aclose()
-    finally:
-        lab.open_all("")
-        await local.stop()
-        await lab.stop()
-
-
-@pytest.fixture
-async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    """An endpoint on its default grace."""
-    async for built in _stack(tmp_path, []):
-        yield built
-
-
 @pytest.fixture
 async def short_grace(tmp_path: Path) -> AsyncIterator[Stack]:
-    async for built in _stack(tmp_path, ["--grace", str(GRACE)]):
+    async with running_stack(tmp_path, endpoint_args=["--grace", str(GRACE)]) as built:
         yield built
 
 
@@ -92,17 +50,13 @@ async def stubborn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIter
     """An endpoint serving a tool that a cancel cannot stop."""
     paths = [str(TESTS), os.environ.get("PYTHONPATH")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
-    async for built in _stack(tmp_path, ["--grace", str(GRACE)], "stubborn_tools:registry"):
+    async with running_stack(
+        tmp_path,
+        resolver="stubborn_tools:registry",
+        endpoint_args=["--grace", str(GRACE)],
+        executors=stubborn_registry(str(tmp_path / "lab")),
+    ) as built:
         yield built
-
-
-def _step(tag: str, **options: Any) -> EffectEnvelope:
-    return EffectEnvelope(
-        replay_key=tag,
-        kind=EffectKind.TOOL_CALL,
-        name="conformance.step",
-        input=step_input(tag, **options),
-    )
 
 
 async def _terminate(process: subprocess.Popen[bytes] | None, bound: float) -> tuple[int, float]:
@@ -126,7 +80,7 @@ async def test_sigterm_stops_a_serving_endpoint(stack: Stack) -> None:
         key=group_key("term", "idle", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step("term.idle", gate=False)],
+        children=[step("term.idle", gate=False)],
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -147,7 +101,7 @@ async def test_sigterm_mid_child_is_retried_by_the_next_endpoint(short_grace: St
         key=group_key("term", "busy", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step("term.done", gate=False, result=0), _step("term.held", result=1)],
+        children=[step("term.done", gate=False, result=0), step("term.held", result=1)],
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -182,7 +136,7 @@ async def test_sigterm_lets_a_child_finish_within_the_grace(short_grace: Stack) 
         key=group_key("term", "finish", 0),
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[_step("term.finish", result=7)],
+        children=[step("term.finish", result=7)],
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)

@@ -20,13 +20,13 @@ import os
 import signal
 import sys
 
+from sql_support import group as sql_group
+from sql_support import tool as tool_call
+
 from effecthost.contract import (
-    EffectEnvelope,
     EffectGroup,
-    EffectKind,
     LoserPolicy,
     ToolRegistry,
-    WakePolicy,
 )
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore
 
@@ -43,14 +43,8 @@ def registry() -> ToolRegistry:
 def group(
     key: str, children: int, disposition: LoserPolicy = LoserPolicy.RUN_TO_COMPLETION
 ) -> EffectGroup:
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=disposition,
-        children=[
-            EffectEnvelope(replay_key=f"{key}/{i}", kind=EffectKind.TOOL_CALL, name="echo", input=i)
-            for i in range(children)
-        ],
+    return sql_group(
+        key, [tool_call(f"{key}/{i}", i, "echo") for i in range(children)], disposition=disposition
     )
 
 

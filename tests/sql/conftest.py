@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
+from effecthost.hosts.sql import PostgresStore, SqliteStore, Store
 from effecthost.hosts.sql.testing import PostgresServer, find_pg_bin
 
 _server: PostgresServer | None = None
@@ -49,3 +51,24 @@ def pg_log(pg_dsn: str) -> Path | None:
     if os.environ.get("EFFECTHOST_POSTGRES_DSN") or _server is None or _server.dir is None:
         return None
     return Path(_server.dir) / "postgres.log"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def stores(request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str) -> Callable[[], Store]:
+    """A maker of stores on one database: a SQLite file, or a fresh PostgreSQL schema;
+    each call a new store (its own connections, as a second process has)."""
+    if request.param == "sqlite":
+        return lambda: SqliteStore(tmp_path / "store.sqlite3")
+    dsn = request.getfixturevalue("pg_dsn")
+    return lambda: PostgresStore(dsn, schema=pg_schema)
+
+
+@pytest.fixture
+async def store(stores: Callable[[], Store]) -> AsyncIterator[Store]:
+    """One started store of ``stores``."""
+    made = stores()
+    await made.start()
+    try:
+        yield made
+    finally:
+        await made.aclose()

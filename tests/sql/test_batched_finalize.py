@@ -6,11 +6,11 @@ child in the batch writes nothing and bumps nothing."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sql_support import ok, spec
 
 from effecthost.contract import (
     EffectEnvelope,
@@ -21,42 +21,10 @@ from effecthost.contract import (
     ToolRegistry,
     WakePolicy,
 )
-from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
-from effecthost.hosts.sql._store import ChildSpec, Finalize, ReplayKeyTaken
+from effecthost.hosts.sql import SqlEffectHost, SqliteStore, Store
+from effecthost.hosts.sql._store import Finalize, ReplayKeyTaken
 
 pytestmark = pytest.mark.anyio
-
-
-def _spec(key: str, position: int) -> ChildSpec:
-    return ChildSpec(
-        replay_key=key,
-        position=position,
-        kind="tool_call",
-        name="t",
-        envelope="{}",
-        envelope_hash="h",
-        claim=True,
-    )
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store(
-    request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str
-) -> AsyncIterator[Store]:
-    made: Store
-    if request.param == "sqlite":
-        made = SqliteStore(tmp_path / "batch.sqlite3")
-    else:
-        made = PostgresStore(request.getfixturevalue("pg_dsn"), schema=pg_schema)
-    await made.start()
-    try:
-        yield made
-    finally:
-        await made.aclose()
-
-
-def _ok(value: str) -> str:
-    return Outcome.success(value).model_dump_json()
 
 
 async def test_batch_gets_dense_distinct_ranks_and_a_fenced_off_child_bumps_nothing(
@@ -64,15 +32,17 @@ async def test_batch_gets_dense_distinct_ranks_and_a_fenced_off_child_bumps_noth
 ) -> None:
     keys = [f"c{i}" for i in range(5)]
     await store.create_group("g", "all", "run_to_completion", len(keys))
-    await store.insert_children("g", [_spec(k, i) for i, k in enumerate(keys)], "a:1", 30.0)
+    await store.insert_children(
+        "g", [spec(k, i, claim=True) for i, k in enumerate(keys)], "a:1", 30.0
+    )
     # one child settled earlier through the single-child path: the batch continues from it
-    assert await store.finalize("c0", "h", "a:1", 1, _ok("c0")) == 1
+    assert await store.finalize("c0", "h", "a:1", 1, ok("c0")) == 1
     batch = [
-        Finalize("c3", "h", 1, _ok("c3")),
-        Finalize("c1", "h", 1, _ok("c1")),
-        Finalize("c2", "h", 7, _ok("stale")),  # fenced off: wrong fence token
-        Finalize("c0", "h", 1, _ok("again")),  # already settled
-        Finalize("c4", "h", 1, _ok("c4")),
+        Finalize("c3", "h", 1, ok("c3")),
+        Finalize("c1", "h", 1, ok("c1")),
+        Finalize("c2", "h", 7, ok("stale")),  # fenced off: wrong fence token
+        Finalize("c0", "h", 1, ok("again")),  # already settled
+        Finalize("c4", "h", 1, ok("c4")),
     ]
     seqs = await store.finalize_many("a:1", batch)
     # ranks in the order the fenced updates succeeded, dense after the earlier one
@@ -88,14 +58,14 @@ async def test_batch_gets_dense_distinct_ranks_and_a_fenced_off_child_bumps_noth
         assert read.outcome is not None
         assert Outcome.model_validate_json(read.outcome).value == key
     # a batch in which nothing matches writes nothing at all
-    assert await store.finalize_many("b:2", [Finalize("c2", "h", 1, _ok("x"))] * 2) == [
+    assert await store.finalize_many("b:2", [Finalize("c2", "h", 1, ok("x"))] * 2) == [
         None,
         None,
     ]
     group = await store.get_group("g")
     assert group is not None and group.counter == 4
     # the fenced-off child still finalizes under its own fence, as rank 5
-    assert await store.finalize_many("a:1", [Finalize("c2", "h", 1, _ok("c2"))]) == [5]
+    assert await store.finalize_many("a:1", [Finalize("c2", "h", 1, ok("c2"))]) == [5]
 
 
 async def test_host_batches_children_of_one_group_that_settle_together(tmp_path: Path) -> None:
@@ -154,15 +124,17 @@ async def test_sqlite_writes_of_many_tasks_share_commits_and_fail_alone(tmp_path
     try:
         for g in ("g1", "g2"):
             await store.create_group(g, "all", "run_to_completion", 2)
-            await store.insert_children(g, [_spec(f"{g}.c{i}", i) for i in range(2)], "a:1", 30)
+            await store.insert_children(
+                g, [spec(f"{g}.c{i}", i, claim=True) for i in range(2)], "a:1", 30
+            )
         assert store._inline_conn is not None
         statements: list[str] = []
         store._inline_conn.set_trace_callback(statements.append)
-        mixed = [Finalize("g1.c1", "h", 1, _ok("x")), Finalize("g2.c1", "h", 1, _ok("y"))]
+        mixed = [Finalize("g1.c1", "h", 1, ok("x")), Finalize("g2.c1", "h", 1, ok("y"))]
         results = await asyncio.gather(
-            store.finalize("g1.c0", "h", "a:1", 1, _ok("g1.c0")),
+            store.finalize("g1.c0", "h", "a:1", 1, ok("g1.c0")),
             store.finalize_many("a:1", mixed),  # two groups in one batch: refused
-            store.finalize("g2.c0", "h", "a:1", 1, _ok("g2.c0")),
+            store.finalize("g2.c0", "h", "a:1", 1, ok("g2.c0")),
             *(store.create_group(f"n{i}", "all", "cancel", 1) for i in range(5)),
             return_exceptions=True,
         )
@@ -195,26 +167,30 @@ async def test_sqlite_refusals_in_a_shared_commit_stay_with_their_caller(tmp_pat
     await store.start()
     try:
         await store.create_group("g", "all", "run_to_completion", 3)
-        await store.insert_children("g", [_spec(f"g.c{i}", i) for i in range(3)], "a:1", 30)
+        await store.insert_children(
+            "g", [spec(f"g.c{i}", i, claim=True) for i in range(3)], "a:1", 30
+        )
         await store.create_group("h", "all", "run_to_completion", 1)
-        await store.insert_children("h", [_spec("h.c0", 0)], "a:1", 30)
+        await store.insert_children("h", [spec("h.c0", 0, claim=True)], "a:1", 30)
         assert store._inline_conn is not None
         statements: list[str] = []
         store._inline_conn.set_trace_callback(statements.append)
         # two groups in one batched finalize: refused after its first fenced update
-        across = [Finalize("g.c1", "h", 1, _ok("x")), Finalize("h.c0", "h", 1, _ok("y"))]
+        across = [Finalize("g.c1", "h", 1, ok("x")), Finalize("h.c0", "h", 1, ok("y"))]
 
         def refuse() -> None:
             raise _Refused("resolution refused")
 
         def open_(key: str, child: str, before: Any = lambda: None) -> Any:
-            return store.open_group(key, "all", "cancel", 1, [_spec(child, 0)], "a:1", 30.0, before)
+            return store.open_group(
+                key, "all", "cancel", 1, [spec(child, 0, claim=True)], "a:1", 30.0, before
+            )
 
         results = await asyncio.gather(
-            store.finalize("g.c0", "h", "a:1", 1, _ok("c0")),
-            store.finalize("g.c1", "h", "a:1", 2, _ok("stale")),  # fenced off
+            store.finalize("g.c0", "h", "a:1", 1, ok("c0")),
+            store.finalize("g.c1", "h", "a:1", 2, ok("stale")),  # fenced off
             open_("taken", "g.c2"),  # g.c2 is g's
-            store.finalize("g.c2", "h", "a:1", 1, _ok("c2")),
+            store.finalize("g.c2", "h", "a:1", 1, ok("c2")),
             open_("resolved-not", "r.c0", refuse),
             store.release("a:1", "g.c1", 2**70),  # out of SQLite's integer range
             open_("fresh", "f.c0"),
@@ -251,9 +227,11 @@ async def test_large_batch_gets_dense_ranks_in_the_order_given(store: Store) -> 
     keeps the same rules: dense ranks in the order given, fenced-off children skipped."""
     keys = [f"L{i}" for i in range(40)]
     await store.create_group("big", "all", "run_to_completion", len(keys))
-    await store.insert_children("big", [_spec(k, i) for i, k in enumerate(keys)], "a:1", 30.0)
+    await store.insert_children(
+        "big", [spec(k, i, claim=True) for i, k in enumerate(keys)], "a:1", 30.0
+    )
     order = keys[::-1]
-    batch = [Finalize(k, "h", 7 if k in ("L3", "L30") else 1, _ok(k)) for k in order]
+    batch = [Finalize(k, "h", 7 if k in ("L3", "L30") else 1, ok(k)) for k in order]
     seqs = await store.finalize_many("a:1", batch)
     live = [k for k in order if k not in ("L3", "L30")]
     assert [s for s in seqs if s is not None] == list(range(1, len(live) + 1))

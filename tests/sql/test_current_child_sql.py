@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sql_support import tool as tool_call
 
 from effecthost.contract import (
-    EffectEnvelope,
     EffectGroup,
-    EffectKind,
     LoserPolicy,
     ToolRegistry,
     WakePolicy,
@@ -44,9 +43,7 @@ def one_child(key: str) -> EffectGroup:
         key=key,
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
-            EffectEnvelope(replay_key=f"{key}/0", kind=EffectKind.TOOL_CALL, name="echo", input=0)
-        ],
+        children=[tool_call(f"{key}/0", 0, "echo")],
     )
 
 

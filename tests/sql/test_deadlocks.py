@@ -9,14 +9,13 @@ import random
 from pathlib import Path
 
 import pytest
+from sql_support import group as sql_group
+from sql_support import tool as tool_call
 
 from effecthost.contract import (
-    EffectEnvelope,
     EffectGroup,
-    EffectKind,
     LoserPolicy,
     ToolRegistry,
-    WakePolicy,
 )
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost
 
@@ -33,16 +32,8 @@ async def work(_value: object) -> str:
 
 
 def _group(key: str, disposition: LoserPolicy) -> EffectGroup:
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=disposition,
-        children=[
-            EffectEnvelope(
-                replay_key=f"{key}.{i:02d}", kind=EffectKind.TOOL_CALL, name="t", input=i
-            )
-            for i in range(CHILDREN)
-        ],
+    return sql_group(
+        key, [tool_call(f"{key}.{i:02d}", i) for i in range(CHILDREN)], disposition=disposition
     )
 
 
@@ -124,15 +115,7 @@ async def test_G32_a_finalize_takes_no_child_row_after_the_group_row(
     await host.start()
     offset = pg_log.stat().st_size if pg_log is not None else 0  # noqa: ASYNC240
     key = "probe:group:g:0"
-    group = EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
-            EffectEnvelope(replay_key=f"{key}.{i}", kind=EffectKind.TOOL_CALL, name="t", input=i)
-            for i in range(2)
-        ],
-    )
+    group = sql_group(key, [tool_call(f"{key}.{i}", i) for i in range(2)])
     settings = {"search_path": pg_schema}
     probe = await asyncpg.connect(pg_dsn, server_settings=settings)
     watch = await asyncpg.connect(pg_dsn, server_settings=settings)

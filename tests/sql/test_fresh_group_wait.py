@@ -5,46 +5,19 @@ to the group: a close (GroupClosed) and a rank committed elsewhere."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
+from sql_support import tools_group
 
 from effecthost.contract import (
-    EffectEnvelope,
-    EffectGroup,
-    EffectKind,
     GroupClosed,
     LoserPolicy,
     ToolRegistry,
-    WakePolicy,
 )
-from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
+from effecthost.hosts.sql import SqlEffectHost, Store
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def stores(
-    request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str
-) -> AsyncIterator[Callable[[], Store]]:
-    if request.param == "sqlite":
-        yield lambda: SqliteStore(tmp_path / "fresh.sqlite3")
-    else:
-        dsn = request.getfixturevalue("pg_dsn")
-        yield lambda: PostgresStore(dsn, schema=pg_schema)
-
-
-def _group(key: str) -> EffectGroup:
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[
-            EffectEnvelope(replay_key=f"{key}.c{i}", kind=EffectKind.TOOL_CALL, name="t", input=i)
-            for i in range(2)
-        ],
-    )
 
 
 async def test_waiter_on_a_fresh_group_sees_a_close_by_another_host(
@@ -61,7 +34,7 @@ async def test_waiter_on_a_fresh_group_sees_a_close_by_another_host(
     await opener.start()
     await other.start()
     try:
-        handle = await opener.open_effect_group(_group("fresh:group:closed:0"))
+        handle = await opener.open_effect_group(tools_group("fresh:group:closed:0"))
         assert "fresh:group:closed:0" in opener._fresh
         waiting = asyncio.create_task(opener.await_next_settlement(handle))
         await started.wait()

@@ -4,11 +4,12 @@ lease, and renewal covers only children with a live driver (G-27, G-33, G-36).""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from sql_support import tools_group
+from sql_support import until as poll_until
 
 from effecthost.contract import (
     DispositionWidened,
@@ -19,34 +20,11 @@ from effecthost.contract import (
     ToolRegistry,
     WakePolicy,
 )
-from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
+from effecthost.hosts.sql import SqlEffectHost, Store
 
 pytestmark = pytest.mark.anyio
 
 BOUND = 10.0  # a hang guard, never an ordering
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def stores(
-    request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str
-) -> AsyncIterator[Callable[[], Store]]:
-    if request.param == "sqlite":
-        yield lambda: SqliteStore(tmp_path / "liveness.sqlite3")
-    else:
-        dsn = request.getfixturevalue("pg_dsn")
-        yield lambda: PostgresStore(dsn, schema=pg_schema)
-
-
-def tools_group(key: str, n: int = 2, disposition: LoserPolicy = LoserPolicy.CANCEL) -> EffectGroup:
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.FIRST,
-        disposition=disposition,
-        children=[
-            EffectEnvelope(replay_key=f"{key}.c{i}", kind=EffectKind.TOOL_CALL, name="t", input=i)
-            for i in range(n)
-        ],
-    )
 
 
 async def never(_value: object) -> object:
@@ -54,12 +32,7 @@ async def never(_value: object) -> object:
 
 
 async def until(probe: Callable[[], Awaitable[Any]], what: str, bound: float = BOUND) -> Any:
-    """Poll ``probe`` until it returns something truthy (a bounded wait, not an ordering)."""
-    async with asyncio.timeout(bound):
-        while not (got := await probe()):  # noqa: ASYNC110 - polls the database
-            await asyncio.sleep(0.02)
-    assert got, what
-    return got
+    return await poll_until(probe, what, bound)
 
 
 def host(make: Callable[[], Store], fn: Any = never, **kw: Any) -> SqlEffectHost:

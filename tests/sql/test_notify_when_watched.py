@@ -10,11 +10,10 @@ import asyncio
 from typing import Any
 
 import pytest
+from sql_support import event, parked_wait, tools_group
 
 from effecthost.contract import (
-    EffectEnvelope,
     EffectGroup,
-    EffectKind,
     LoserPolicy,
     ToolRegistry,
     WakePolicy,
@@ -62,15 +61,7 @@ class Listener:
 
 
 def tools(key: str, n: int) -> EffectGroup:
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
-            EffectEnvelope(replay_key=f"{key}.c{i}", kind=EffectKind.TOOL_CALL, name="t", input=i)
-            for i in range(n)
-        ],
-    )
+    return tools_group(key, n, LoserPolicy.RUN_TO_COMPLETION, WakePolicy.ALL)
 
 
 async def test_G21_a_group_driven_by_its_waiters_host_notifies_nobody(
@@ -122,22 +113,10 @@ async def test_G21_a_watched_group_notifies_its_finalize_and_close(
             key="loud:g",
             wake=WakePolicy.FIRST,
             disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[
-                EffectEnvelope(replay_key="loud:e", kind=EffectKind.AWAIT_EVENT, name="go", input=0)
-            ],
+            children=[event("loud:e", value=0)],
         )
         handle = await waiter.open_effect_group(group)
-        parked = asyncio.Event()
-        real_sleep = waiter._sleep
-
-        async def sleep(w: asyncio.Future[None]) -> None:
-            parked.set()
-            await real_sleep(w)
-
-        waiter._sleep = sleep  # type: ignore[method-assign]
-        waiting = asyncio.ensure_future(waiter.await_next_settlement(handle))
-        async with asyncio.timeout(10):
-            await parked.wait()
+        waiting = await parked_wait(waiter, handle)
         assert await other.deliver_event("loud:g", "go") == 1
         async with asyncio.timeout(10):
             assert (await waiting).rank == 1
@@ -246,17 +225,7 @@ async def test_R4_a_close_elsewhere_wakes_a_waiter_whose_children_run_here(
     try:
         group = tools("elsewhere:g", 1)
         handle = await waiter.open_effect_group(group)
-        parked = asyncio.Event()
-        real_sleep = waiter._sleep
-
-        async def sleep(w: asyncio.Future[None]) -> None:
-            parked.set()
-            await real_sleep(w)
-
-        waiter._sleep = sleep  # type: ignore[method-assign]
-        waiting = asyncio.ensure_future(waiter.await_next_settlement(handle))
-        async with asyncio.timeout(10):
-            await parked.wait()
+        waiting = await parked_wait(waiter, handle)
         await other.close_effect_group(await other.open_effect_group(group))
         async with asyncio.timeout(10):  # the poll bound is 600 s
             with pytest.raises(GroupClosed):

@@ -7,12 +7,11 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from sql_support import tool as tool_call
 
 from effecthost.contract import (
-    EffectEnvelope,
     EffectGroup,
     EffectHostError,
-    EffectKind,
     LoserPolicy,
     Outcome,
     ToolRegistry,
@@ -28,9 +27,7 @@ def group(key: str) -> EffectGroup:
         key=key,
         wake=WakePolicy.ALL,
         disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
-            EffectEnvelope(replay_key=f"{key}.c", kind=EffectKind.TOOL_CALL, name="t", input=7)
-        ],
+        children=[tool_call(f"{key}.c", 7)],
     )
 
 

@@ -8,14 +8,11 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from sql_support import group as sql_group
+from sql_support import tool as tool_call
 
 from effecthost.contract import (
-    EffectEnvelope,
-    EffectGroup,
-    EffectKind,
-    LoserPolicy,
     ToolRegistry,
-    WakePolicy,
 )
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost
 
@@ -80,17 +77,7 @@ async def test_R7_G36_a_group_is_four_round_trips(pg_dsn: str, pg_schema: str) -
     counts: Counter[str] = Counter()
     store._pool = _Counting(store._pool, counts)
     try:
-        group = EffectGroup(
-            key="trips:g",
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[
-                EffectEnvelope(
-                    replay_key=f"trips:c{i}", kind=EffectKind.TOOL_CALL, name="t", input=i
-                )
-                for i in range(2)
-            ],
-        )
+        group = sql_group("trips:g", [tool_call(f"trips:c{i}", i) for i in range(2)])
         handle = await host.open_effect_group(group)
         assert sum(counts.values()) == 1, counts
         async with asyncio.timeout(10):

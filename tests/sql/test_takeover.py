@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from sql_support import spec
 
 from effecthost.contract import (
     EffectEnvelope,
@@ -17,21 +18,8 @@ from effecthost.contract import (
     WakePolicy,
 )
 from effecthost.hosts.sql import PostgresStore, SchemaVersionError, SqlEffectHost
-from effecthost.hosts.sql._store import ChildSpec
 
 pytestmark = pytest.mark.anyio
-
-
-def _spec(key: str) -> ChildSpec:
-    return ChildSpec(
-        replay_key=key,
-        position=0,
-        kind="tool_call",
-        name="t",
-        envelope="{}",
-        envelope_hash="h",
-        claim=False,
-    )
 
 
 async def test_G31_taken_over_finalize_is_a_no_op_without_a_counter_bump(
@@ -41,7 +29,7 @@ async def test_G31_taken_over_finalize_is_a_no_op_without_a_counter_bump(
     await store.start()
     try:
         await store.create_group("g", "all", "run_to_completion", 1)
-        await store.insert_children("g", [_spec("c")], "nobody", 1.0)
+        await store.insert_children("g", [spec("c")], "nobody", 1.0)
         # A claims with a lease that is already expired (a driver stalled past its TTL)
         a = await store.claim("c", "node-a:1", -1.0)
         assert a is not None and a.fence == 1

@@ -6,10 +6,20 @@ import contextlib
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
+
+from temporalio.worker import (
+    ExecuteWorkflowInput,
+    Interceptor,
+    Replayer,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+)
 
 from effecthost.conformance import STEP, FactoryEnv, step_input
 from effecthost.conformance._lab import Lab
 from effecthost.contract import EffectEnvelope, EffectKind
+from effecthost.hosts.temporal import EffectGroupWorkflow, workflow_runner
 from effecthost.hosts.temporal.testing import (
     TemporalHostUnderTest,
     factory,
@@ -53,3 +63,39 @@ def step(
         name=STEP,
         input=step_input(tag, gate=gate, result=result, hold_cancel=hold_cancel),
     )
+
+
+class _Capture(Interceptor):
+    """Keeps what ``run`` returns on replay: the ranks the current code derives."""
+
+    def __init__(self) -> None:
+        self.results: list[Any] = []
+
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor]:
+        results = self.results
+
+        class _Inbound(WorkflowInboundInterceptor):
+            async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+                result = await super().execute_workflow(input)
+                results.append(result)
+                return result
+
+        return _Inbound
+
+
+async def replays_clean(history: Any) -> None:
+    """The group's history replays in the sandbox without a failure."""
+    replayed = await Replayer(
+        workflows=[EffectGroupWorkflow], workflow_runner=workflow_runner()
+    ).replay_workflow(history, raise_on_replay_failure=False)
+    assert replayed.replay_failure is None, replayed.replay_failure
+
+
+async def rederived(history: Any) -> Any:
+    """What the current code's run derives from the history (after a clean replay)."""
+    await replays_clean(history)
+    capture = _Capture()
+    await Replayer(workflows=[EffectGroupWorkflow], interceptors=[capture]).replay_workflow(history)
+    return capture.results[0]

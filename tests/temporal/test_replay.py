@@ -16,15 +16,13 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import (
-    ExecuteWorkflowInput,
-    Interceptor,
     Replayer,
     UnsandboxedWorkflowRunner,
-    WorkflowInboundInterceptor,
-    WorkflowInterceptorClassInput,
 )
 
 from effecthost.hosts.temporal import EffectGroupWorkflow, _workflow, workflow_runner
+
+from ._support import _Capture
 
 RECORDED = Path(__file__).parent / "histories" / "group_ranks.json"
 
@@ -32,26 +30,6 @@ RECORDED = Path(__file__).parent / "histories" / "group_ranks.json"
 def _load() -> tuple[WorkflowHistory, list[str]]:
     doc = json.loads(RECORDED.read_text())
     return WorkflowHistory.from_json(doc["workflow_id"], doc["history"]), list(doc["ranks"])
-
-
-class _Capture(Interceptor):
-    """Keeps what ``run`` returns on replay: the ranks the current code derives."""
-
-    def __init__(self) -> None:
-        self.results: list[Any] = []
-
-    def workflow_interceptor_class(
-        self, input: WorkflowInterceptorClassInput
-    ) -> type[WorkflowInboundInterceptor]:
-        results = self.results
-
-        class _Inbound(WorkflowInboundInterceptor):
-            async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
-                result = await super().execute_workflow(input)
-                results.append(result)
-                return result
-
-        return _Inbound
 
 
 async def _rederive() -> list[str]:

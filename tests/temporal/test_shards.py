@@ -18,7 +18,6 @@ from temporalio.api.update.v1 import UpdateRef, WaitPolicy
 from temporalio.api.workflowservice.v1 import PollWorkflowExecutionUpdateRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import Replayer
 
 from effecthost.contract import EffectEnvelope, EffectGroup, EffectKind, LoserPolicy, WakePolicy
 from effecthost.hosts.temporal import (
@@ -26,14 +25,12 @@ from effecthost.hosts.temporal import (
     WIDE_SHARD_CHILDREN,
     EffectGroupWorkflow,
     TemporalEffectHost,
-    workflow_runner,
 )
 from effecthost.hosts.temporal._shared import shard_id
 from effecthost.hosts.temporal._worker import create_worker
 from effecthost.hosts.temporal._workflow import shard_starts
 
-from ._support import running_host, step
-from .test_replay import _Capture
+from ._support import rederived, replays_clean, running_host, step
 
 _ADMITTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ADMITTED
 
@@ -110,17 +107,7 @@ async def _sharded(root: Path) -> None:
             shard = await host.client.get_workflow_handle(shard_id(group.key, index)).describe()
             assert shard.parent_id == group.key
 
-        history = await wf.fetch_history()
-        replayed = await Replayer(
-            workflows=[EffectGroupWorkflow], workflow_runner=workflow_runner()
-        ).replay_workflow(history, raise_on_replay_failure=False)
-        assert replayed.replay_failure is None, replayed.replay_failure
-        capture = _Capture()
-        await Replayer(workflows=[EffectGroupWorkflow], interceptors=[capture]).replay_workflow(
-            history
-        )
-        rederived: Any = capture.results[0]
-        assert rederived["ranks"] == expected
+        assert (await rederived(await wf.fetch_history()))["ranks"] == expected
 
 
 @pytest.mark.timeout(120)
@@ -172,10 +159,7 @@ async def _early_event(root: Path) -> None:
             await asyncio.wait_for(ctl.close_effect_group(handle), 30)
             await asyncio.wait_for(wf.result(), 30)
             await ctl.aclose()
-        replayed = await Replayer(
-            workflows=[EffectGroupWorkflow], workflow_runner=workflow_runner()
-        ).replay_workflow(await wf.fetch_history(), raise_on_replay_failure=False)
-        assert replayed.replay_failure is None, replayed.replay_failure
+        await replays_clean(await wf.fetch_history())
 
 
 async def _admitted(client: Client, key: str, update_id: str) -> None:

@@ -12,14 +12,14 @@ from datetime import datetime
 from typing import Any
 
 from effecthost._inspect import (
-    RUNNING,
     ChildRow,
     GroupRow,
     TierUnreachable,
     UnknownGroupKey,
-    age,
     in_rank_order,
-    outcome_status,
+    open_group,
+    running_child,
+    settled_child,
 )
 from effecthost.hosts import require
 
@@ -155,38 +155,27 @@ class RestateInspector:
             completed = {r["id"]: at for r in found if (at := _epoch(r.get("completed_at")))}
         children: list[ChildRow] = []
         for position, entry in enumerate(state.get("children") or []):
-            envelope = entry["envelope"]
-            rk = envelope["replay_key"]
-            if rk in ranks:
-                rank, record = ranks[rk]
-                if "outcome" in record:
-                    status, sealed = outcome_status(record["outcome"])
-                elif "stored" in record:
-                    status, sealed = outcome_status(record["stored"])
-                else:  # an outcome in the payload object, unsealed
-                    status, sealed = outcome_status({"form": "ref", "sealed": False})
-                at = completed.get(invocations.get(rk, ""))
-                begun = created.get(invocations.get(rk, ""))
-                children.append(
-                    ChildRow(rank, position, rk, envelope["name"], status, at, sealed, begun)
-                )
-            else:
-                begun = created.get(invocations.get(rk, ""))
-                children.append(
-                    ChildRow(None, position, rk, envelope["name"], RUNNING, None, None, begun)
-                )
+            name, rk = entry["envelope"]["name"], entry["envelope"]["replay_key"]
+            begun = created.get(invocations.get(rk, ""))
+            if rk not in ranks:
+                children.append(running_child(position, rk, name, begun))
+                continue
+            rank, record = ranks[rk]
+            # the outcome, its stored form, or else an unsealed outcome in the payload object
+            recorded = record.get("outcome", record.get("stored", {"form": "ref", "sealed": False}))
+            at = completed.get(invocations.get(rk, ""))
+            children.append(settled_child(rank, position, rk, name, recorded, at, begun))
         return _group(group_key, state, opened.get(group_key)), in_rank_order(children)
 
 
 def _group(key: str, state: dict[str, Any], opened_at: float | None) -> GroupRow:
     shape = state["shape"]
-    return GroupRow(
+    return open_group(
         key,
-        age(opened_at),
+        opened_at,
         shape["wake"],
         shape["effective"],
         int(state.get("counter") or 0),
         int(shape["child_count"]),
         shape.get("owner"),
-        opened_at,
     )

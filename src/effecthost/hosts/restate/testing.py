@@ -17,11 +17,9 @@ and a key directory in the work dir): payload references and sealing (G-47…G-5
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +33,10 @@ from effecthost.conformance import (
 )
 from effecthost.contract import EffectController, EffectGroup, GroupExecutors
 from effecthost.hosts import EngineMissing, require
+from effecthost.hosts._procs import free_port
+from effecthost.hosts._procs import spawn as _spawn
+from effecthost.hosts._procs import stop as _stop
+from effecthost.hosts._procs import wait_until as _wait_until
 from effecthost.payloads import (
     AesGcmSealer,
     FileKeyStore,
@@ -80,47 +82,6 @@ def find_server_binary() -> str:
     raise EngineMissing(
         "restate-server", f"run scripts/install-restate.sh (it prints the path) or set {SERVER_ENV}"
     )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-async def _wait_until(probe: Any, what: str, timeout: float = 30.0) -> None:
-    """Poll a readiness probe of a process we started (start-up only, never ordering)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    delay = 0.02
-    while True:
-        with contextlib.suppress(Exception):
-            if await probe():
-                return
-        if loop.time() > deadline:
-            raise TimeoutError(f"{what} did not come up within {timeout}s")
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.25)
-
-
-def _spawn(
-    command: list[str], log: IO[bytes], *, env: dict[str, str] | None = None, cwd: Any = None
-) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-    )
-
-
-def _stop(process: subprocess.Popen[bytes] | None, sig: int, wait: float = 10.0) -> None:
-    if process is None or process.poll() is not None:
-        return
-    process.send_signal(sig)
-    try:
-        process.wait(wait)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(wait)
 
 
 class LocalRestate:
@@ -223,16 +184,29 @@ class LocalRestate:
         for arg in self.resolver_args:
             command += ["--resolver-arg", arg]
         command += self.endpoint_args
-        self.endpoint = _spawn(command, self._log("endpoint"))
+        await self._run_endpoint(command, "endpoint")
+
+    async def start_app(self, command: list[str], name: str = "app") -> None:
+        """Serve an app of one's own instead of the tier's endpoint: the restate-server is
+        started (unless external), then ``command`` with the endpoint's bind address
+        (``127.0.0.1:PORT``) appended, which is registered once it listens; its output
+        goes to ``{name}.log``. :meth:`stop` stops both."""
+        if not self.external:
+            await self.start_server()
+        await self._run_endpoint([*command, f"127.0.0.1:{self.endpoint_port}"], name)
+        await register_deployment(self.admin_url, self.endpoint_uri, force=True)
+
+    async def _run_endpoint(self, command: list[str], name: str) -> None:
+        self.endpoint = _spawn(command, self._log(name))
 
         async def listening() -> bool:
             if self.endpoint is not None and self.endpoint.poll() is not None:
-                raise RuntimeError(f"endpoint exited; see {self.work_dir}/endpoint.log")
+                raise RuntimeError(f"{name} exited; see {self.work_dir}/{name}.log")
             _, writer = await asyncio.open_connection("127.0.0.1", self.endpoint_port)
             writer.close()
             return True
 
-        await _wait_until(listening, "endpoint")
+        await _wait_until(listening, name)
 
     def kill_endpoint(self) -> None:
         """SIGKILL the endpoint process: in-flight invocations die mid-step."""

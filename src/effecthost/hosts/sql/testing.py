@@ -39,6 +39,8 @@ from effecthost.conformance import (
 )
 from effecthost.contract import EffectController, UnknownGroup
 from effecthost.hosts import EngineMissing, require
+from effecthost.hosts._procs import free_port
+from effecthost.hosts._procs import stop as _stop
 from effecthost.payloads import (
     AesGcmSealer,
     FileKeyStore,
@@ -75,12 +77,6 @@ def find_pg_bin(name: str) -> str | None:
         return found
     candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)
     return candidates[0] if candidates else None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PostgresServer:
@@ -212,15 +208,7 @@ class PostgresServer:
 
     def _kill(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(2)  # SIGINT: fast shutdown
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _stop(proc, signal.SIGINT, 15)  # SIGINT: fast shutdown
 
     def stop(self, *, remove: bool = True) -> None:
         """Stop the server; ``remove=False`` leaves its directory (data and log)."""

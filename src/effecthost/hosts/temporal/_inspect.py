@@ -13,14 +13,14 @@ import asyncio
 from typing import Any
 
 from effecthost._inspect import (
-    RUNNING,
     ChildRow,
     GroupRow,
     TierUnreachable,
     UnknownGroupKey,
-    age,
     in_rank_order,
-    outcome_status,
+    open_group,
+    running_child,
+    settled_child,
 )
 from effecthost.hosts import require
 
@@ -85,8 +85,7 @@ class TemporalInspector:
                 status = await self._status(key)
             except (RPCError, WorkflowQueryFailedError):
                 # no worker answers queries for it now: list what visibility knows
-                started = execution.start_time.timestamp() if execution.start_time else None
-                rows.append(GroupRow(key, age(started), None, None, None, None, None, started))
+                rows.append(open_group(key, _started(execution)))
                 continue
             if status["closed"]:
                 continue  # closed since the (eventually consistent) listing
@@ -118,32 +117,23 @@ class TemporalInspector:
         for position, name in enumerate(names):
             if position in ranked:
                 rank, record = ranked[position]
-                outcome_state, sealed = outcome_status(record["outcome"])
                 rk = record["replay_key"]
                 children.append(
-                    ChildRow(
+                    settled_child(
                         rank,
                         position,
                         rk,
                         name,
-                        outcome_state,
+                        record["outcome"],
                         ended.get(rk),
-                        sealed,
                         scheduled_at.get(rk),
                     )
                 )
         for entry in status["unsettled"]:
-            envelope = entry["envelope"]
+            rk = entry["envelope"]["replay_key"]
             children.append(
-                ChildRow(
-                    None,
-                    entry["position"],
-                    envelope["replay_key"],
-                    envelope["name"],
-                    RUNNING,
-                    None,
-                    None,
-                    scheduled_at.get(envelope["replay_key"]),
+                running_child(
+                    entry["position"], rk, entry["envelope"]["name"], scheduled_at.get(rk)
                 )
             )
         return _group(group_key, execution, status), in_rank_order(children)
@@ -184,16 +174,18 @@ class TemporalInspector:
         return names, scheduled_at, ended
 
 
+def _started(execution: Any) -> float | None:
+    return execution.start_time.timestamp() if execution.start_time else None
+
+
 def _group(key: str, execution: Any, status: dict[str, Any]) -> GroupRow:
     count, wake, _declared = status["shape"]
-    started = execution.start_time.timestamp() if execution.start_time else None
-    return GroupRow(
+    return open_group(
         key,
-        age(started),
+        _started(execution),
         wake,
         status["effective"],
         len(status["order"]),
         int(count),
         status.get("opener"),
-        started,
     )

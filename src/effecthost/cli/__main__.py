@@ -1,0 +1,5 @@
+"""``python -m effecthost.cli``."""
+
+from effecthost.cli import main
+
+raise SystemExit(main())

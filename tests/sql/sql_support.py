@@ -1,0 +1,103 @@
+"""Builders the SQL tier tests share: groups of tool or event children, store-level
+child specs and outcomes, and a bounded poll of the database."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from effecthost.contract import (
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    GroupHandle,
+    LoserPolicy,
+    Outcome,
+    Settlement,
+    WakePolicy,
+)
+from effecthost.hosts.sql import SqlEffectHost
+from effecthost.hosts.sql._store import ChildSpec
+
+
+def tool(replay_key: str, value: Any = None, name: str = "t") -> EffectEnvelope:
+    """A tool call child."""
+    return EffectEnvelope(replay_key=replay_key, kind=EffectKind.TOOL_CALL, name=name, input=value)
+
+
+def event(replay_key: str, name: str = "go", value: Any = None) -> EffectEnvelope:
+    """An ``await_event`` child waiting for event ``name``."""
+    return EffectEnvelope(
+        replay_key=replay_key, kind=EffectKind.AWAIT_EVENT, name=name, input=value
+    )
+
+
+def group(
+    key: str,
+    children: list[EffectEnvelope],
+    wake: WakePolicy = WakePolicy.ALL,
+    disposition: LoserPolicy = LoserPolicy.RUN_TO_COMPLETION,
+) -> EffectGroup:
+    return EffectGroup(key=key, wake=wake, disposition=disposition, children=children)
+
+
+def tools_group(
+    key: str,
+    n: int = 2,
+    disposition: LoserPolicy = LoserPolicy.CANCEL,
+    wake: WakePolicy = WakePolicy.FIRST,
+) -> EffectGroup:
+    """``n`` children of tool ``t``, replay keys ``{key}.c{i}``, input ``i``."""
+    return group(key, [tool(f"{key}.c{i}", i) for i in range(n)], wake, disposition)
+
+
+def event_group(key: str) -> EffectGroup:
+    """A ``first``/``cancel`` group of one ``await_event`` child ``{key}.e`` on event ``go``."""
+    return group(key, [event(f"{key}.e", value=0)], WakePolicy.FIRST, LoserPolicy.CANCEL)
+
+
+def spec(key: str, position: int = 0, *, claim: bool = False) -> ChildSpec:
+    """A store-level child of tool ``t``."""
+    return ChildSpec(
+        replay_key=key,
+        position=position,
+        kind="tool_call",
+        name="t",
+        envelope="{}",
+        envelope_hash="h",
+        claim=claim,
+    )
+
+
+def ok(value: str) -> str:
+    """A success outcome as the store records it."""
+    return Outcome.success(value).model_dump_json()
+
+
+async def until(probe: Callable[[], Awaitable[Any]], what: str, bound: float = 10.0) -> Any:
+    """Poll ``probe`` until it returns something truthy (a bounded wait, not an ordering)."""
+    async with asyncio.timeout(bound):
+        while not (got := await probe()):  # noqa: ASYNC110 - polls the database
+            await asyncio.sleep(0.02)
+    assert got, what
+    return got
+
+
+async def parked_wait(waiter: SqlEffectHost, handle: GroupHandle) -> asyncio.Future[Settlement]:
+    """``waiter.await_next_settlement(handle)`` started and parked (gone to sleep on its
+    wake-up once, having found nothing to return); the host's sleep is its own again once
+    the wait ends."""
+    parked = asyncio.Event()
+    real_sleep = waiter._sleep
+
+    async def sleep(w: asyncio.Future[None]) -> None:
+        parked.set()
+        await real_sleep(w)
+
+    waiter._sleep = sleep  # type: ignore[method-assign]
+    waiting = asyncio.ensure_future(waiter.await_next_settlement(handle))
+    waiting.add_done_callback(lambda _: setattr(waiter, "_sleep", real_sleep))
+    async with asyncio.timeout(10):
+        await parked.wait()
+    return waiting
