@@ -9,7 +9,14 @@ from pathlib import Path
 
 from effecthost.conformance import STEP, FactoryEnv, step_input
 from effecthost.conformance._lab import Lab
-from effecthost.contract import EffectEnvelope, EffectKind
+from effecthost.contract import (
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    LoserPolicy,
+    WakePolicy,
+    sleep_input,
+)
 from effecthost.hosts.temporal.testing import (
     TemporalHostUnderTest,
     factory,
@@ -52,4 +59,26 @@ def step(
         kind=EffectKind.TOOL_CALL,
         name=STEP,
         input=step_input(tag, gate=gate, result=result, hold_cancel=hold_cancel),
+    )
+
+
+def owned_group(key: str) -> EffectGroup:
+    """A ``CANCEL`` race of a gated tool call, an event wait and a long timer: what a live
+    owner's drain must leave alone and a gone owner's drain cancels (R-1)."""
+    return EffectGroup(
+        key=key,
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.CANCEL,
+        children=[
+            step(f"{key}:tool"),
+            EffectEnvelope(
+                replay_key=f"{key}:ev", kind=EffectKind.AWAIT_EVENT, name="go", input=None
+            ),
+            EffectEnvelope(
+                replay_key=f"{key}:nap",
+                kind=EffectKind.SLEEP,
+                name="sleep",
+                input=sleep_input(600.0),
+            ),
+        ],
     )
