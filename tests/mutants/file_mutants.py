@@ -404,6 +404,23 @@ FILE_MUTANTS[ClosedGroupFreesItsKeysFileHost.__name__] = (
 )
 
 
+class EveryOtherOwnerIsGoneFileHost(FileHost):
+    """R-1: the liveness test sees only its own incarnation, as if every other process
+    were gone, so a second live process's drain takes a live owner's group for an orphan
+    (its children become ``NoExecutor`` entries, or are cancelled)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.store.owner_alive = lambda owner: owner == self.owner  # type: ignore[method-assign]
+
+
+FILE_MUTANTS[EveryOtherOwnerIsGoneFileHost.__name__] = (
+    EveryOtherOwnerIsGoneFileHost,
+    "R-1",
+    "another_process",
+)
+
+
 def _register() -> None:
     if "pytest" not in sys.modules:  # the deployment process: nothing to register
         return
