@@ -302,6 +302,12 @@ class TemporalEffectHost(WiredController):
     again with backoff; an await until it is answered (the caller's deadline bounds it),
     any other call for ``outage_bound`` seconds, then ``EngineUnavailable``. No exception
     of the SDK leaves the controller.
+
+    Owner liveness (R-1): from its first open the controller holds an owner lease in the
+    engine (a workflow of type :data:`OWNER_LEASE` that no worker runs), renewed every
+    ``owner_ttl / 3`` seconds and ended by :meth:`aclose`; the server times it out
+    ``owner_ttl`` seconds after the last renewal. A drain of another process leaves this
+    incarnation's groups alone while the lease runs.
     """
 
     def __init__(
