@@ -87,6 +87,7 @@ class RestateController(GroupObjectClient):
         self.incarnation = uuid.uuid4().hex
         self.owner_ttl = owner_ttl
         self._lease: asyncio.Task[None] | None = None
+        self._leasing = asyncio.Lock()
         self._timeout = request_timeout
         self.outage_bound = outage_bound
         self.payloads = payloads
@@ -106,46 +107,62 @@ class RestateController(GroupObjectClient):
             lease.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await lease
-            with contextlib.suppress(EngineUnavailable, _Unreachable):
-                await self._owner_call("leave", None, bound=5.0)  # else it lapses
+            with contextlib.suppress(EngineUnavailable):
+                await self._owner_call("leave", None, within=5.0)  # else it lapses
         await self._client.aclose()
 
     # -- owner lease (R-1) --------------------------------------------------------------
 
-    async def _owner_call(self, handler: str, body: Any, *, bound: float) -> None:
+    async def _owner_call(
+        self,
+        handler: str,
+        body: Any,
+        *,
+        within: float,
+        operation: str = "owner lease",
+        group_key: str | None = None,
+    ) -> None:
+        """Call ``handler`` of this incarnation's owner object; give up after ``within``
+        seconds (a call waits for the endpoint, which may be down: the engine keeps the
+        invocation and runs it later)."""
         path = f"/{OWNER}/{self.incarnation}/{handler}"
-        response = await self._ingress_nodes.request("POST", path, json=body, bound=bound)
+        sending = self._ingress_nodes.request("POST", path, json=body, bound=within)
+        try:
+            response = await asyncio.wait_for(sending, within)
+        except (TimeoutError, _Unreachable) as exc:
+            raise EngineUnavailable(
+                f"{handler} of the owner lease of {self.incarnation!r} got no answer from "
+                f"Restate in {within:.1f}s ({exc or 'no answer'})",
+                group_key=group_key,
+                operation=operation,
+                tried_for=within,
+            ) from None
         if response.status_code >= 300:
             raise EngineUnavailable(
                 f"Restate ingress refused {handler} of owner {self.incarnation!r}: "
                 f"HTTP {response.status_code} {response.text[:200]!r}",
-                operation="owner lease",
+                group_key=group_key,
+                operation=operation,
             )
 
-    async def _beat(self) -> None:
-        await self._owner_call("beat", {"ttl": self.owner_ttl}, bound=self.outage_bound)
-
-    async def _hold_lease(self) -> None:
-        """Make this incarnation live in the engine before it records itself as a
-        group's owner, and keep it live until :meth:`aclose`."""
-        if self._lease is not None and not self._lease.done():
-            return
-        try:
-            await self._beat()
-        except _Unreachable as exc:
-            raise EngineUnavailable(
-                f"the owner lease of {self.incarnation!r} could not be taken: {exc}",
-                operation="open",
-                tried_for=exc.tried_for,
-            ) from None
-        self._lease = asyncio.create_task(self._keep_lease())
+    async def _hold_lease(self, group_key: str) -> None:
+        """Make this incarnation live in the engine before it records itself as the
+        owner of ``group_key``, and keep it live until :meth:`aclose`."""
+        async with self._leasing:  # concurrent first opens take one lease
+            if self._lease is not None and not self._lease.done():
+                return
+            beat = {"ttl": self.owner_ttl}
+            await self._owner_call(
+                "beat", beat, within=self.outage_bound, operation="open", group_key=group_key
+            )
+            self._lease = asyncio.create_task(self._keep_lease())
 
     async def _keep_lease(self) -> None:
         while True:
             await asyncio.sleep(self.owner_ttl / 3)
             try:
-                await self._beat()
-            except (EngineUnavailable, _Unreachable) as exc:
+                await self._owner_call("beat", {"ttl": self.owner_ttl}, within=self.owner_ttl / 3)
+            except EngineUnavailable as exc:
                 # tried again at the next beat; past owner_ttl a drain may take this
                 # incarnation for gone, as for any lost lease (R-1)
                 log.warning("owner lease of %s not renewed: %s", self.incarnation, exc)
@@ -158,7 +175,8 @@ class RestateController(GroupObjectClient):
         return {row["service_key"] for row in rows}
 
     async def _open(self, group: EffectGroup, targets: dict[int, str]) -> GroupHandle:
-        await self._hold_lease()
+        self._require_wired(group.key)
+        await self._hold_lease(group.key)
         return await super()._open(group, targets)
 
     def _incarnation(self) -> str:

@@ -369,6 +369,7 @@ class TemporalEffectHost(WiredController):
         self.incarnation = f"{uuid.uuid4().hex}"
         self._owner_ttl = owner_ttl
         self._lease: asyncio.Task[None] | None = None
+        self._leasing = asyncio.Lock()
         _LIVE_OPENERS.add(self.incarnation)
 
     # -- wiring -------------------------------------------------------------------------
@@ -404,10 +405,11 @@ class TemporalEffectHost(WiredController):
         """Make this incarnation live in the engine before it records itself as a
         group's owner, and keep it live (renewed every ``owner_ttl / 3`` seconds) until
         :meth:`aclose`."""
-        if self._lease is not None and not self._lease.done():
-            return
-        await _call(self._renew_lease)
-        self._lease = asyncio.create_task(self._keep_lease())
+        async with self._leasing:  # concurrent first opens take one lease
+            if self._lease is not None and not self._lease.done():
+                return
+            await _call(self._renew_lease)
+            self._lease = asyncio.create_task(self._keep_lease())
 
     async def _renew_lease(self) -> None:
         await self._client.start_workflow(
@@ -417,6 +419,7 @@ class TemporalEffectHost(WiredController):
             execution_timeout=timedelta(seconds=self._owner_ttl),
             start_delay=_NEVER,
             id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
+            rpc_timeout=timedelta(seconds=max(self._owner_ttl / 3, 1.0)),
         )
 
     async def _keep_lease(self) -> None:
