@@ -27,7 +27,9 @@ def factory(env: FactoryEnv) -> ProcessHostUnderTest:
     return ProcessHostUnderTest(
         env,
         "examples.file_host.testing:build",
-        capabilities=HostCapabilities(restart=True, durable_timers=True, waiter_probe=True),
+        capabilities=HostCapabilities(
+            restart=True, durable_timers=True, waiter_probe=True, second_incarnation=True
+        ),
     )
 
 

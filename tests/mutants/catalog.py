@@ -175,7 +175,9 @@ def file_mutant(name: str, breaks: str, doc: str, *, select: str | None) -> None
         return ProcessHostUnderTest(
             env,
             "file_mutants:build",
-            capabilities=HostCapabilities(restart=True, durable_timers=True, waiter_probe=True),
+            capabilities=HostCapabilities(
+                restart=True, durable_timers=True, waiter_probe=True, second_incarnation=True
+            ),
             timeout=FILE_TIMEOUT,
             config={"cls": name},
             sys_path=[str(HERE), str(HERE.parents[1])],

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import examples.file_host.host as file_host  # noqa: E402
 from examples.file_host.host import FileDrain, FileHost, known  # noqa: E402
 from examples.file_host.store import Record  # noqa: E402
 
@@ -401,6 +402,72 @@ FILE_MUTANTS[ClosedGroupFreesItsKeysFileHost.__name__] = (
     ClosedGroupFreesItsKeysFileHost,
     "R-11",
     "claimed_until_it_retires",
+)
+
+
+class NeverRetiresFileHost(FileHost):
+    """G-36: retirement switched off: a closed group whose every child ranked keeps its
+    record, so its replay keys are never free again."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        file_host.retire_if_done = lambda record: None  # this deployment process only
+
+
+FILE_MUTANTS[NeverRetiresFileHost.__name__] = (
+    NeverRetiresFileHost,
+    "G-36",
+    "claimed_until_it_retires or meeting_the_last_settlement",
+)
+
+
+class RetiredKeysStayClaimedFileHost(FileHost):
+    """R-11: retirement drops the group's children but keeps their replay keys on the
+    tombstone, and the replay-key lookup still counts them: a retired group's keys are
+    refused for ever."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        retire = file_host.retire_if_done
+
+        def keeping(record: Record) -> None:
+            keys = [c["replay_key"] for c in record["children"]]
+            retire(record)
+            if not record["children"]:
+                record["kept"] = keys
+
+        file_host.retire_if_done = keeping  # this deployment process only
+
+    async def replay_key_holders(self, replay_keys: Any) -> dict[str, str]:
+        holders = await super().replay_key_holders(replay_keys)
+        for record in self.store.records():
+            for key in record.get("kept", []):
+                if key in replay_keys:
+                    holders.setdefault(key, record["key"])
+        return holders
+
+
+FILE_MUTANTS[RetiredKeysStayClaimedFileHost.__name__] = (
+    RetiredKeysStayClaimedFileHost,
+    "R-11",
+    "until_it_retires",
+)
+
+
+class EveryOtherOwnerIsGoneFileHost(FileHost):
+    """R-1: the liveness test sees only its own incarnation, as if every other process
+    were gone, so a second live process's drain takes a live owner's group for an orphan
+    (its children become ``NoExecutor`` entries, or are cancelled)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.store.owner_alive = lambda owner: owner == self.owner  # type: ignore[method-assign]
+
+
+FILE_MUTANTS[EveryOtherOwnerIsGoneFileHost.__name__] = (
+    EveryOtherOwnerIsGoneFileHost,
+    "R-1",
+    "another_process",
 )
 
 

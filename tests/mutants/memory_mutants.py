@@ -1239,3 +1239,35 @@ class ReopenRestartsDecidedLosersHost(MemoryEffectHost):
         if reopen:
             self._restart(self._groups[group.key])
         return handle
+
+
+# -- G-36: a close and the last settlement meet --------------------------------------------------
+
+
+@mutant("G-36", select="meeting_the_last_settlement")
+class CloseMeetsTheLastSettlementHost(MemoryEffectHost):
+    """G-36: the close and each settlement judge retirement from what they read one store
+    round trip before their own write: a close that saw a child unsettled and a last
+    settlement that saw the group open both decline to retire it, so it never retires
+    (its replay keys stay claimed for ever)."""
+
+    ROUND_TRIP = 0.05
+
+    def _maybe_retire(self, record: _Group) -> None:
+        return None  # judged below, from the earlier reads
+
+    async def _deliver(self, record: _Group, child: _Child, fence: int, outcome: Outcome) -> None:
+        closed = record.closed
+        await asyncio.sleep(self.ROUND_TRIP)
+        if self._finalize(record, child, fence, outcome) and closed:
+            MemoryEffectHost._maybe_retire(self, record)
+
+    async def close_effect_group(
+        self, handle: GroupHandle, disposition: LoserPolicy | None = None
+    ) -> None:
+        record = self._groups.get(handle.group_key)
+        complete = record is not None and len(record.settled) == record.child_count
+        await asyncio.sleep(self.ROUND_TRIP)
+        await super().close_effect_group(handle, disposition)
+        if complete and record is not None:
+            MemoryEffectHost._maybe_retire(self, record)

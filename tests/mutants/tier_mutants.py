@@ -525,3 +525,30 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if path:
         with open(path, "w", encoding="utf-8") as out:
             json.dump(_FAILED, out)
+
+
+# -- owner liveness on the engines (R-1): killed by the tiers' owner-liveness tests ------------
+
+TIER_MUTANTS += [
+    TierMutant(
+        "RestateDrainSeesNoLiveIncarnation",
+        "R-1",
+        "R-1: the Restate drain does not read the owner leases, so it takes a live "
+        "incarnation of the same owner in another process for gone and cancels its group.",
+        "effecthost.hosts.restate._controller:_RestateDrain.run_pass",
+        "opener != ctl.incarnation and opener in live:",
+        "opener != ctl.incarnation and False:",
+        ("tests/restate/test_owner_liveness.py",),
+    ),
+    TierMutant(
+        "TemporalDrainSeesNoLiveLease",
+        "R-1",
+        "R-1: the Temporal drain knows only the controllers of its own process, so another "
+        "process's live incarnation is gone to it: its group is cancelled, or reported as "
+        "``NoExecutor`` by an unwired drain.",
+        "effecthost.hosts.temporal._controller:TemporalEffectHost._owner_live",
+        "return described.status == WorkflowExecutionStatus.RUNNING",
+        "return False",
+        ("tests/temporal/test_owner_liveness.py",),
+    ),
+]

@@ -38,6 +38,10 @@ class HostCapabilities:
         waiter_probe: :meth:`HostUnderTest.awaiting` tells when an await is parked inside
             the host (for an engine: its waiting request is in flight at the engine), so a
             check can cancel exactly then (G-19).
+        second_incarnation: ``controller(wired=False)`` is another live incarnation over
+            the same recorded state as the wired controller (as another process of the
+            deployment would be): its drain sees the wired controller's groups and must
+            judge their owner live (R-1).
     """
 
     restart: bool = False
@@ -46,6 +50,7 @@ class HostCapabilities:
     payload_refs: bool = False
     sealing: bool = False
     waiter_probe: bool = False
+    second_incarnation: bool = False
 
     def declared(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name)]

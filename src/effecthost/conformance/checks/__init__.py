@@ -1,5 +1,25 @@
 """The registered checks; importing this package registers them all."""
 
-from . import closing, combinators, decided, identity, kinds, lifecycle, payloads
+from . import (
+    closing,
+    combinators,
+    decided,
+    identity,
+    kinds,
+    lifecycle,
+    owners,
+    payloads,
+    retiring,
+)
 
-__all__ = ["closing", "combinators", "decided", "identity", "kinds", "lifecycle", "payloads"]
+__all__ = [
+    "closing",
+    "combinators",
+    "decided",
+    "identity",
+    "kinds",
+    "lifecycle",
+    "owners",
+    "payloads",
+    "retiring",
+]

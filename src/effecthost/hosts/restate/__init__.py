@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._wire import CHILD, GROUP, INLINE_LIMIT, PAYLOAD, REPLAY_KEY, REQUIRED_HANDLERS
+from ._wire import CHILD, GROUP, INLINE_LIMIT, OWNER, PAYLOAD, REPLAY_KEY, REQUIRED_HANDLERS
 
 if TYPE_CHECKING:
     from ._controller import RestateController
@@ -45,6 +45,7 @@ __all__ = [
     "CHILD",
     "GROUP",
     "INLINE_LIMIT",
+    "OWNER",
     "PAYLOAD",
     "REPLAY_KEY",
     "REQUIRED_HANDLERS",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +28,9 @@ from effecthost.payloads import PayloadPolicy
 
 from ._client import GroupObjectClient
 from ._nodes import Nodes, _Unreachable, url_list
-from ._wire import GROUP
+from ._wire import GROUP, OWNER
+
+log = logging.getLogger(__name__)
 
 _OPERATIONS = {"deliver": "deliver_event"}
 _READS = frozenset({"await_rank"})
@@ -40,7 +44,11 @@ class RestateController(GroupObjectClient):
     ``supports_effect_groups()`` is true iff a resolver is registered: register the same
     resolver as the endpoint, so a first open resolves every child here before anything
     is recorded (G-10). ``owner`` names this caller for the drain (G-29): a drain applies a
-    declared ``CANCEL`` to groups that an earlier incarnation of the same owner opened.
+    declared ``CANCEL`` to groups that an earlier incarnation of the same owner opened
+    and that is gone. An incarnation is live while it holds its lease in the engine (the
+    owner object, R-1): taken at its first open, renewed every ``owner_ttl / 3`` seconds,
+    ended by :meth:`aclose`; a killed process's lease lapses ``owner_ttl`` seconds after
+    its last renewal, on the engine's timers.
 
     ``ingress_url`` and ``admin_url`` take one URL (a single node, or a load balancer in
     front of a cluster) or several (the nodes of a cluster). A call goes to the node that
@@ -65,8 +73,11 @@ class RestateController(GroupObjectClient):
         request_timeout: float = 30.0,
         payloads: PayloadPolicy | None = None,
         outage_bound: float = 30.0,
+        owner_ttl: float = 30.0,
     ) -> None:
         (httpx,) = require("restate", "restate", "httpx")
+        if owner_ttl <= 0:
+            raise ValueError("owner_ttl must be positive")
         self.ingress_urls = url_list(ingress_url, "ingress")
         self.admin_urls = url_list(admin_url, "admin API")
         self._ingress = self.ingress_urls[0]
@@ -74,6 +85,9 @@ class RestateController(GroupObjectClient):
         self._resolver = resolver
         self.owner = owner
         self.incarnation = uuid.uuid4().hex
+        self.owner_ttl = owner_ttl
+        self._lease: asyncio.Task[None] | None = None
+        self._leasing = asyncio.Lock()
         self._timeout = request_timeout
         self.outage_bound = outage_bound
         self.payloads = payloads
@@ -88,7 +102,82 @@ class RestateController(GroupObjectClient):
         return True
 
     async def aclose(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lease
+            with contextlib.suppress(EngineUnavailable):
+                await self._owner_call("leave", None, within=5.0)  # else it lapses
         await self._client.aclose()
+
+    # -- owner lease (R-1) --------------------------------------------------------------
+
+    async def _owner_call(
+        self,
+        handler: str,
+        body: Any,
+        *,
+        within: float,
+        operation: str = "owner lease",
+        group_key: str | None = None,
+    ) -> None:
+        """Call ``handler`` of this incarnation's owner object; give up after ``within``
+        seconds (a call waits for the endpoint, which may be down: the engine keeps the
+        invocation and runs it later)."""
+        path = f"/{OWNER}/{self.incarnation}/{handler}"
+        sending = self._ingress_nodes.request("POST", path, json=body, bound=within)
+        try:
+            response = await asyncio.wait_for(sending, within)
+        except (TimeoutError, _Unreachable) as exc:
+            raise EngineUnavailable(
+                f"{handler} of the owner lease of {self.incarnation!r} got no answer from "
+                f"Restate in {within:.1f}s ({exc or 'no answer'})",
+                group_key=group_key,
+                operation=operation,
+                tried_for=within,
+            ) from None
+        if response.status_code >= 300:
+            raise EngineUnavailable(
+                f"Restate ingress refused {handler} of owner {self.incarnation!r}: "
+                f"HTTP {response.status_code} {response.text[:200]!r}",
+                group_key=group_key,
+                operation=operation,
+            )
+
+    async def _hold_lease(self, group_key: str) -> None:
+        """Make this incarnation live in the engine before it records itself as the
+        owner of ``group_key``, and keep it live until :meth:`aclose`."""
+        async with self._leasing:  # concurrent first opens take one lease
+            if self._lease is not None and not self._lease.done():
+                return
+            beat = {"ttl": self.owner_ttl}
+            await self._owner_call(
+                "beat", beat, within=self.outage_bound, operation="open", group_key=group_key
+            )
+            self._lease = asyncio.create_task(self._keep_lease())
+
+    async def _keep_lease(self) -> None:
+        while True:
+            await asyncio.sleep(self.owner_ttl / 3)
+            try:
+                await self._owner_call("beat", {"ttl": self.owner_ttl}, within=self.owner_ttl / 3)
+            except EngineUnavailable as exc:
+                # tried again at the next beat; past owner_ttl a drain may take this
+                # incarnation for gone, as for any lost lease (R-1)
+                log.warning("owner lease of %s not renewed: %s", self.incarnation, exc)
+
+    async def live_incarnations(self) -> set[str]:
+        """The incarnations whose owner lease is held right now (R-1)."""
+        rows = await self.query(
+            f"SELECT service_key FROM state WHERE service_name = '{OWNER}' AND key = 'beat'"
+        )
+        return {row["service_key"] for row in rows}
+
+    async def _open(self, group: EffectGroup, targets: dict[int, str]) -> GroupHandle:
+        self._require_wired(group.key)
+        await self._hold_lease(group.key)
+        return await super()._open(group, targets)
 
     def _incarnation(self) -> str:
         return self.incarnation
@@ -224,9 +313,10 @@ def _text(value: str) -> str:
 
 
 class _RestateDrain(GroupDrain):
-    """The engine owns loser completion (retries, durable timers). A pass applies a
-    declared ``CANCEL`` to groups an earlier incarnation of this owner opened (G-29),
-    and reports children this process cannot resolve as ``NoExecutor`` (G-11, G-12)."""
+    """The engine owns loser completion (retries, durable timers). A pass leaves the
+    groups of every other live incarnation alone (R-1), applies a declared ``CANCEL`` to
+    groups an earlier incarnation of this owner opened and that is gone (G-29), and
+    reports children this process cannot resolve as ``NoExecutor`` (G-11, G-12)."""
 
     def __init__(self, controller: RestateController) -> None:
         self._ctl = controller
@@ -235,16 +325,23 @@ class _RestateDrain(GroupDrain):
         ctl = self._ctl
         cancelled: list[tuple[str, str]] = []
         missing: list[NoExecutor] = []
-        for key in await ctl.open_group_keys():
-            if ctl._resolver is not None:
+        keys = await ctl.open_group_keys()
+        live = await ctl.live_incarnations() if keys else set()
+        for key in keys:
+            described = await ctl._call(key, "describe")
+            shape = described.get("shape") or {}
+            opener = shape.get("incarnation")
+            if not described.get("closed") and opener != ctl.incarnation and opener in live:
+                continue  # another live incarnation's group, its timers and waits too (R-1)
+            done: set[str] = set()
+            if ctl._resolver is not None and opener != ctl.incarnation:
                 answer = await ctl._call(
-                    key, "drain", {"owner": ctl.owner, "incarnation": ctl.incarnation}
+                    key,
+                    "drain",
+                    {"owner": ctl.owner, "incarnation": ctl.incarnation, "gone": opener},
                 )
                 done = set(answer.get("cancelled", []))
                 cancelled.extend((key, rk) for rk in sorted(done))
-            else:
-                done = set()
-            described = await ctl._call(key, "describe")
             for raw in described.get("unsettled", []):
                 envelope = EffectEnvelope.model_validate(raw)
                 if envelope.replay_key in done:

@@ -77,6 +77,7 @@ from ._wire import (
     CHILD,
     GROUP,
     INLINE_LIMIT,
+    OWNER,
     PAYLOAD,
     REPLAY_KEY,
     child_headers,
@@ -223,6 +224,28 @@ def build_services(
     child = restate.Service(CHILD, **options)
     payload = restate.VirtualObject(PAYLOAD, **options)
     replay = restate.VirtualObject(REPLAY_KEY, **options)
+    owner = restate.VirtualObject(OWNER, **options)
+
+    # -- owner object (R-1) -----------------------------------------------------------
+
+    @owner.handler(name="beat")
+    async def owner_beat(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+        """Keep this incarnation live for ``ttl`` more seconds: the lapse this beat
+        schedules (a delayed send, on the engine's timers) ends the lease unless a later
+        beat came first. The controller's drain reads live incarnations from the state."""
+        beat = int(await _get(ctx, "beat") or 0) + 1
+        ctx.set("beat", beat)
+        ttl = timedelta(seconds=float(req["ttl"]))
+        ctx.object_send(owner_lapse, ctx.key(), {"beat": beat}, send_delay=ttl)
+
+    @owner.handler(name="lapse")
+    async def owner_lapse(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+        if await _get(ctx, "beat") == req["beat"]:
+            ctx.clear_all()
+
+    @owner.handler(name="leave")
+    async def owner_leave(ctx: restate.ObjectContext) -> None:
+        ctx.clear_all()
 
     # -- replay-key object (R-6) ------------------------------------------------------
 
@@ -948,7 +971,9 @@ def build_services(
 
     @group.handler()
     async def drain(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
-        """Apply a declared CANCEL for a caller whose earlier incarnation is gone (G-29)."""
+        """Apply a declared CANCEL for a caller whose earlier incarnation is gone (G-29):
+        only while the group is still owned by ``gone``, the incarnation the drain judged
+        gone (a reopen since made a live one its owner, R-1)."""
         shape = await _get(ctx, "shape")
         if shape is None:
             return {"cancelled": []}
@@ -957,6 +982,7 @@ def build_services(
             shape["effective"] == LoserPolicy.CANCEL.value
             and shape.get("owner") == req.get("owner")
             and shape.get("incarnation") != req.get("incarnation")
+            and shape.get("incarnation") == req.get("gone", shape.get("incarnation"))
         ):
             cancelled = await cancel_unsettled(ctx, shape["epoch"])
             ctx.clear("held")  # the cancels end the held losers' waits (R-13)
@@ -1260,7 +1286,7 @@ def build_services(
             raise terminal
         return result
 
-    return [group, child, payload, replay]
+    return [group, child, payload, replay, owner]
 
 
 def build_app(

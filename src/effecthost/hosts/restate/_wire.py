@@ -13,6 +13,8 @@ PAYLOAD = "EffecthostPayload"
 """The per-group payload object: outcomes above the inline threshold (G-40, G-47)."""
 REPLAY_KEY = "EffecthostReplayKey"
 """The replay-key object, keyed by replay key: which group holds it (R-6)."""
+OWNER = "EffecthostOwner"
+"""The owner object, keyed by a controller's incarnation: its lease (R-1)."""
 
 GROUP_HANDLERS = (
     "open",
@@ -30,12 +32,14 @@ GROUP_HANDLERS = (
 CHILD_HANDLERS = ("run",)
 PAYLOAD_HANDLERS = ("put", "get", "clear")
 REPLAY_KEY_HANDLERS = ("claim", "release", "holder", "claim_keys", "release_keys", "holders")
+OWNER_HANDLERS = ("beat", "lapse", "leave")
 
 REQUIRED_HANDLERS: dict[str, tuple[str, ...]] = {
     GROUP: GROUP_HANDLERS,
     CHILD: CHILD_HANDLERS,
     PAYLOAD: PAYLOAD_HANDLERS,
     REPLAY_KEY: REPLAY_KEY_HANDLERS,
+    OWNER: OWNER_HANDLERS,
 }
 """What an endpoint must bind for the contract to work (G-42)."""
 

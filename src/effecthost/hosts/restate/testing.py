@@ -255,7 +255,11 @@ class RestateHostUnderTest(HostUnderTest):
     """The Restate tier under the conformance suite."""
 
     capabilities = HostCapabilities(
-        restart=True, durable_timers=True, unroutable_children=True, waiter_probe=True
+        restart=True,
+        durable_timers=True,
+        unroutable_children=True,
+        waiter_probe=True,
+        second_incarnation=True,
     )
     timeout = 20.0
 
@@ -352,6 +356,7 @@ class SealedRestateHostUnderTest(RestateHostUnderTest):
         payload_refs=True,
         sealing=True,
         waiter_probe=True,
+        second_incarnation=True,
     )
 
     def __init__(self, env: FactoryEnv) -> None:

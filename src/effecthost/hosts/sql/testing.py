@@ -243,7 +243,9 @@ class SqlHostUnderTest(ProcessHostUnderTest):
     :class:`SqlEffectHost` in the deployment process, with ``sys_path`` prepended there.
     """
 
-    capabilities = HostCapabilities(restart=True, durable_timers=True, waiter_probe=True)
+    capabilities = HostCapabilities(
+        restart=True, durable_timers=True, waiter_probe=True, second_incarnation=True
+    )
 
     def __init__(
         self,
@@ -401,7 +403,12 @@ class SealedSqlHostUnderTest(SqlHostUnderTest):
     """
 
     capabilities = HostCapabilities(
-        restart=True, durable_timers=True, payload_refs=True, sealing=True, waiter_probe=True
+        restart=True,
+        durable_timers=True,
+        payload_refs=True,
+        sealing=True,
+        waiter_probe=True,
+        second_incarnation=True,
     )
 
     def __init__(

@@ -7,10 +7,12 @@ import contextlib
 import contextvars
 import functools
 import json
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
 
 from effecthost.contract import (
@@ -63,6 +65,7 @@ from temporalio.client import (  # noqa: E402
     Client,
     RPCTimeoutOrCancelledError,
     WithStartWorkflowOperation,
+    WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
@@ -245,6 +248,22 @@ async def _call(call: Callable[[], Awaitable[T]]) -> T:
 _LIVE_OPENERS: set[str] = set()
 """Incarnations of the controllers alive in this process (see the drain)."""
 
+log = logging.getLogger(__name__)
+
+OWNER_LEASE = "EffecthostOwnerLease"
+"""The workflow type of an owner lease (R-1): one workflow per incarnation that opened a
+group, id ``effecthost-owner:{incarnation}``. It never runs: no worker polls its task
+queue and its first task is delayed past its execution timeout. It is *running* exactly
+while its incarnation renews it (each renewal starts a fresh run, terminating the last);
+the server times it out ``owner_ttl`` seconds after the last renewal, on its own clock."""
+LEASE_QUEUE = "effecthost-owner-leases"
+_NEVER = timedelta(days=3650)
+
+
+def lease_id(incarnation: str) -> str:
+    """The workflow id of ``incarnation``'s owner lease."""
+    return f"effecthost-owner:{incarnation}"
+
 
 class GroupTooWide(GroupShapeError):
     """The group has more children than one workflow run can hold (:data:`MAX_CHILDREN`)."""
@@ -284,6 +303,12 @@ class TemporalEffectHost(WiredController):
     again with backoff; an await until it is answered (the caller's deadline bounds it),
     any other call for ``outage_bound`` seconds, then ``EngineUnavailable``. No exception
     of the SDK leaves the controller.
+
+    Owner liveness (R-1): from its first open the controller holds an owner lease in the
+    engine (a workflow of type :data:`OWNER_LEASE` that no worker runs), renewed every
+    ``owner_ttl / 3`` seconds and ended by :meth:`aclose`; the server times it out
+    ``owner_ttl`` seconds after the last renewal. A drain of another process leaves this
+    incarnation's groups alone while the lease runs.
     """
 
     def __init__(
@@ -301,7 +326,10 @@ class TemporalEffectHost(WiredController):
         shard_size: int | None = None,
         chunk_bytes: int = MAX_SPEC_BYTES,
         outage_bound: float = DEFAULT_OUTAGE_BOUND,
+        owner_ttl: float = 30.0,
     ) -> None:
+        if owner_ttl <= 0:
+            raise ValueError("owner_ttl must be positive")
         client = traced_client(client)  # the caller's trace context reaches the children
         if keys is not None:
             client = sealed_client(client, keys)
@@ -341,6 +369,9 @@ class TemporalEffectHost(WiredController):
         self._batches: dict[str, _Batch] = {}
         self._claims = Claims(client)
         self.incarnation = f"{uuid.uuid4().hex}"
+        self._owner_ttl = owner_ttl
+        self._lease: asyncio.Task[None] | None = None
+        self._leasing = asyncio.Lock()
         _LIVE_OPENERS.add(self.incarnation)
 
     # -- wiring -------------------------------------------------------------------------
@@ -357,9 +388,66 @@ class TemporalEffectHost(WiredController):
         return self._task_queue
 
     async def aclose(self) -> None:
-        """Mark this caller gone: a drain may now apply the declared ``CANCEL`` of the
-        groups it opened and left unclosed."""
+        """Mark this caller gone (its owner lease ends now, R-1): a drain may now apply
+        the declared ``CANCEL`` of the groups it opened and left unclosed."""
         _LIVE_OPENERS.discard(self.incarnation)
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        lease.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await lease
+        ending = self._client.get_workflow_handle(lease_id(self.incarnation)).terminate()
+        with contextlib.suppress(RPCError, TemporalError, asyncio.TimeoutError):
+            await asyncio.wait_for(ending, 5.0)  # else it lapses by itself after owner_ttl
+
+    # -- owner lease (R-1) --------------------------------------------------------------
+
+    async def _hold_lease(self) -> None:
+        """Make this incarnation live in the engine before it records itself as a
+        group's owner, and keep it live (renewed every ``owner_ttl / 3`` seconds) until
+        :meth:`aclose`."""
+        async with self._leasing:  # concurrent first opens take one lease
+            if self._lease is not None and not self._lease.done():
+                return
+            await _call(self._renew_lease)
+            self._lease = asyncio.create_task(self._keep_lease())
+
+    async def _renew_lease(self) -> None:
+        await self._client.start_workflow(
+            OWNER_LEASE,
+            id=lease_id(self.incarnation),
+            task_queue=LEASE_QUEUE,
+            execution_timeout=timedelta(seconds=self._owner_ttl),
+            start_delay=_NEVER,
+            id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
+            rpc_timeout=timedelta(seconds=max(self._owner_ttl / 3, 1.0)),
+        )
+
+    async def _keep_lease(self) -> None:
+        while True:
+            await asyncio.sleep(self._owner_ttl / 3)
+            try:
+                await self._renew_lease()
+            except (RPCError, TemporalError) as exc:
+                # tried again at the next beat; past owner_ttl a drain may take this
+                # incarnation for gone, as for any lost lease (R-1)
+                log.warning("owner lease of %s not renewed: %s", self.incarnation, exc)
+
+    async def _owner_live(self, opener: str | None) -> bool:
+        """Whether the incarnation ``opener`` is live: a controller of this process that
+        is not closed, or one whose owner lease is running in the engine (R-1)."""
+        if opener is None:
+            return False
+        if opener in _LIVE_OPENERS:
+            return True
+        try:
+            described = await _call(self._client.get_workflow_handle(lease_id(opener)).describe)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return False  # never held one (or long gone)
+            raise
+        return described.status == WorkflowExecutionStatus.RUNNING
 
     def _handle(self, key: str) -> WorkflowHandle[Any, Any]:
         return self._client.get_workflow_handle(key)
@@ -390,6 +478,7 @@ class TemporalEffectHost(WiredController):
     async def _open(self, group: EffectGroup, *, check_routes: bool) -> GroupHandle:
         self._require_wired(group.key)
         plan = self._plan(group)
+        await self._hold_lease()
         miss = self._first_unresolvable(group) if check_routes else None
         fresh = await self._claim(group)
         if miss is not None and not await self._exists(group.key):
@@ -839,15 +928,16 @@ class TemporalEffectHost(WiredController):
     # -- drain --------------------------------------------------------------------------
 
     def drain(self, caller_gone: Callable[[str | None], bool] | None = None) -> GroupDrain:
-        """The engine owns retries and losers; a pass reports children this deployment
-        cannot run as ``NoExecutor`` and applies a declared ``CANCEL`` to groups whose
-        caller is gone (``caller_gone``; by default: opened by no live controller of this
-        process — run it where that is true, e.g. at start-up of the caller process)."""
-        return _TemporalDrain(self, caller_gone or (lambda opener: opener not in _LIVE_OPENERS))
+        """The engine owns retries and losers; a pass leaves the groups of every other
+        live incarnation alone (R-1), reports children this deployment cannot run as
+        ``NoExecutor`` and applies a declared ``CANCEL`` to groups whose caller is gone.
+        An opener is gone when its owner lease has lapsed or ended (``aclose``) and no
+        controller of this process is it; ``caller_gone`` replaces that test."""
+        return _TemporalDrain(self, caller_gone)
 
 
 class _TemporalDrain(GroupDrain):
-    def __init__(self, host: TemporalEffectHost, caller_gone: Callable[[str | None], bool]):
+    def __init__(self, host: TemporalEffectHost, caller_gone: Callable[[str | None], bool] | None):
         self._host = host
         self._caller_gone = caller_gone
 
@@ -860,11 +950,24 @@ class _TemporalDrain(GroupDrain):
         cancelled: list[tuple[str, str]] = []
         missing: list[NoExecutor] = []
         engine_owned = 0
+        judged: dict[str | None, bool] = {}
+
+        async def gone(opener: str | None) -> bool:
+            if opener not in judged:
+                if self._caller_gone is not None:
+                    judged[opener] = self._caller_gone(opener)
+                else:
+                    judged[opener] = not await host._owner_live(opener)
+            return judged[opener]
+
         for key in sorted(await host._running()):
             try:
                 status = await host._query(key, "status")
             except EffectHostError:
                 continue
+            opener = status["opener"]
+            if not status["closed"] and opener != host.incarnation and not await gone(opener):
+                continue  # another live incarnation's group, its timers and waits too (R-1)
             if host._resolver is None:
                 for child in status["unsettled"]:
                     missing.append(_no_executor(key, child, kit.NO_RESOLVER))
@@ -872,12 +975,10 @@ class _TemporalDrain(GroupDrain):
             if (
                 not status["closed"]
                 and status["effective"] == LoserPolicy.CANCEL.value
-                and self._caller_gone(status["opener"])
+                and await gone(opener)
             ):
                 try:
-                    done = await host._update(
-                        key, EffectGroupWorkflow.drain_cancel, status["opener"]
-                    )
+                    done = await host._update(key, EffectGroupWorkflow.drain_cancel, opener)
                 except (WorkflowUpdateFailedError, RPCError):
                     done = []
                 cancelled.extend((key, replay_key) for replay_key in done)

@@ -286,7 +286,11 @@ class TemporalHostUnderTest(HostUnderTest):
     """A real dev server, a real worker process, a controller per restart epoch."""
 
     capabilities = HostCapabilities(
-        restart=True, durable_timers=True, unroutable_children=True, waiter_probe=True
+        restart=True,
+        durable_timers=True,
+        unroutable_children=True,
+        waiter_probe=True,
+        second_incarnation=True,
     )
     timeout = 20.0
 
@@ -416,6 +420,7 @@ class SealedTemporalHostUnderTest(TemporalHostUnderTest):
         payload_refs=True,
         sealing=True,
         waiter_probe=True,
+        second_incarnation=True,
     )
 
     def __init__(self, env: FactoryEnv, *, restart_server: bool = True) -> None:
