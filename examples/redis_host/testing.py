@@ -103,7 +103,9 @@ class RedisUnderTest(ProcessHostUnderTest):
     liveness keys expired (R-1: only then is their owner gone)."""
 
     def __init__(self, env: FactoryEnv, server: RedisServer) -> None:
-        capabilities = HostCapabilities(restart=True, durable_timers=True, waiter_probe=True)
+        capabilities = HostCapabilities(
+            restart=True, durable_timers=True, waiter_probe=True, second_incarnation=True
+        )
         config = {"url": server.url, "ttl": TTL}
         super().__init__(
             env, "examples.redis_host.testing:build", capabilities=capabilities, config=config
