@@ -1107,6 +1107,26 @@ class HandsOverTheEnvelopeHost(MemoryEffectHost):
 
 
 @mutant("G-49", harness="sealed")
+class QuotesTheSealedBytesHost(MemoryEffectHost):
+    """G-49: a refusal to open a sealed outcome quotes the recorded envelope's ciphertext
+    "for debugging": no plaintext, but the sealed value leaves the store with the error."""
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        try:
+            return await super().await_next_settlement(handle)
+        except SealedPayloadUnreadable as exc:
+            child = self._settled_at_rank(self._groups[handle.group_key], handle.consumed + 1)
+            envelope = None if child is None or child.stored is None else child.stored.envelope
+            if envelope is None:
+                raise
+            raise SealedPayloadUnreadable(
+                f"{exc} (recorded: {envelope.ciphertext})",
+                group_key=exc.group_key,
+                replay_key=exc.replay_key,
+            ) from None
+
+
+@mutant("G-49", harness="sealed")
 class AdvancesBeforeDecodingHost(MemoryEffectHost):
     """G-49: the handle is advanced before the outcome is decoded, so a refused read still
     moves the cursor."""

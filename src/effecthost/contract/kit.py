@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import logging
 import time
 from collections import Counter
@@ -978,6 +979,10 @@ class KitController(WiredController):
 _log = logging.getLogger("effecthost.kit")
 
 
+async def _cancelled() -> Outcome:
+    return Outcome.cancelled()
+
+
 class TaskChildren(KitController):
     """The plumbing a host whose children run as asyncio tasks of its own process shares
     with every other such host: starting and cancelling a child, settling it through the
@@ -1032,9 +1037,14 @@ class TaskChildren(KitController):
     def run_child(self, key: str, position: int, attempt: int, work: Awaitable[Outcome]) -> None:
         """Run ``work`` as the child's ``attempt``-th run; its outcome (``cancelled`` if
         :meth:`cancel_child` stopped it) is settled through :meth:`settle`. Cancelled
-        otherwise (the process is going away), it records nothing."""
+        otherwise (the process is going away), it records nothing. A task cancelled before
+        its first step never enters its body: a cancel of it settles ``cancelled`` through
+        a task of its own."""
+        entered = False
 
         async def run() -> None:
+            nonlocal entered
+            entered = True
             try:
                 outcome = await work
             except asyncio.CancelledError:
@@ -1050,7 +1060,13 @@ class TaskChildren(KitController):
         def done(_: object) -> None:
             if self.running.get((key, position)) is task:
                 del self.running[key, position]
+            cancelled = (key, position) in self.cancelling
             self.cancelling.discard((key, position))
+            if not entered:
+                if inspect.iscoroutine(work):
+                    work.close()
+                if cancelled:
+                    self.run_child(key, position, attempt, _cancelled())
 
         task.add_done_callback(done)
 
