@@ -33,6 +33,7 @@ from effecthost.contract import (
     SealedPayloadUnreadable,
     Settlement,
     ToolError,
+    UnknownGroup,
     WakePolicy,
     is_host_kind,
 )
@@ -799,6 +800,50 @@ class SparesHostRunLosersHost(MemoryEffectHost):
     def _request_cancel(self, record: _Group, child: _Child) -> None:
         if not is_host_kind(child.envelope):
             super()._request_cancel(record, child)
+
+
+@mutant("G-52", select="G-52")
+class WaitsOutHostRunLosersHost(MemoryEffectHost):
+    """G-52 (G-27): a ``CANCEL`` close lets a losing ``sleep`` the host runs itself reach
+    its due time before it returns, as a host whose timers cannot be interrupted would;
+    the close is only as prompt as the longest sleep."""
+
+    async def close_effect_group(
+        self, handle: GroupHandle, disposition: LoserPolicy | None = None
+    ) -> None:
+        record = self._groups.get(handle.group_key)
+        if record is not None and not record.closed:
+            sleeps = [
+                self._tasks[c]
+                for c in record.children
+                if c in self._tasks and c.envelope.kind == EffectKind.SLEEP
+            ]
+            if sleeps and record.effective is LoserPolicy.CANCEL:
+                await asyncio.wait(sleeps)
+        await super().close_effect_group(handle, disposition)
+
+
+@mutant("G-22")
+class SortsAClosedGroupsOrderHost(MemoryEffectHost):
+    """G-22: once a group is closed, ``settlement_order`` lists its settled positions in
+    position order rather than rank order (the projection is "only for operators")."""
+
+    async def settlement_order(self, group_key: str) -> list[int]:
+        order = await super().settlement_order(group_key)
+        record = self._groups.get(group_key)
+        return sorted(order) if record is not None and record.closed else order
+
+
+@mutant("G-22")
+class DropsAClosedGroupsOrderHost(MemoryEffectHost):
+    """G-22: a closed group's ``settlement_order`` is ``UnknownGroup`` at once, before the
+    group retired (its ranks are "only for operators")."""
+
+    async def settlement_order(self, group_key: str) -> list[int]:
+        record = self._groups.get(group_key)
+        if record is not None and record.closed:
+            raise UnknownGroup(f"group {group_key!r} is closed", group_key=group_key)
+        return await super().settlement_order(group_key)
 
 
 @mutant("G-28")

@@ -244,7 +244,7 @@ async def check_retirement_is_whole(t: CheckContext) -> None:
     saved = group.handle()
     await t.next(ctl, handle)
     await ctl.close_effect_group(handle)
-    await t.eventually(ctl.open_group_keys, lambda keys: group.key not in keys, "retirement")
+    t.expect(group.key not in await ctl.open_group_keys(), "a closed group is listed")
     await t.refuses(GroupClosed, ctl.await_next_settlement(saved), "reading a closed group")
     t.expect(saved.consumed == 0, "a refused read moved the cursor")
 
@@ -377,11 +377,28 @@ async def check_the_first_settlement_wakes_the_waiter(t: CheckContext) -> None:
 
 @check("G-22")
 async def check_settlement_order_projects_ranks(t: CheckContext) -> None:
-    """``settlement_order`` lists positions in rank order."""
+    """``settlement_order`` lists positions in rank order — also once the group is closed,
+    until it retires (a loser's late settlement is appended, nothing is reordered); a
+    retired group is ``UnknownGroup``."""
     ctl = await t.ctl()
     handle = await t.open(ctl, t.group("g", [t.step("a"), t.step("b"), t.step("c")]))
+    key = handle.group_key
     t.release("c")
     await t.next_is(ctl, handle, "c")
     t.release("a")
     await t.next_is(ctl, handle, "a")
-    t.expect(await ctl.settlement_order(handle.group_key) == [2, 0], "order must be [2, 0]")
+    t.expect(await ctl.settlement_order(key) == [2, 0], "order must be [2, 0]")
+    await ctl.close_effect_group(handle)
+    t.expect(await ctl.settlement_order(key) == [2, 0], "a close changed the order of a group")
+    t.release("b")
+    await t.finished("b")
+
+    async def order() -> list[int] | None:
+        try:
+            return await ctl.settlement_order(key)
+        except UnknownGroup:
+            return None
+
+    seen = await t.eventually(order, lambda found: found != [2, 0], "the loser to take rank 3")
+    t.expect(seen in ([2, 0, 1], None), f"a closed group's order became {seen}, not [2, 0, 1]")
+    await t.eventually(order, lambda found: found is None, "the closed group to retire")
