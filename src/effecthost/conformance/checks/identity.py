@@ -192,6 +192,61 @@ async def check_group_keys_carry_a_saved_occurrence(t: CheckContext) -> None:
     t.expect([counter.next("b"), counter.next("b"), counter.next("c")] == [0, 1, 0], "counter")
 
 
+@check("G-05")
+async def check_a_saved_scope_is_read_back_strictly(t: CheckContext) -> None:
+    """The saved scope and occurrence counter are part of the caller's continuation
+    (G-05): read back, they continue the same occurrences; a saved form that is not
+    exactly ``{"scope_id", "counter": {"counts": {batch id: count}}}`` (a missing or
+    extra field, a field of the wrong type, a scope id or batch id that is not a key, a
+    count that is not an integer from 0 to 2**63-1) is ``InvalidEnvelope``, whose
+    message names no part of the text."""
+    secret = f"{INPUT_MARKER}-saved"
+    top = 2**63 - 1
+    counter = OccurrenceCounter()
+    counter.next("b")
+    again = OccurrenceCounter.from_json(counter.to_json())
+    t.expect(again.counts == {"b": 1}, f"a counter read back counts {again.counts}")
+    t.expect(again.next("b") == 1, "a counter read back repeated an occurrence")
+    for text, counts in (
+        ('{"scope_id": "s"}', {}),
+        ('{"scope_id": "s", "counter": {}}', {}),
+        (json.dumps({"scope_id": "s", "counter": {"counts": {"b": top}}}), {"b": top}),
+    ):
+        scope = Scope.from_json(text)
+        t.expect((scope.scope_id, scope.counter.counts) == ("s", counts), f"{text} read as {scope}")
+    counters = [
+        "[]",
+        '{"counts": [], "x": 1}',
+        '{"other": {}}',
+        '{"counts": []}',
+        '{"counts": {"": 1}}',
+        f'{{"counts": {{"{secret}\\u0000": 1}}}}',
+        '{"counts": {"b": -1}}',
+        json.dumps({"counts": {"b": top + 1}}),
+        '{"counts": {"b": 1.0}}',
+        '{"counts": {"b": true}}',
+    ]
+    scopes = [
+        "[]",
+        '{"counter": {}}',
+        '{"scope_id": "s", "counter": {}, "x": 1}',
+        '{"scope_id": "", "counter": {}}',
+        f'{{"scope_id": "{secret}\\u0000", "counter": {{}}}}',
+        '{"scope_id": 5, "counter": {}}',
+        '{"scope_id": "s", "counter": []}',
+        *(f'{{"scope_id": "s", "counter": {text}}}' for text in counters[1:]),
+    ]
+    for reader, texts in ((OccurrenceCounter.from_json, counters), (Scope.from_json, scopes)):
+        for text in texts:
+            try:
+                reader(text)
+            except InvalidEnvelope as error:
+                t.expect(bool(error.message), f"the refusal of {text} has no message")
+                t.expect(secret not in str(error), f"the refusal of {text} quotes it")
+            else:
+                raise AssertionError(f"{reader.__qualname__} accepted {text}")
+
+
 @check("G-06", "G-53")
 async def check_grouped_child_on_ungrouped_path_is_refused(t: CheckContext) -> None:
     """``execute_effect`` with a grouped envelope (a tool, a timer or an event) is a
