@@ -823,6 +823,18 @@ class WaitsOutHostRunLosersHost(MemoryEffectHost):
         await super().close_effect_group(handle, disposition)
 
 
+@mutant("G-20")
+class AnonymousUnknownGroupHost(MemoryEffectHost):
+    """G-20 (errors carry ids): an await of a key no group was recorded under is
+    ``UnknownGroup``, whose message names the key but whose ``group_key`` is unset."""
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        try:
+            return await super().await_next_settlement(handle)
+        except UnknownGroup as exc:
+            raise UnknownGroup(exc.message) from None
+
+
 @mutant("G-22")
 class SortsAClosedGroupsOrderHost(MemoryEffectHost):
     """G-22: once a group is closed, ``settlement_order`` lists its settled positions in

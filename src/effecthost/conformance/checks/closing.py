@@ -353,9 +353,19 @@ async def check_a_closed_key_stays_closed(t: CheckContext) -> None:
     for (label, groups), handle in zip(reopens.items(), handles, strict=True):
         phase = "a closed group a loser still runs in" if label == "running" else "a retired group"
         for group in groups:
-            await t.refuses(GroupClosed, ctl.open_effect_group(group), f"reopen of {phase}")
+            await t.refuses(
+                GroupClosed,
+                ctl.open_effect_group(group),
+                f"reopen of {phase}",
+                names={"group_key": group.key},
+            )
         for cursor in (handle.copy_cursor(), groups[0].handle()):
-            await t.refuses(GroupClosed, ctl.await_next_settlement(cursor), f"await on {phase}")
+            await t.refuses(
+                GroupClosed,
+                ctl.await_next_settlement(cursor),
+                f"await on {phase}",
+                names={"group_key": cursor.group_key},
+            )
         await ctl.close_effect_group(handle)
         t.expect(handle.group_key not in await ctl.open_group_keys(), f"{phase} is listed")
     t.release("lose")

@@ -313,7 +313,12 @@ async def check_replay_keys_are_unique_across_groups(t: CheckContext) -> None:
     ctl = await t.ctl()
     await t.open(ctl, t.group("one", [t.step("shared")]))
     other = t.group("two", [t.step("own", gate=False), t.step("shared")])
-    await t.refuses(ReplayMismatch, ctl.open_effect_group(other), "a replay key of another group")
+    await t.refuses(
+        ReplayMismatch,
+        ctl.open_effect_group(other),
+        "a replay key of another group",
+        names={"group_key": other.key, "replay_key": other.children[1].replay_key},
+    )
     t.expect(other.key not in await ctl.open_group_keys(), "the refused group is listed")
     t.expect(t.count("started", "own") == 0, "a child of the refused group ran")
     t.expect(t.count("started", "shared") <= 1, "the shared child ran twice")

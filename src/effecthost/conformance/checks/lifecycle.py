@@ -245,7 +245,12 @@ async def check_retirement_is_whole(t: CheckContext) -> None:
     await t.next(ctl, handle)
     await ctl.close_effect_group(handle)
     t.expect(group.key not in await ctl.open_group_keys(), "a closed group is listed")
-    await t.refuses(GroupClosed, ctl.await_next_settlement(saved), "reading a closed group")
+    await t.refuses(
+        GroupClosed,
+        ctl.await_next_settlement(saved),
+        "reading a closed group",
+        names={"group_key": group.key},
+    )
     t.expect(saved.consumed == 0, "a refused read moved the cursor")
 
 
@@ -354,7 +359,12 @@ async def check_both_sides_of_the_cursor_are_fenced(t: CheckContext) -> None:
         )
     t.expect(group.key in await ctl.open_group_keys(), "a refused close closed the group")
     foreign = handle.model_copy(update={"group_key": f"{t.scope}:group:never:0"})
-    await t.refuses(UnknownGroup, ctl.await_next_settlement(foreign), "a foreign group key")
+    await t.refuses(
+        UnknownGroup,
+        ctl.await_next_settlement(foreign),
+        "a foreign group key",
+        names={"group_key": foreign.group_key},
+    )
     await t.next(ctl, handle)
     error = await t.refuses(CursorExhausted, ctl.await_next_settlement(handle), "past the end")
     t.expect(error.group_key == group.key, "CursorExhausted must name the group")
