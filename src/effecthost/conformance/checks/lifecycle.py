@@ -121,8 +121,11 @@ async def check_reopen_with_a_miss_dispatches_what_it_can(t: CheckContext) -> No
     handle = await t.open(ctl, group)
     t.expect(handle.consumed == 0, "reopen must return consumed=0")
     report = await ctl.drain().run_pass()
-    missing = {(e.group_key, e.replay_key) for e in report.no_executor}
-    t.expect((group.key, t.tag("b")) in missing, f"drain must report b as NoExecutor: {report}")
+    missing = {(e.group_key, e.replay_key, e.position) for e in report.no_executor}
+    t.expect(
+        (group.key, t.tag("b"), 1) in missing,
+        f"drain must report b (position 1) as NoExecutor: {report}",
+    )
     for error in report.no_executor:
         t.ids_only(error, "a drain's report of a resolver miss")
     t.expect(group.key in await ctl.open_group_keys(), "the group must stay visible")
@@ -156,8 +159,11 @@ async def check_unwired_drain_reports_every_unfinished_child(t: CheckContext) ->
     await t.started("b")
     await t.restart()
     report = await (await t.ctl(wired=False)).drain().run_pass()
-    missing = {e.replay_key for e in report.no_executor if e.group_key == group.key}
-    t.expect(missing == {t.tag("a"), t.tag("b")}, f"expected a and b as NoExecutor: {report}")
+    missing = {(e.replay_key, e.position) for e in report.no_executor if e.group_key == group.key}
+    t.expect(
+        missing == {(t.tag("a"), 0), (t.tag("b"), 1)},
+        f"expected a and b (positions 0 and 1) as NoExecutor: {report}",
+    )
     for error in report.no_executor:
         t.ids_only(error, "an unwired drain's report")
     t.expect(not report.cancelled and not report.resumed, "an unwired drain acted")
