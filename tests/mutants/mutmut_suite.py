@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,13 +45,24 @@ from effecthost.hosts.memory.testing import adversarial_factory, factory, sealed
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the examples package
 
 from examples.file_host.host import FileHost
+from examples.file_host.store import FileStore, Record
+
+
+class _UnsyncedStore(FileStore):
+    """The example's store without ``fsync``: the judge kills no machine, only processes,
+    and a write that reaches the page cache is what every later read sees."""
+
+    def write(self, record: Record) -> None:
+        temp = self._path(record["key"]).with_suffix(".tmp")
+        temp.write_text(json.dumps(record))
+        os.replace(temp, self._path(record["key"]))
 
 
 class InProcessFileHostUnderTest(HostUnderTest):
     """The example file host, each incarnation a pair of host objects in this process."""
 
     capabilities = HostCapabilities(restart=True, durable_timers=True, waiter_probe=True)
-    timeout = 2.0
+    timeout = 1.0
 
     def __init__(self, env: FactoryEnv) -> None:
         self._env = env
@@ -62,6 +75,7 @@ class InProcessFileHostUnderTest(HostUnderTest):
         hosts = (FileHost(self._root, resolver), FileHost(self._root, None))
         for host in hosts:
             host.poll_seconds = 0.05  # another object's write is seen by polling
+            host.store.__class__ = _UnsyncedStore
         return hosts
 
     async def controller(self, *, wired: bool = True) -> EffectController:
