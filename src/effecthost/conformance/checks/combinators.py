@@ -83,6 +83,12 @@ async def check_all_stops_at_the_first_rejection_in_rank_order(t: CheckContext) 
     except EffectFailed as failure:
         t.expect(failure.error.type == "FirstByRank", f"wrong rejection: {failure.error.type}")
         t.expect(failure.rank == 1 and failure.position == 1, "rejection must carry its ids")
+        slot = (failure.replay_key, failure.settlement.position, bool(failure.message))
+        t.expect(
+            slot == (f"{failure.group_key}:1", 1, True),
+            f"the rejection names child {slot[0]!r} of {failure.group_key!r}, settlement "
+            f"position {slot[1]}, message {failure.message!r}",
+        )
     else:
         raise AssertionError("all() did not raise")
     t.release("a", "c")

@@ -165,7 +165,7 @@ def _built(t: CheckContext, scope_id: str, calls: list[Call], policies: Any, for
             children = [(c.model_dump(mode="json"), c.envelope_hash()) for c in group.children]
             made.append((group.key, group.wake, group.disposition, children))
     except EffectHostError as refused:
-        return type(refused).__name__
+        return f"{type(refused).__name__}: {refused}"
     return made
 
 
@@ -192,7 +192,7 @@ async def check_every_form_of_a_call_builds_the_same_group(t: CheckContext) -> N
         ("a kind over the limit", t.scope, [Call(kind="k" * 257, name="x")], first),
         ("a key at the limit", fitted, [tool(f"c{i}") for i in range(10)], first),
         ("a replay key over the limit", fitted, [tool(f"c{i}") for i in range(11)], first),
-        ("a key over the limit", fitted + "ss", [tool("c")], first),
+        ("a key over the limit", fitted + "sss", [tool("c")], first),
         ("one child too many", t.scope, [tool("c")] * (limits.MAX_CHILDREN + 1), every),
     ]
     for what, scope_id, calls, policies in cases:
@@ -201,6 +201,10 @@ async def check_every_form_of_a_call_builds_the_same_group(t: CheckContext) -> N
         t.expect(ours == theirs, f"{what}: the two forms built differently: {ours} != {theirs}")
         accepted = not isinstance(ours, str)
         t.expect(accepted == ("over" not in what and "too many" not in what), f"{what}: {ours}")
+    scope = Scope(scope_id=t.scope)
+    batches = [plain[:1], plain[1:2], plain[:1], plain[1:2], plain[:1]]
+    occurrences = [build_group(scope, c, *first).key.rsplit(":", 1)[1] for c in batches]
+    t.expect(occurrences == ["0", "0", "1", "1", "2"], f"interleaved occurrences {occurrences}")
     made = _built(t, t.scope, plain, first, form=False)
     keys = [key for key, *_ in made]
     t.expect([k.rsplit(":", 1)[1] for k in keys] == ["0", "1"], f"occurrences of {keys}")
