@@ -4,7 +4,7 @@ combinators, judged by the conformance suite alone (``./dev mutate``).
 mutmut (configured in ``pyproject.toml``, ``[tool.mutmut]``) writes every mutant of those
 files into a ``mutants/`` copy of the tree and runs ``tests/mutants/mutmut_suite.py`` (the
 suite against the reference host) with each switched on. This script runs it in a work
-directory of its own (a copy of ``src``, ``tests`` and ``pyproject.toml``, so mutmut's
+directory of its own (a copy of ``src``, ``tests``, ``examples`` and ``pyproject.toml``, so mutmut's
 copy never mixes with the checkout and a subprocess can only import the mutated tree),
 then scores the run: killed (a failing check or a timeout) over every mutant not listed
 in ``tests/mutants/equivalent.txt`` (a mutant in code no check reaches counts as a
@@ -61,7 +61,7 @@ def prepare(work: Path) -> None:
     """A fresh copy of what mutmut needs, without caches or an earlier run."""
     work.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache", ".ruff_cache")
-    for name in ("src", "tests"):
+    for name in ("src", "tests", "examples"):
         shutil.rmtree(work / name, ignore_errors=True)
         shutil.copytree(ROOT / name, work / name, ignore=ignore, symlinks=True)
     shutil.copy2(ROOT / "pyproject.toml", work / "pyproject.toml")

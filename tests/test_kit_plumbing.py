@@ -277,3 +277,19 @@ async def test_a_reopen_does_not_restart_a_live_owners_children(
     assert (await first.await_next_settlement(handle)).outcome.value == "a"
     assert runs == ["a"]
     await first.idle()
+
+
+async def test_a_cancel_close_right_after_open_settles_children_that_never_ran(
+    file_host: Any, tmp_path: Path
+) -> None:
+    """G-27: a ``CANCEL`` close in the opener's own task, before any child task took its
+    first step, still gives every child a ``cancelled`` settlement and a rank (a task
+    cancelled before it starts never enters its body, so it must not be left to it)."""
+    tools, _gates = gated_tools("a", "b")
+    host = file_host(tmp_path, tools)
+    g = group("g", "a", "b")
+    handle = await host.open_effect_group(g)
+    await host.close_effect_group(handle, LoserPolicy.CANCEL)
+    await asyncio.wait_for(host.idle(), 30)
+    record = host.store.read("g")
+    assert record is not None and record["children"] == [], "the group did not retire"

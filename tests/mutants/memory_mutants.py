@@ -33,6 +33,7 @@ from effecthost.contract import (
     SealedPayloadUnreadable,
     Settlement,
     ToolError,
+    UnknownGroup,
     WakePolicy,
     is_host_kind,
 )
@@ -801,6 +802,62 @@ class SparesHostRunLosersHost(MemoryEffectHost):
             super()._request_cancel(record, child)
 
 
+@mutant("G-52", select="G-52")
+class WaitsOutHostRunLosersHost(MemoryEffectHost):
+    """G-52 (G-27): a ``CANCEL`` close lets a losing ``sleep`` the host runs itself reach
+    its due time before it returns, as a host whose timers cannot be interrupted would;
+    the close is only as prompt as the longest sleep."""
+
+    async def close_effect_group(
+        self, handle: GroupHandle, disposition: LoserPolicy | None = None
+    ) -> None:
+        record = self._groups.get(handle.group_key)
+        if record is not None and not record.closed:
+            sleeps = [
+                self._tasks[c]
+                for c in record.children
+                if c in self._tasks and c.envelope.kind == EffectKind.SLEEP
+            ]
+            if sleeps and record.effective is LoserPolicy.CANCEL:
+                await asyncio.wait(sleeps)
+        await super().close_effect_group(handle, disposition)
+
+
+@mutant("G-20")
+class AnonymousUnknownGroupHost(MemoryEffectHost):
+    """G-20 (errors carry ids): an await of a key no group was recorded under is
+    ``UnknownGroup``, whose message names the key but whose ``group_key`` is unset."""
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        try:
+            return await super().await_next_settlement(handle)
+        except UnknownGroup as exc:
+            raise UnknownGroup(exc.message) from None
+
+
+@mutant("G-22")
+class SortsAClosedGroupsOrderHost(MemoryEffectHost):
+    """G-22: once a group is closed, ``settlement_order`` lists its settled positions in
+    position order rather than rank order (the projection is "only for operators")."""
+
+    async def settlement_order(self, group_key: str) -> list[int]:
+        order = await super().settlement_order(group_key)
+        record = self._groups.get(group_key)
+        return sorted(order) if record is not None and record.closed else order
+
+
+@mutant("G-22")
+class DropsAClosedGroupsOrderHost(MemoryEffectHost):
+    """G-22: a closed group's ``settlement_order`` is ``UnknownGroup`` at once, before the
+    group retired (its ranks are "only for operators")."""
+
+    async def settlement_order(self, group_key: str) -> list[int]:
+        record = self._groups.get(group_key)
+        if record is not None and record.closed:
+            raise UnknownGroup(f"group {group_key!r} is closed", group_key=group_key)
+        return await super().settlement_order(group_key)
+
+
 @mutant("G-28")
 class CloseCancelsEveryLoserHost(MemoryEffectHost):
     """G-28: every close cancels the losers, whatever the disposition in force."""
@@ -1104,6 +1161,26 @@ class HandsOverTheEnvelopeHost(MemoryEffectHost):
                 replay_key=child.replay_key,
                 outcome=Outcome.success(child.stored.model_dump(mode="json")),
             )
+
+
+@mutant("G-49", harness="sealed")
+class QuotesTheSealedBytesHost(MemoryEffectHost):
+    """G-49: a refusal to open a sealed outcome quotes the recorded envelope's ciphertext
+    "for debugging": no plaintext, but the sealed value leaves the store with the error."""
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        try:
+            return await super().await_next_settlement(handle)
+        except SealedPayloadUnreadable as exc:
+            child = self._settled_at_rank(self._groups[handle.group_key], handle.consumed + 1)
+            envelope = None if child is None or child.stored is None else child.stored.envelope
+            if envelope is None:
+                raise
+            raise SealedPayloadUnreadable(
+                f"{exc} (recorded: {envelope.ciphertext})",
+                group_key=exc.group_key,
+                replay_key=exc.replay_key,
+            ) from None
 
 
 @mutant("G-49", harness="sealed")

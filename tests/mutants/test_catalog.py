@@ -102,3 +102,15 @@ def test_every_host_breakable_id_has_a_mutant() -> None:
     mutated = {m.breaks for m in CATALOG} | {m.breaks for m in TIER_MUTANTS}
     assert sorted(ids - mutated - set(NOT_COVERED)) == []
     assert not (mutated & set(NOT_COVERED)), "a covered id is still listed as not covered"
+
+
+async def test_a_cancel_close_that_waits_out_its_losers_fails_at_the_close() -> None:
+    """G-27: a ``CANCEL`` close's promptness is bounded by one settlement's timeout, not
+    by the whole check's: the host whose close waits for a losing sleep fails at the close,
+    with a reason that says so."""
+    from catalog import CATALOG
+
+    mutant = next(m for m in CATALOG if m.name == "WaitsOutHostRunLosersHost")
+    report = await run_suite(mutant.factory, select="signal_or_deadline_select")
+    reasons = [r.reason for r in report.by_status("failed")]
+    assert reasons and all("CANCEL close" in reason for reason in reasons), reasons

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from effecthost.contract import (
@@ -229,13 +229,28 @@ class CheckContext:
         if not condition:
             raise CheckFailed(message)
 
-    async def refuses(self, error: type[E], action: Awaitable[Any], what: str) -> E:
+    async def refuses(
+        self,
+        error: type[E],
+        action: Awaitable[Any],
+        what: str,
+        *,
+        names: Mapping[str, object] | None = None,
+    ) -> E:
         """``action`` must raise ``error`` (a typed :class:`EffectHostError`) whose message
-        and attributes name ids only: none carries the input of a step (:data:`INPUT_MARKER`)."""
+        and attributes name ids only: none carries the input of a step (:data:`INPUT_MARKER`).
+        ``names``: the ids the error must carry as attributes (``group_key``, ...)."""
         try:
             await asyncio.wait_for(action, self.timeout)
         except error as exc:
             self.ids_only(exc, what)
+            for field, expected in (names or {}).items():
+                found = getattr(exc, field, None)
+                if found != expected:
+                    raise CheckFailed(
+                        f"{what}: the {type(exc).__name__} carries {field}={found!r}, not "
+                        f"{expected!r} (an error carries the ids it is about)"
+                    ) from None
             return exc
         except TimeoutError:
             raise CheckFailed(f"{what}: expected {error.__name__}, but it hung") from None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import logging
 import time
 from collections import Counter
@@ -974,12 +975,21 @@ class KitController(WiredController):
         self.require_wired(group_key)
         if not isinstance(await self.find_group(group_key), GroupRecord):
             raise unknown_group(group_key)
-        return list(await self.settled_positions(group_key))
+        positions = list(await self.settled_positions(group_key))
+        # A group that retired between the two reads has no order left to read (G-22);
+        # retirement is final, so a group still recorded after the read was before it.
+        if not isinstance(await self.find_group(group_key), GroupRecord):
+            raise unknown_group(group_key)
+        return positions
 
 
 # -- children as tasks of this process, waiters and events --------------------------------------
 
 _log = logging.getLogger("effecthost.kit")
+
+
+async def _cancelled() -> Outcome:
+    return Outcome.cancelled()
 
 
 class TaskChildren(KitController):
@@ -1036,9 +1046,14 @@ class TaskChildren(KitController):
     def run_child(self, key: str, position: int, attempt: int, work: Awaitable[Outcome]) -> None:
         """Run ``work`` as the child's ``attempt``-th run; its outcome (``cancelled`` if
         :meth:`cancel_child` stopped it) is settled through :meth:`settle`. Cancelled
-        otherwise (the process is going away), it records nothing."""
+        otherwise (the process is going away), it records nothing. A task cancelled before
+        its first step never enters its body: a cancel of it settles ``cancelled`` through
+        a task of its own."""
+        entered = False
 
         async def run() -> None:
+            nonlocal entered
+            entered = True
             try:
                 outcome = await work
             except asyncio.CancelledError:
@@ -1054,7 +1069,13 @@ class TaskChildren(KitController):
         def done(_: object) -> None:
             if self.running.get((key, position)) is task:
                 del self.running[key, position]
+            cancelled = (key, position) in self.cancelling
             self.cancelling.discard((key, position))
+            if not entered:
+                if inspect.iscoroutine(work):
+                    work.close()
+                if cancelled:
+                    self.run_child(key, position, attempt, _cancelled())
 
         task.add_done_callback(done)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from effecthost.contract import (
     DispositionWidened,
@@ -21,18 +22,50 @@ from .._context import CheckContext
 from .._registry import check
 
 
-async def ranks_complete(t: CheckContext, ctl: EffectController, key: str, count: int) -> None:
+async def ranks_complete(
+    t: CheckContext, ctl: EffectController, key: str, count: int, served: Sequence[int] = ()
+) -> None:
     """Wait until ``count`` children of ``key`` have taken a rank, or the group retired
     (a closed group is not served, G-22's projection still shows its ranks until it
-    retires): every child of a closed group still settles and ranks (G-27, G-28)."""
+    retires): every child of a closed group still settles and ranks (G-27, G-28). Every
+    read must be a projection of ranks: distinct positions of the group, each read
+    extending the one before, starting with ``served`` (the positions the caller was
+    served, in rank order)."""
+    last: list[int] = list(served)
 
     async def ranked() -> int:
+        nonlocal last
         try:
-            return len(await ctl.settlement_order(key))
+            order = await ctl.settlement_order(key)
         except UnknownGroup:
             return count
+        t.expect(
+            len(set(order)) == len(order) and all(0 <= p < count for p in order),
+            f"the order of {key!r} is no projection of ranks of {count} children: {order}",
+        )
+        t.expect(
+            order[: len(last)] == last,
+            f"the order of {key!r} went from {last} to {order}: a rank moved",
+        )
+        last = list(order)
+        return len(order)
 
     await t.eventually(ranked, lambda n: n >= count, f"every child of {key!r} to take a rank")
+
+
+async def closes_promptly(
+    t: CheckContext,
+    ctl: EffectController,
+    handle: GroupHandle,
+    disposition: LoserPolicy | None = None,
+) -> None:
+    """A close that cancels losers returns once the cancels are asked for, without waiting
+    for any loser to stop or settle (G-27): bounded by one settlement's timeout, not by
+    the whole check's."""
+    await t.within(
+        ctl.close_effect_group(handle, disposition),
+        "a CANCEL close (it must not wait for its losers, G-27)",
+    )
 
 
 async def claims_freed(t: CheckContext, ctl: EffectController, heir: EffectGroup) -> GroupHandle:
@@ -112,12 +145,12 @@ async def check_cancel_close_does_not_wait_for_losers(t: CheckContext) -> None:
     handle = await t.open(ctl, group)
     await t.next_is(ctl, handle, "win")
     await t.started("lose")
-    await asyncio.wait_for(ctl.close_effect_group(handle), t.timeout)
+    await closes_promptly(t, ctl, handle)
+    t.expect(group.key not in await ctl.open_group_keys(), "a closed group is listed")
     await t.cancelled("lose")
     t.expect(t.count("finished", "lose") == 0, "the loser finished instead of being cancelled")
     t.lab.open(f"{t.tag('lose')}/release")
-    await t.eventually(ctl.open_group_keys, lambda keys: group.key not in keys, "close")
-    await ranks_complete(t, ctl, group.key, 2)
+    await ranks_complete(t, ctl, group.key, 2, served=[0])
 
 
 @check("G-27")
@@ -130,9 +163,9 @@ async def check_cancel_close_right_after_open_ranks_every_child(t: CheckContext)
     async with asyncio.timeout(t.timeout):  # no task of its own: nothing else runs between
         handle = await ctl.open_effect_group(group)
         t.remember(handle)
-        await ctl.close_effect_group(handle)
+        await ctl.close_effect_group(handle)  # promptly: within the one settlement's timeout
+    t.expect(group.key not in await ctl.open_group_keys(), "a closed group is listed")
     await ranks_complete(t, ctl, group.key, 2)
-    await t.eventually(ctl.open_group_keys, lambda keys: group.key not in keys, "close")
     t.expect(t.count("finished", "a") + t.count("finished", "b") == 0, "a cancelled child finished")
     t.release("a", "b")
 
@@ -146,7 +179,7 @@ async def check_cancel_close_cancels_only_its_own_losers(t: CheckContext) -> Non
     closed = await t.open(ctl, t.group("closed", [t.step("loser")], disposition=LoserPolicy.CANCEL))
     await t.started("bystander")
     await t.started("loser")
-    await ctl.close_effect_group(closed)
+    await closes_promptly(t, ctl, closed)
     await t.cancelled("loser")
     t.release("bystander")
     settlement = await t.next_is(ctl, other, "bystander")
@@ -260,7 +293,7 @@ async def check_drain_applies_a_narrowed_cancel(t: CheckContext) -> None:
     handle = await t.open(ctl, group)
     await t.next_is(ctl, handle, "win")
     await t.started("lose")
-    await ctl.close_effect_group(handle, LoserPolicy.CANCEL)
+    await closes_promptly(t, ctl, handle, LoserPolicy.CANCEL)
     await t.cancelled("lose")
     await t.restart()
     ctl = await t.ctl()
@@ -320,9 +353,19 @@ async def check_a_closed_key_stays_closed(t: CheckContext) -> None:
     for (label, groups), handle in zip(reopens.items(), handles, strict=True):
         phase = "a closed group a loser still runs in" if label == "running" else "a retired group"
         for group in groups:
-            await t.refuses(GroupClosed, ctl.open_effect_group(group), f"reopen of {phase}")
+            await t.refuses(
+                GroupClosed,
+                ctl.open_effect_group(group),
+                f"reopen of {phase}",
+                names={"group_key": group.key},
+            )
         for cursor in (handle.copy_cursor(), groups[0].handle()):
-            await t.refuses(GroupClosed, ctl.await_next_settlement(cursor), f"await on {phase}")
+            await t.refuses(
+                GroupClosed,
+                ctl.await_next_settlement(cursor),
+                f"await on {phase}",
+                names={"group_key": cursor.group_key},
+            )
         await ctl.close_effect_group(handle)
         t.expect(handle.group_key not in await ctl.open_group_keys(), f"{phase} is listed")
     t.release("lose")
@@ -349,14 +392,14 @@ async def check_a_close_of_a_closed_group_is_a_no_op(t: CheckContext) -> None:
     )
     await t.next_is(ctl, strict, "won")
     await t.started("held")
-    await ctl.close_effect_group(strict)
+    await closes_promptly(t, ctl, strict)
     await t.cancelled("held")
     await t.within(
         ctl.close_effect_group(strict, LoserPolicy.RUN_TO_COMPLETION),
         "a widening close of a closed group a loser still runs in",
     )
     t.lab.open(f"{t.tag('held')}/release")
-    await ranks_complete(t, ctl, strict.group_key, 2)
+    await ranks_complete(t, ctl, strict.group_key, 2, served=[0])
     await t.within(
         ctl.close_effect_group(strict, LoserPolicy.RUN_TO_COMPLETION),
         "a widening close of a retired group",

@@ -9,13 +9,18 @@ from typing import Any
 from effecthost.combinators import (
     AllEffectsFailed,
     Call,
+    DeadlineExceeded,
     EffectFailed,
     Scope,
     all_,
     all_settled,
     any_,
+    next_group_key,
     race,
+    sleep,
     tool,
+    wait_event,
+    wait_event_or_deadline,
     with_deadline,
 )
 from effecthost.contract import (
@@ -30,6 +35,7 @@ from effecthost.contract import (
 from .._context import CheckContext
 from .._registry import check
 from .._tools import STEP, STEP_ERROR_CODE, failure_data, step_input
+from .closing import ranks_complete
 
 
 def _call(t: CheckContext, label: str, **options: Any) -> Call:
@@ -77,6 +83,12 @@ async def check_all_stops_at_the_first_rejection_in_rank_order(t: CheckContext) 
     except EffectFailed as failure:
         t.expect(failure.error.type == "FirstByRank", f"wrong rejection: {failure.error.type}")
         t.expect(failure.rank == 1 and failure.position == 1, "rejection must carry its ids")
+        slot = (failure.replay_key, failure.settlement.position, bool(failure.message))
+        t.expect(
+            slot == (f"{failure.group_key}:1", 1, True),
+            f"the rejection names child {slot[0]!r} of {failure.group_key!r}, settlement "
+            f"position {slot[1]}, message {failure.message!r}",
+        )
     else:
         raise AssertionError("all() did not raise")
     t.release("a", "c")
@@ -221,3 +233,59 @@ async def check_an_outer_cancellation_closes_the_group(t: CheckContext) -> None:
     )
     await t.cancelled("a")
     await t.cancelled("b")
+
+
+@check("G-52", "G-24")
+async def check_the_deadline_combinators_report_which_arm_won(t: CheckContext) -> None:
+    """``with_deadline`` returns the call's value when it settles first, raises its
+    failure as ``EffectFailed`` (position 0, rank 1) when it fails first, and raises
+    ``DeadlineExceeded`` naming the group and the timer's slot (position 1, rank 1) when
+    the timer settles first, the call then cancelled. ``wait_event_or_deadline`` answers
+    ``("event", payload)`` for an event delivered to the key ``next_group_key`` named
+    before, ``("deadline", None)`` when the timer wins, its wait then cancelled."""
+    ctl = await t.ctl()
+    scope = Scope(scope_id=t.scope)
+    value = await t.within(
+        with_deadline(ctl, scope, _call(t, "quick", gate=False, result="q"), 30.0), "a deadline"
+    )
+    t.expect(value == "q", f"with_deadline returned {value!r}, not the call's value")
+
+    failing = _call(t, "fails", gate=False, error="Early")
+    key = next_group_key(scope, [failing, sleep(30.0)])
+    try:
+        await t.within(with_deadline(ctl, scope, failing, 30.0), "a failing call's deadline")
+    except EffectFailed as failure:
+        ids = (failure.group_key, failure.position, failure.rank, failure.error.type)
+        t.expect(ids == (key, 0, 1, "Early"), f"the call's failure carries {ids}")
+    else:
+        raise AssertionError("with_deadline did not raise the call's failure")
+
+    slow = _call(t, "slow")
+    key = next_group_key(scope, [slow, sleep(0.05)])
+    try:
+        await t.within(with_deadline(ctl, scope, slow, 0.05), "a deadline that passes")
+    except DeadlineExceeded as exceeded:
+        slot = (exceeded.group_key, exceeded.replay_key, exceeded.position, exceeded.rank)
+        t.expect(slot == (key, f"{key}:1", 1, 1), f"DeadlineExceeded carries {slot}")
+        t.expect(bool(exceeded.message), "DeadlineExceeded has no message")
+    else:
+        raise AssertionError("with_deadline did not raise DeadlineExceeded")
+    await t.cancelled("slow")
+    t.release("slow")
+
+    name = t.tag("go")
+    key = next_group_key(scope, [wait_event(name), sleep(30.0)])
+    task = asyncio.ensure_future(wait_event_or_deadline(ctl, scope, name, 30.0))
+    await t.eventually(ctl.open_group_keys, lambda keys: key in keys, "the select to open")
+    reached = await ctl.deliver_event(key, name, {"v": 1})
+    t.expect(reached == 1, f"the event to the select's key settled {reached} waits, not 1")
+    answer = await t.within(task, "the select after its event")
+    t.expect(answer == ("event", {"v": 1}), f"the event-first select answered {answer}")
+
+    quiet = t.tag("quiet")
+    key = next_group_key(scope, [wait_event(quiet), sleep(0.05)])
+    answer = await t.within(wait_event_or_deadline(ctl, scope, quiet, 0.05), "a quiet select")
+    t.expect(answer == ("deadline", None), f"the timer-first select answered {answer}")
+    await ranks_complete(t, ctl, key, 2, served=[1])
+    reached = await ctl.deliver_event(key, quiet, 1)
+    t.expect(reached == 0, "the select's losing event wait was not cancelled")

@@ -7,7 +7,7 @@ import json
 from importlib import resources
 from typing import Any
 
-from effecthost.combinators import Scope, all_, build_group, race, tool
+from effecthost.combinators import Call, Scope, all_, build_group, race, sleep, tool, wait_event
 from effecthost.contract import (
     EffectController,
     EffectEnvelope,
@@ -26,6 +26,7 @@ from effecthost.contract import (
     ReplayMismatch,
     WakePolicy,
     group_key,
+    limits,
     validate_deployment,
 )
 
@@ -146,6 +147,78 @@ async def check_one_constructor_stamps_and_refuses(t: CheckContext) -> None:
     t.expect(handle.child_count == 2 and handle.consumed == 0, "handle not taken from group")
 
 
+class _CallForm(Call):
+    """A call in a form of the caller's own (a subclass): built by the general path."""
+
+
+def _built(t: CheckContext, scope_id: str, calls: list[Call], policies: Any, form: bool) -> Any:
+    """What ``build_group`` makes of ``calls`` twice over in one fresh scope (two
+    occurrences): keys, wake, disposition, children and hashes; or the refusal's type."""
+    wake, disposition = policies
+    scope = Scope(scope_id=scope_id)
+    if form:
+        calls = [_CallForm(kind=c.kind, name=c.name, input=c.input) for c in calls]
+    made = []
+    try:
+        for _ in range(2):
+            group = build_group(scope, calls, wake, disposition)
+            children = [(c.model_dump(mode="json"), c.envelope_hash()) for c in group.children]
+            made.append((group.key, group.wake, group.disposition, children))
+    except EffectHostError as refused:
+        return f"{type(refused).__name__}: {refused}"
+    return made
+
+
+@check("G-03", "G-05")
+async def check_every_form_of_a_call_builds_the_same_group(t: CheckContext) -> None:
+    """``build_group`` builds one group for the same calls whatever form they come in (the
+    library's own ``Call`` or a caller's subclass of it): the same key and occurrence, the
+    same stamped children and hashes; at the limits (a key, a replay key, a name, the
+    number of children) it accepts and refuses alike, with the same error."""
+    first, every = (
+        (WakePolicy.FIRST, LoserPolicy.CANCEL),
+        (WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION),
+    )
+    plain = [tool("x", {"q": [1, "two"]}), tool("y"), sleep(1.5), wait_event("e")]
+    # a key ``{scope}:group:{24 hex}:0`` of MAX_KEY_BYTES - 2 bytes: replay keys ``:0``..``:9``
+    # fit, ``:10`` does not
+    fitted = "s" * (limits.MAX_KEY_BYTES - 2 - len(":group:") - 24 - len(":0"))
+    name = "n" * limits.MAX_NAME_BYTES
+    cases: list[tuple[str, str, list[Call], Any]] = [
+        ("plain calls", t.scope, plain, first),
+        ("plain calls under ALL", t.scope, plain, every),
+        ("a name at the limit", t.scope, [tool(name)], first),
+        ("a name over the limit", t.scope, [tool(name + "n")], first),
+        ("a kind over the limit", t.scope, [Call(kind="k" * 257, name="x")], first),
+        ("a key at the limit", fitted, [tool(f"c{i}") for i in range(10)], first),
+        ("a replay key over the limit", fitted, [tool(f"c{i}") for i in range(11)], first),
+        ("a key over the limit", fitted + "sss", [tool("c")], first),
+        ("one child too many", t.scope, [tool("c")] * (limits.MAX_CHILDREN + 1), every),
+    ]
+    for what, scope_id, calls, policies in cases:
+        ours = _built(t, scope_id, calls, policies, form=False)
+        theirs = _built(t, scope_id, calls, policies, form=True)
+        t.expect(ours == theirs, f"{what}: the two forms built differently: {ours} != {theirs}")
+        accepted = not isinstance(ours, str)
+        t.expect(accepted == ("over" not in what and "too many" not in what), f"{what}: {ours}")
+    scope = Scope(scope_id=t.scope)
+    batches = [plain[:1], plain[1:2], plain[:1], plain[1:2], plain[:1]]
+    occurrences = [build_group(scope, c, *first).key.rsplit(":", 1)[1] for c in batches]
+    t.expect(occurrences == ["0", "0", "1", "1", "2"], f"interleaved occurrences {occurrences}")
+    made = _built(t, t.scope, plain, first, form=False)
+    keys = [key for key, *_ in made]
+    t.expect([k.rsplit(":", 1)[1] for k in keys] == ["0", "1"], f"occurrences of {keys}")
+    for key, wake, disposition, children in made:
+        t.expect((wake, disposition) == first, f"{key} declares {wake}, {disposition}")
+        for index, (child, _hash) in enumerate(children):
+            t.expect(child["replay_key"] == f"{key}:{index}", f"child {index} of {key}: {child}")
+            t.expect(
+                (child["kind"], child["name"]) == (plain[index].kind, plain[index].name),
+                f"child {index} of {key} is {child['kind']} {child['name']!r}",
+            )
+            t.expect(child["input"] == plain[index].input, f"child {index}'s input changed")
+
+
 class _Untouchable(EffectController):
     """A controller that fails any group call: proves a combinator stayed local."""
 
@@ -190,6 +263,61 @@ async def check_group_keys_carry_a_saved_occurrence(t: CheckContext) -> None:
     t.expect(third.key not in (first.key, second.key), "restored counter reused an occurrence")
     counter = OccurrenceCounter()
     t.expect([counter.next("b"), counter.next("b"), counter.next("c")] == [0, 1, 0], "counter")
+
+
+@check("G-05")
+async def check_a_saved_scope_is_read_back_strictly(t: CheckContext) -> None:
+    """The saved scope and occurrence counter are part of the caller's continuation
+    (G-05): read back, they continue the same occurrences; a saved form that is not
+    exactly ``{"scope_id", "counter": {"counts": {batch id: count}}}`` (a missing or
+    extra field, a field of the wrong type, a scope id or batch id that is not a key, a
+    count that is not an integer from 0 to 2**63-1) is ``InvalidEnvelope``, whose
+    message names no part of the text."""
+    secret = f"{INPUT_MARKER}-saved"
+    top = 2**63 - 1
+    counter = OccurrenceCounter()
+    counter.next("b")
+    again = OccurrenceCounter.from_json(counter.to_json())
+    t.expect(again.counts == {"b": 1}, f"a counter read back counts {again.counts}")
+    t.expect(again.next("b") == 1, "a counter read back repeated an occurrence")
+    for text, counts in (
+        ('{"scope_id": "s"}', {}),
+        ('{"scope_id": "s", "counter": {}}', {}),
+        (json.dumps({"scope_id": "s", "counter": {"counts": {"b": top}}}), {"b": top}),
+    ):
+        scope = Scope.from_json(text)
+        t.expect((scope.scope_id, scope.counter.counts) == ("s", counts), f"{text} read as {scope}")
+    counters = [
+        "[]",
+        '{"counts": [], "x": 1}',
+        '{"other": {}}',
+        '{"counts": []}',
+        '{"counts": {"": 1}}',
+        f'{{"counts": {{"{secret}\\u0000": 1}}}}',
+        '{"counts": {"b": -1}}',
+        json.dumps({"counts": {"b": top + 1}}),
+        '{"counts": {"b": 1.0}}',
+        '{"counts": {"b": true}}',
+    ]
+    scopes = [
+        "[]",
+        '{"counter": {}}',
+        '{"scope_id": "s", "counter": {}, "x": 1}',
+        '{"scope_id": "", "counter": {}}',
+        f'{{"scope_id": "{secret}\\u0000", "counter": {{}}}}',
+        '{"scope_id": 5, "counter": {}}',
+        '{"scope_id": "s", "counter": []}',
+        *(f'{{"scope_id": "s", "counter": {text}}}' for text in counters[1:]),
+    ]
+    for reader, texts in ((OccurrenceCounter.from_json, counters), (Scope.from_json, scopes)):
+        for text in texts:
+            try:
+                reader(text)
+            except InvalidEnvelope as error:
+                t.expect(bool(error.message), f"the refusal of {text} has no message")
+                t.expect(secret not in str(error), f"the refusal of {text} quotes it")
+            else:
+                raise AssertionError(f"{reader.__qualname__} accepted {text}")
 
 
 @check("G-06", "G-53")

@@ -18,7 +18,7 @@ from effecthost.contract import (
 
 from .._context import INPUT_MARKER, CheckContext
 from .._registry import check
-from .closing import claims_freed, ranks_complete
+from .closing import claims_freed, closes_promptly, ranks_complete
 
 
 @check("G-51")
@@ -124,8 +124,8 @@ async def check_signal_or_deadline_select(t: CheckContext) -> None:
     await ctl.deliver_event(signal.key, "go", True)
     first = await t.next_is(ctl, handle, "ev")
     t.expect(first.outcome.value is True, "event value")
-    await ctl.close_effect_group(handle)
-    await ranks_complete(t, ctl, signal.key, 2)
+    await closes_promptly(t, ctl, handle)
+    await ranks_complete(t, ctl, signal.key, 2, served=[0])
 
     timeout = t.group(
         "timeout",
@@ -135,9 +135,9 @@ async def check_signal_or_deadline_select(t: CheckContext) -> None:
     )
     handle = await t.open(ctl, timeout)
     await t.next_is(ctl, handle, "short")
-    await ctl.close_effect_group(handle)
-    await t.eventually(ctl.open_group_keys, lambda keys: timeout.key not in keys, "close")
-    await ranks_complete(t, ctl, timeout.key, 2)
+    await closes_promptly(t, ctl, handle)
+    t.expect(timeout.key not in await ctl.open_group_keys(), "a closed group is listed")
+    await ranks_complete(t, ctl, timeout.key, 2, served=[1])
     reached = await ctl.deliver_event(timeout.key, "never", 1)
     t.expect(reached == 0, "the losing event wait was not cancelled by the close")
 
@@ -313,7 +313,12 @@ async def check_replay_keys_are_unique_across_groups(t: CheckContext) -> None:
     ctl = await t.ctl()
     await t.open(ctl, t.group("one", [t.step("shared")]))
     other = t.group("two", [t.step("own", gate=False), t.step("shared")])
-    await t.refuses(ReplayMismatch, ctl.open_effect_group(other), "a replay key of another group")
+    await t.refuses(
+        ReplayMismatch,
+        ctl.open_effect_group(other),
+        "a replay key of another group",
+        names={"group_key": other.key, "replay_key": other.children[1].replay_key},
+    )
     t.expect(other.key not in await ctl.open_group_keys(), "the refused group is listed")
     t.expect(t.count("started", "own") == 0, "a child of the refused group ran")
     t.expect(t.count("started", "shared") <= 1, "the shared child ran twice")

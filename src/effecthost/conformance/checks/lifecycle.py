@@ -121,8 +121,11 @@ async def check_reopen_with_a_miss_dispatches_what_it_can(t: CheckContext) -> No
     handle = await t.open(ctl, group)
     t.expect(handle.consumed == 0, "reopen must return consumed=0")
     report = await ctl.drain().run_pass()
-    missing = {(e.group_key, e.replay_key) for e in report.no_executor}
-    t.expect((group.key, t.tag("b")) in missing, f"drain must report b as NoExecutor: {report}")
+    missing = {(e.group_key, e.replay_key, e.position) for e in report.no_executor}
+    t.expect(
+        (group.key, t.tag("b"), 1) in missing,
+        f"drain must report b (position 1) as NoExecutor: {report}",
+    )
     for error in report.no_executor:
         t.ids_only(error, "a drain's report of a resolver miss")
     t.expect(group.key in await ctl.open_group_keys(), "the group must stay visible")
@@ -156,8 +159,11 @@ async def check_unwired_drain_reports_every_unfinished_child(t: CheckContext) ->
     await t.started("b")
     await t.restart()
     report = await (await t.ctl(wired=False)).drain().run_pass()
-    missing = {e.replay_key for e in report.no_executor if e.group_key == group.key}
-    t.expect(missing == {t.tag("a"), t.tag("b")}, f"expected a and b as NoExecutor: {report}")
+    missing = {(e.replay_key, e.position) for e in report.no_executor if e.group_key == group.key}
+    t.expect(
+        missing == {(t.tag("a"), 0), (t.tag("b"), 1)},
+        f"expected a and b (positions 0 and 1) as NoExecutor: {report}",
+    )
     for error in report.no_executor:
         t.ids_only(error, "an unwired drain's report")
     t.expect(not report.cancelled and not report.resumed, "an unwired drain acted")
@@ -244,8 +250,13 @@ async def check_retirement_is_whole(t: CheckContext) -> None:
     saved = group.handle()
     await t.next(ctl, handle)
     await ctl.close_effect_group(handle)
-    await t.eventually(ctl.open_group_keys, lambda keys: group.key not in keys, "retirement")
-    await t.refuses(GroupClosed, ctl.await_next_settlement(saved), "reading a closed group")
+    t.expect(group.key not in await ctl.open_group_keys(), "a closed group is listed")
+    await t.refuses(
+        GroupClosed,
+        ctl.await_next_settlement(saved),
+        "reading a closed group",
+        names={"group_key": group.key},
+    )
     t.expect(saved.consumed == 0, "a refused read moved the cursor")
 
 
@@ -354,7 +365,12 @@ async def check_both_sides_of_the_cursor_are_fenced(t: CheckContext) -> None:
         )
     t.expect(group.key in await ctl.open_group_keys(), "a refused close closed the group")
     foreign = handle.model_copy(update={"group_key": f"{t.scope}:group:never:0"})
-    await t.refuses(UnknownGroup, ctl.await_next_settlement(foreign), "a foreign group key")
+    await t.refuses(
+        UnknownGroup,
+        ctl.await_next_settlement(foreign),
+        "a foreign group key",
+        names={"group_key": foreign.group_key},
+    )
     await t.next(ctl, handle)
     error = await t.refuses(CursorExhausted, ctl.await_next_settlement(handle), "past the end")
     t.expect(error.group_key == group.key, "CursorExhausted must name the group")
@@ -377,11 +393,26 @@ async def check_the_first_settlement_wakes_the_waiter(t: CheckContext) -> None:
 
 @check("G-22")
 async def check_settlement_order_projects_ranks(t: CheckContext) -> None:
-    """``settlement_order`` lists positions in rank order."""
+    """``settlement_order`` lists positions in rank order — also once the group is closed,
+    until it retires (a loser's late settlement is appended, nothing is reordered)."""
     ctl = await t.ctl()
     handle = await t.open(ctl, t.group("g", [t.step("a"), t.step("b"), t.step("c")]))
+    key = handle.group_key
     t.release("c")
     await t.next_is(ctl, handle, "c")
     t.release("a")
     await t.next_is(ctl, handle, "a")
-    t.expect(await ctl.settlement_order(handle.group_key) == [2, 0], "order must be [2, 0]")
+    t.expect(await ctl.settlement_order(key) == [2, 0], "order must be [2, 0]")
+    await ctl.close_effect_group(handle)
+    t.expect(await ctl.settlement_order(key) == [2, 0], "a close changed the order of a group")
+    t.release("b")
+    await t.finished("b")
+
+    async def order() -> list[int] | None:
+        try:
+            return await ctl.settlement_order(key)
+        except UnknownGroup:
+            return None
+
+    seen = await t.eventually(order, lambda found: found != [2, 0], "the loser to take rank 3")
+    t.expect(seen in ([2, 0, 1], None), f"a closed group's order became {seen}, not [2, 0, 1]")

@@ -8,7 +8,10 @@ The checks need the host's help to look at and tamper with what it recorded, thr
 
 from __future__ import annotations
 
-from typing import Any
+import base64
+import binascii
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from effecthost.contract import (
     EffectController,
@@ -24,6 +27,9 @@ from effecthost.contract import (
 
 from .._context import CheckContext
 from .._registry import check
+
+if TYPE_CHECKING:
+    from effecthost.payloads import StoredOutcome
 
 LARGE_BYTES = 64 * 1024
 """An outcome this large is above any inline threshold a ``payload_refs`` host may use."""
@@ -42,10 +48,27 @@ async def _settled(t: CheckContext, ctl: EffectController, key: str, count: int)
     )
 
 
-def _leaks(error: EffectHostError, *secrets: str) -> bool:
-    """True if the error's text or attributes carry any of ``secrets``."""
+def _leaks(error: EffectHostError, *secrets: str, stored: Iterable[StoredOutcome] = ()) -> bool:
+    """True if the error's text or attributes carry any of ``secrets`` or of the sealed
+    bytes ``stored`` holds inline (as recorded, base64, or as hex): an error carries ids
+    only, and a ciphertext handed out is a copy of the sealed value taken off-site."""
     text = f"{error!s} {error!r} {vars(error)!r}"
-    return any(secret in text for secret in secrets)
+    return any(fragment in text for fragment in [*secrets, *_ciphertexts(stored)])
+
+
+def _ciphertexts(stored: Iterable[StoredOutcome]) -> list[str]:
+    """Distinctive fragments of each inline sealed envelope's ciphertext."""
+    found: list[str] = []
+    for outcome in stored:
+        if outcome.envelope is None:
+            continue
+        text = outcome.envelope.ciphertext
+        found.append(text[:24])
+        try:
+            found.append(base64.b64decode(text, validate=True).hex()[:32])
+        except (binascii.Error, ValueError):
+            pass
+    return [fragment for fragment in found if len(fragment) >= 16]
 
 
 @check("G-47", requires=("payload_refs",))
@@ -107,7 +130,11 @@ async def check_a_sealed_outcome_is_bound_to_its_slot(t: CheckContext) -> None:
         "y's sealed outcome copied into z's slot of the same group",
     )
     t.expect(handle_a.consumed == 2, f"a refusal advanced the handle to {handle_a.consumed}")
-    t.expect(not _leaks(error, t.tag("y-secret")), "the refusal carries plaintext")
+    copied = await t.host.stored_outcome(a.key, t.tag("z"))
+    t.expect(
+        not _leaks(error, t.tag("y-secret"), stored=[copied]),
+        "the refusal carries plaintext or the sealed bytes",
+    )
     for consumed, what in ((0, "rank 1"), (1, "rank 2")):
         cursor = handle_b.copy_cursor()
         cursor.consumed = consumed
@@ -149,7 +176,10 @@ async def check_an_unopenable_outcome_is_refused_and_changes_nothing(t: CheckCon
             )
             t.expect(cursor.consumed == consumed, f"a refusal ({keys}) advanced the handle")
             t.expect(error.group_key == group.key, "the refusal does not name the group key")
-            t.expect(not _leaks(error, secret), f"the refusal ({keys}) carries plaintext")
+            t.expect(
+                not _leaks(error, secret, stored=before.values()),
+                f"the refusal ({keys}) carries plaintext or the sealed bytes",
+            )
         after = {label: await t.host.stored_outcome(group.key, t.tag(label)) for label in labels}
         t.expect(after == before, f"a refusal ({keys}) changed the recorded outcomes")
         t.expect(await ctl.settlement_order(group.key) == order, "a refusal changed the ranks")
@@ -183,11 +213,15 @@ async def check_a_destroyed_key_shreds_its_scope(t: CheckContext) -> None:
     kept = await t.open(ctl, other)
     await _settled(t, ctl, group.key, 1)
     await _settled(t, ctl, other.key, 1)
+    shredded = await t.host.stored_outcome(group.key, t.tag("gone"))
     await t.host.destroy_keys(group.key)
 
     right = await t.host.reader(keys="right")
     error = await _refused(t, PayloadShredded, right, handle, "a rank whose key was destroyed")
-    t.expect(not _leaks(error, secret), "PayloadShredded carries plaintext")
+    t.expect(
+        not _leaks(error, secret, stored=[shredded]),
+        "PayloadShredded carries plaintext or the sealed bytes",
+    )
     for keys in ("none", "wrong"):
         reader = await t.host.reader(keys=keys)
         await _refused(
