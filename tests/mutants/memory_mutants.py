@@ -858,6 +858,24 @@ class DropsAClosedGroupsOrderHost(MemoryEffectHost):
         return await super().settlement_order(group_key)
 
 
+@mutant("G-22")
+class AnswersARetiredGroupsOrderHost(MemoryEffectHost):
+    """G-22: a retired group's ``settlement_order`` keeps answering its final order (as a
+    finished engine run that still answers queries would) instead of ``UnknownGroup``."""
+
+    def _maybe_retire(self, record: Any) -> None:
+        final = [child.position for child in record.settled]
+        super()._maybe_retire(record)
+        if record.key in self._retired:
+            self.__dict__.setdefault("final_orders", {})[record.key] = final
+
+    async def settlement_order(self, group_key: str) -> list[int]:
+        final = self.__dict__.get("final_orders", {})
+        if group_key in final:
+            return list(final[group_key])
+        return await super().settlement_order(group_key)
+
+
 @mutant("G-28")
 class CloseCancelsEveryLoserHost(MemoryEffectHost):
     """G-28: every close cancels the losers, whatever the disposition in force."""

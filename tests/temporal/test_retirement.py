@@ -17,6 +17,7 @@ from effecthost.contract import (
     GroupShapeMismatch,
     LoserPolicy,
     ReplayMismatch,
+    UnknownGroup,
     WakePolicy,
 )
 from effecthost.hosts.temporal import TemporalEffectHost
@@ -118,6 +119,27 @@ async def _held_until_retired(root: Path) -> None:
         settled = await asyncio.wait_for(ctl.await_next_settlement(again), 20)
         assert settled.replay_key == loser and settled.outcome.value == "again"
         await ctl.close_effect_group(again)
+
+
+def test_G22_a_retired_groups_order_is_unknown(tmp_path: Path) -> None:
+    """G-22: ``settlement_order`` of a retired group raises ``UnknownGroup`` (the run that
+    held its order ended), as it does for a key never recorded; before the close it
+    answers the order."""
+    asyncio.run(_order_after_retirement(tmp_path))
+
+
+async def _order_after_retirement(root: Path) -> None:
+    async with running_host(root) as (host, _lab):
+        ctl = await host.controller()
+        key = "g22:group:retired:0"
+        handle = await ctl.open_effect_group(_group(key, step(f"{key}:0", gate=False)))
+        await asyncio.wait_for(ctl.await_next_settlement(handle), 20)
+        assert await ctl.settlement_order(key) == [0]
+        await ctl.close_effect_group(handle)
+        await _retired(host, key)
+        with pytest.raises(UnknownGroup) as refused:
+            await ctl.settlement_order(key)
+        assert refused.value.group_key == key
 
 
 def test_R11_an_event_reaches_a_closed_groups_pending_wait_until_it_retires(

@@ -394,7 +394,8 @@ async def check_the_first_settlement_wakes_the_waiter(t: CheckContext) -> None:
 @check("G-22")
 async def check_settlement_order_projects_ranks(t: CheckContext) -> None:
     """``settlement_order`` lists positions in rank order — also once the group is closed,
-    until it retires (a loser's late settlement is appended, nothing is reordered)."""
+    until it retires (a loser's late settlement is appended, nothing is reordered); once
+    retired the key is unknown to it, as a key never recorded is."""
     ctl = await t.ctl()
     handle = await t.open(ctl, t.group("g", [t.step("a"), t.step("b"), t.step("c")]))
     key = handle.group_key
@@ -416,3 +417,4 @@ async def check_settlement_order_projects_ranks(t: CheckContext) -> None:
 
     seen = await t.eventually(order, lambda found: found != [2, 0], "the loser to take rank 3")
     t.expect(seen in ([2, 0, 1], None), f"a closed group's order became {seen}, not [2, 0, 1]")
+    await t.eventually(order, lambda found: found is None, "the retired group's order to go")

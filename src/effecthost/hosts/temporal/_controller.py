@@ -792,7 +792,10 @@ class TemporalEffectHost(WiredController):
     async def settlement_order(self, group_key: str) -> list[int]:
         self._require_wired(limits.check_key(group_key, what="the group key of settlement_order"))
         status = await self._query(group_key, "status")
-        return list(status["order"])
+        order = list(status["order"])
+        if kit.retires(status["closed"], status["shape"][0], len(order)):
+            raise kit.unknown_group(group_key)  # its run ended or is ending: retired (G-22)
+        return order
 
     # -- close --------------------------------------------------------------------------
 
