@@ -55,6 +55,13 @@ SUITE = [
     Bench("restate-wide", "restate_wide.py", ["--widths", "100,300"]),
     Bench("temporal", "temporal_groups.py", ["--rounds", "12", "--runs", "3"]),
     Bench("temporal-wide", "temporal_wide.py", ["--widths", "100", "--rounds", "1"]),
+    Bench(
+        "temporal-wide-native",
+        "temporal_wide.py",
+        ["--widths", "100,300", "--rounds", "1"],
+        default=False,
+        args=["--native", "--widths", "1000,10000", "--rounds", "3"],
+    ),
     Bench("ceilings", "sql_ceilings.py", ["--seconds", "1.5", "--big", "300"], default=False),
     Bench("sealing", "sql_sealing.py", default=False),
     Bench("restate-count", "restate_wide.py", default=False, args=["--count"]),
