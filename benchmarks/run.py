@@ -56,6 +56,13 @@ SUITE = [
     Bench("temporal", "temporal_groups.py", ["--rounds", "12", "--runs", "3"]),
     Bench("temporal-wide", "temporal_wide.py", ["--widths", "100", "--rounds", "1"]),
     Bench(
+        "restate-wide-native",
+        "restate_wide.py",
+        ["--widths", "100,300"],
+        default=False,
+        args=["--widths", "1000,10000", "--rounds", "3"],
+    ),
+    Bench(
         "temporal-wide-native",
         "temporal_wide.py",
         ["--widths", "100,300", "--rounds", "1"],
@@ -65,6 +72,12 @@ SUITE = [
     Bench("ceilings", "sql_ceilings.py", ["--seconds", "1.5", "--big", "300"], default=False),
     Bench("sealing", "sql_sealing.py", default=False),
     Bench("restate-count", "restate_wide.py", default=False, args=["--count"]),
+    Bench(
+        "restate-race-profile",
+        "restate_wide.py",
+        default=False,
+        args=["--race-profile", "60"],
+    ),
     Bench("temporal-claims", "temporal_replay_claims.py", ["--rounds", "5"], default=False),
 ]
 
