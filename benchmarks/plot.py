@@ -78,12 +78,15 @@ def _draw_native(ax: Any, series: dict[str, dict[int, list[float]]]) -> None:
         low = [y - min(points[x]) for x, y in zip(xs, ys, strict=True)]
         high = [max(points[x]) - y for x, y in zip(xs, ys, strict=True)]
         native = "native" in name
+        # each engine in its colour of the tiers' panel; native dashed, our shards dotted
+        tier = "restate" if name.startswith("Restate") else "temporal"
         ax.errorbar(
             xs,
             ys,
             yerr=[low, high],
             marker="s" if native else "o",
-            linestyle="--" if native else "-",
+            linestyle="--" if native else (":" if "shards" in name else "-"),
+            color=f"C{TIER_ORDER.index(tier)}",
             capsize=3,
             label=name,
         )

@@ -135,6 +135,13 @@ async def run(
                     opens[n, name].append(open_time)
                     history = await client.get_workflow_handle(key).fetch_history()
                     events[n, name] = len(history.events)
+                    print(
+                        f"round {i + 1} {n:>7} children  {name:<18} "
+                        f"{samples[n, name][-1] * 1e6 / n:>8.0f} µs/child  cpu/child server "
+                        f"{cpu[n, name][-1][0] * 1e6 / n:.0f} µs worker "
+                        f"{cpu[n, name][-1][1] * 1e6 / n:.0f} µs  load {loads[n, name][-1]:.1f}",
+                        flush=True,
+                    )
         for n, name in cells:
             per_child = [t * 1e6 / n for t in samples[n, name]]
             server_cpu = statistics.median(c[0] for c in cpu[n, name]) * 1e6 / n
