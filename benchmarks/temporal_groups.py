@@ -92,6 +92,11 @@ class NativeGroup:
         return await asyncio.gather(*tasks)
 
 
+WIDE_START_TO_CLOSE = timedelta(seconds=60)
+"""A wide native fan-out's activities: an activity task a starved worker loses (seen at
+load 13) is retried after this long, as the tier's heartbeat timeout retries its children,
+instead of holding the fan-out for ``START_TO_CLOSE``."""
+
 NATIVE_SHARD = 1000
 """Activities per native workflow run: one run holds at most 2,000 pending activities,
 so a wider native fan-out runs in child workflows of this many (what Temporal
@@ -108,7 +113,9 @@ class NativeWide:
         if n <= shard:
             return await asyncio.gather(
                 *(
-                    workflow.start_activity(native_work, i, start_to_close_timeout=START_TO_CLOSE)
+                    workflow.start_activity(
+                        native_work, i, start_to_close_timeout=WIDE_START_TO_CLOSE
+                    )
                     for i in range(n)
                 )
             )
@@ -132,7 +139,7 @@ class NativeWideSlice:
     async def run(self, lo: int, hi: int) -> list[Any]:
         return await asyncio.gather(
             *(
-                workflow.start_activity(native_work, i, start_to_close_timeout=START_TO_CLOSE)
+                workflow.start_activity(native_work, i, start_to_close_timeout=WIDE_START_TO_CLOSE)
                 for i in range(lo, hi)
             )
         )
