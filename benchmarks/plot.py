@@ -7,7 +7,10 @@ or the files of single benchmarks (``wide.json`` of ``wide_groups.py``, ``sql.js
 ``sql_groups.py``) and writes, for what it finds:
 
 - ``bench-wide.png``: µs per child against group width, one line per tier (log axes; the
-  bars span the rounds' range; a width a tier refused or did not finish is marked);
+  bars span the rounds' range; a width a tier refused or did not finish is marked); with
+  the engines' runs against their native fan-outs (``restate-wide-native``,
+  ``temporal-wide-native`` of run.py, or their files), a second panel draws each engine's
+  ``all_`` beside its native fan-out;
 - ``bench-sql.png``: settled children/s against concurrent callers per SQL backend,
   effecthost beside its honest ceiling (bars: range over the rounds), the ratio at each
   point.
@@ -34,18 +37,91 @@ def load(paths: list[Path]) -> dict[str, Any]:
         if "benchmarks" in document:
             for name, entry in document["benchmarks"].items():
                 if "result" in entry:
-                    found[name] = entry["result"]
+                    # ``wide-local`` is ``wide`` over the local tiers only
+                    found["wide" if name == "wide-local" else name] = entry["result"]
         elif document.get("rows") and "tier" in document["rows"][0]:
             found["wide"] = document
+        elif document.get("widths") and "handler" in document["widths"][0]:
+            found["restate-wide-native"] = document
+        elif document.get("native_shard") and document.get("rows"):
+            found["temporal-wide-native"] = document
         elif document.get("rows") and "ceiling" in document["rows"][0]:
             found["sql"] = document
     return found
 
 
-def plot_wide(document: dict[str, Any], out: Path) -> None:
+def native_series(found: dict[str, Any]) -> dict[str, dict[int, list[float]]]:
+    """µs per child by line (``Restate all_``, ``Restate native``, ...) and width, every
+    round, from the engines' runs against their native fan-outs."""
+    series: dict[str, dict[int, list[float]]] = {}
+    for row in (found.get("restate-wide-native") or {}).get("widths", []):
+        side = "all_" if row["handler"] == "effecthost" else "native fan-out"
+        line = series.setdefault(f"Restate {side}", {})
+        line.setdefault(row["children"], []).append(row["us_per_child"])
+    for row in (found.get("temporal-wide-native") or {}).get("rows", []):
+        if "us_per_child" not in row:
+            continue  # a ratio row
+        name = row["controller"]
+        side = "native fan-out" if name == "native" else f"all_ ({name} shards)"
+        if name == "default":
+            side = "all_"
+        line = series.setdefault(f"Temporal {side}", {})
+        line.setdefault(row["children"], []).extend(row["us_per_child"])
+    return series
+
+
+def _draw_native(ax: Any, series: dict[str, dict[int, list[float]]]) -> None:
+    import statistics
+
+    for name, points in sorted(series.items()):
+        xs = sorted(points)
+        ys = [statistics.median(points[x]) for x in xs]
+        low = [y - min(points[x]) for x, y in zip(xs, ys, strict=True)]
+        high = [max(points[x]) - y for x, y in zip(xs, ys, strict=True)]
+        native = "native" in name
+        # each engine in its colour of the tiers' panel; native dashed, our shards dotted
+        tier = "restate" if name.startswith("Restate") else "temporal"
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=[low, high],
+            marker="s" if native else "o",
+            linestyle="--" if native else (":" if "shards" in name else "-"),
+            color=f"C{TIER_ORDER.index(tier)}",
+            capsize=3,
+            label=name,
+        )
+    widths = sorted({x for points in series.values() for x in points})
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(widths, [f"{w:,}" for w in widths])
+    ax.minorticks_off()
+    ax.set_xlabel("children in the group")
+    ax.set_ylabel("µs per child (wall time ÷ children)")
+    ax.set_title("Engines: all_ beside the native fan-out (same run)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def plot_wide(
+    document: dict[str, Any] | None,
+    out: Path,
+    series: dict[str, dict[int, list[float]]] | None = None,
+) -> None:
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    if document is None:
+        fig, native_ax = plt.subplots(figsize=(7.5, 4.8))
+        _draw_native(native_ax, series or {})
+        fig.tight_layout()
+        fig.savefig(out, dpi=110)
+        plt.close(fig)
+        return
+    if series:
+        fig, (ax, native_ax) = plt.subplots(1, 2, figsize=(14, 4.8))
+        _draw_native(native_ax, series)
+    else:
+        fig, ax = plt.subplots(figsize=(7.5, 4.8))
     rows = [r for r in document["rows"] if r.get("width")]
     tiers = sorted({r["tier"] for r in rows}, key=lambda t: TIER_ORDER.index(t))
     refused = []
@@ -136,8 +212,9 @@ def main() -> None:
     found = load(options.results or [HERE / "results" / "bench.json"])
     options.out_dir.mkdir(parents=True, exist_ok=True)
     drawn = []
-    if "wide" in found:
-        plot_wide(found["wide"], options.out_dir / "bench-wide.png")
+    series = native_series(found)
+    if "wide" in found or series:
+        plot_wide(found.get("wide"), options.out_dir / "bench-wide.png", series)
         drawn.append("bench-wide.png")
     if "sql" in found:
         plot_sql(found["sql"], options.out_dir / "bench-sql.png")

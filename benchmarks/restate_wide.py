@@ -77,6 +77,63 @@ async def count(ingress: str, admin: str) -> list[dict[str, Any]]:
     return rows
 
 
+async def race_profile(ingress: str, admin: str, pids: list[int], rounds: int) -> dict[str, Any]:
+    """Where a 2-child race's time goes: ``rounds`` races of each handler in turn, with
+    the wall time and the CPU the server and the endpoint (which also runs the calling
+    handler) spent per race; then one race of each alone, with its invocations and the
+    timestamps the engine recorded for each (milliseconds from the first's creation)."""
+    import httpx
+
+    per: dict[str, dict[str, list[float]]] = {
+        h: {"wall_ms": [], "server_cpu_ms": [], "endpoint_cpu_ms": []}
+        for h in ("native", "effecthost")
+    }
+    paths: dict[str, list[dict[str, Any]]] = {}
+    async with httpx.AsyncClient(timeout=300.0) as client:
+        for i in range(rounds + 2):  # two warm-up rounds
+            for handler in ("native", "effecthost")[i % 2 :] + ("native", "effecthost")[: i % 2]:
+                t0, split0 = time.perf_counter(), [cpu_seconds([pid]) for pid in pids]
+                answer = await client.post(f"{ingress}/Wide/{handler}", json={"op": "race", "n": 2})
+                answer.raise_for_status()
+                if i < 2:
+                    continue
+                per[handler]["wall_ms"].append((time.perf_counter() - t0) * 1e3)
+                server, endpoint = (
+                    cpu_seconds([pid]) - c for pid, c in zip(pids, split0, strict=True)
+                )
+                per[handler]["server_cpu_ms"].append(server * 1e3)
+                per[handler]["endpoint_cpu_ms"].append(endpoint * 1e3)
+        for handler in ("native", "effecthost"):
+            before = await _settled(client, admin)
+            (
+                await client.post(f"{ingress}/Wide/{handler}", json={"op": "race", "n": 2})
+            ).raise_for_status()
+            after = await _settled(client, admin)
+            rows = await _query(
+                client,
+                admin,
+                "SELECT * FROM sys_invocation ORDER BY created_at DESC "
+                f"LIMIT {after[0] - before[0]}",
+            )
+            stamps = [
+                {
+                    "target": row.get("target"),
+                    **{k: v for k, v in row.items() if k.endswith("_at") and v},
+                }
+                for row in rows
+            ]
+            paths[handler] = stamps
+    summary = {h: {k: sum(v) / len(v) for k, v in figures.items()} for h, figures in per.items()}
+    for h, figures in summary.items():
+        print(
+            f"race of 2  {h:<11} wall {figures['wall_ms']:.1f} ms  CPU per race: server "
+            f"{figures['server_cpu_ms']:.1f} ms endpoint {figures['endpoint_cpu_ms']:.1f} ms"
+            f"  load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+    return {"rounds": rounds, "mean": summary, "samples": per, "invocations": paths}
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU of these processes so far (Linux ``/proc``): on a shared machine
     the CPU a group costs is steadier than its wall time."""
@@ -174,6 +231,14 @@ async def widths(
 async def main(options: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="effecthost-wide-") as tmp:
         async with bench_restate(Path(tmp), __file__) as local:
+            if options.race_profile:
+                assert local.server is not None and local.endpoint is not None
+                return await race_profile(
+                    local.ingress_url,
+                    local.admin_url,
+                    [local.server.pid, local.endpoint.pid],
+                    options.race_profile,
+                )
             if options.count:
                 rows = await count(local.ingress_url, local.admin_url)
                 for row in rows:
@@ -197,6 +262,12 @@ if __name__ == "__main__":
     parser.add_argument("--widths", default="100,300,1000")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--count", action="store_true")
+    parser.add_argument(
+        "--race-profile",
+        type=int,
+        metavar="ROUNDS",
+        help="CPU and wall per 2-child race, and one race's invocations with their times",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/restate_wide.json"))
     options = parser.parse_args()
     if options.serve:

@@ -90,6 +90,59 @@ class NativeGroup:
         return await asyncio.gather(*tasks)
 
 
+WIDE_START_TO_CLOSE = timedelta(seconds=60)
+"""A wide native fan-out's activities: an activity task a starved worker loses (seen at
+load 13) is retried after this long, as the tier's heartbeat timeout retries its children,
+instead of holding the fan-out for ``START_TO_CLOSE``."""
+
+NATIVE_SHARD = 1000
+"""Activities per native workflow run: one run holds at most 2,000 pending activities,
+so a wider native fan-out runs in child workflows of this many (what Temporal
+recommends for fan-outs past one run's limits), as the tier's shards do."""
+
+
+@workflow.defn(name="BenchNativeWide")
+class NativeWide:
+    """A native fan-out of ``n`` trivial activities gathered in one workflow, or, wider
+    than ``shard``, in child workflows of ``shard`` activities each, gathered in turn."""
+
+    @workflow.run
+    async def run(self, n: int, shard: int = NATIVE_SHARD) -> list[Any]:
+        if n <= shard:
+            return await asyncio.gather(
+                *(
+                    workflow.start_activity(
+                        native_work, i, start_to_close_timeout=WIDE_START_TO_CLOSE
+                    )
+                    for i in range(n)
+                )
+            )
+        base = workflow.info().workflow_id
+        parts = await asyncio.gather(
+            *(
+                workflow.execute_child_workflow(
+                    NativeWideSlice.run, args=[lo, min(n, lo + shard)], id=f"{base}-{lo}"
+                )
+                for lo in range(0, n, shard)
+            )
+        )
+        return [value for part in parts for value in part]
+
+
+@workflow.defn(name="BenchNativeWideSlice")
+class NativeWideSlice:
+    """One child workflow of a wide native fan-out: activities ``lo``..``hi - 1``."""
+
+    @workflow.run
+    async def run(self, lo: int, hi: int) -> list[Any]:
+        return await asyncio.gather(
+            *(
+                workflow.start_activity(native_work, i, start_to_close_timeout=WIDE_START_TO_CLOSE)
+                for i in range(lo, hi)
+            )
+        )
+
+
 # -- worker processes ------------------------------------------------------------------
 
 
@@ -103,7 +156,10 @@ async def serve_native(address: str, namespace: str, task_queue: str) -> None:
 
     client = await Client.connect(address, namespace=namespace)
     worker = Worker(
-        client, task_queue=task_queue, workflows=[NativeGroup], activities=[native_work]
+        client,
+        task_queue=task_queue,
+        workflows=[NativeGroup, NativeWide, NativeWideSlice],
+        activities=[native_work],
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

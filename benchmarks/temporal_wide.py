@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench import write_json
-from temporal_groups import WORK, bench_tools, bench_worker
+from temporal_groups import NATIVE_SHARD, WORK, NativeWide, bench_tools, bench_worker
 
 
 def _cpu_seconds(pid: int | None) -> float:
@@ -47,7 +47,11 @@ def _cpu_seconds(pid: int | None) -> float:
 
 
 async def run(
-    widths: list[int], rounds: int, work_dir: Path, shard_sizes: list[int | None]
+    widths: list[int],
+    rounds: int,
+    work_dir: Path,
+    shard_sizes: list[int | None],
+    native: bool = False,
 ) -> dict[str, Any]:
     from effecthost.combinators import Scope, all_, tool
     from effecthost.hosts.temporal import (
@@ -59,12 +63,17 @@ async def run(
 
     server = DevServer(work_dir / "temporal")
     queue = f"bench-wide-{uuid.uuid4().hex[:8]}"
-    worker = None
+    worker = native_worker = None
     rows = []
     try:
         client = await server.start()
         worker = bench_worker("effecthost", server.address, "default", queue, work_dir / "w.log")
         await worker.start()
+        if native:
+            native_worker = bench_worker(
+                "native", server.address, "default", f"{queue}-native", work_dir / "n.log"
+            )
+            await native_worker.start()
         opened: list[tuple[str, float]] = []
 
         class Timed(TemporalEffectHost):
@@ -80,13 +89,15 @@ async def run(
             )
             for size in shard_sizes
         }
-        pids = (
-            server.process.pid if server.process else None,
-            worker.process.pid if worker.process else None,
-        )
+        server_pid = server.process.pid if server.process else None
+        worker_pids: dict[str, int | None] = {
+            name: worker.process.pid if worker.process else None for name in hosts
+        }
+        if native_worker is not None:
+            worker_pids["native"] = native_worker.process.pid if native_worker.process else None
         scope = Scope(scope_id=f"wide-{uuid.uuid4().hex[:8]}")
         # Rounds outermost, so every width and controller sees the same load drift.
-        cells = [(n, name) for n in widths for name in hosts]
+        cells = [(n, name) for n in widths for name in worker_pids]
         samples: dict[tuple[int, str], list[float]] = {cell: [] for cell in cells}
         opens: dict[tuple[int, str], list[float]] = {cell: [] for cell in cells}
         cpu: dict[tuple[int, str], list[tuple[float, float]]] = {cell: [] for cell in cells}
@@ -94,25 +105,43 @@ async def run(
         loads: dict[tuple[int, str], list[float]] = {cell: [] for cell in cells}
         logged: dict[tuple[int, str], list[int]] = {cell: [] for cell in cells}
         log = work_dir / "w.log"
-        names = list(hosts)
+        names = list(worker_pids)
         for i in range(rounds):
             for n in widths:
                 calls = [tool(WORK, j) for j in range(n)]
                 for name in names[i % len(names) :] + names[: i % len(names)]:
+                    pids = (server_pid, worker_pids[name])
                     c0 = [_cpu_seconds(pid) for pid in pids]
                     b0 = log.stat().st_size
                     t0 = time.perf_counter()
-                    values = await all_(hosts[name], scope, calls)
+                    if name == "native":
+                        key = f"bench-native-wide-{uuid.uuid4().hex}"
+                        values = await client.execute_workflow(
+                            NativeWide.run,
+                            args=[n, NATIVE_SHARD],
+                            id=key,
+                            task_queue=f"{queue}-native",
+                        )
+                        open_time = 0.0
+                    else:
+                        values = await all_(hosts[name], scope, calls)
+                        key, open_time = opened[-1]
                     samples[n, name].append(time.perf_counter() - t0)
                     c1 = [_cpu_seconds(pid) for pid in pids]
                     cpu[n, name].append((c1[0] - c0[0], c1[1] - c0[1]))
                     loads[n, name].append(os.getloadavg()[0])
                     logged[n, name].append(log.stat().st_size - b0)
                     assert values == list(range(n))
-                    key, open_time = opened[-1]
                     opens[n, name].append(open_time)
                     history = await client.get_workflow_handle(key).fetch_history()
                     events[n, name] = len(history.events)
+                    print(
+                        f"round {i + 1} {n:>7} children  {name:<18} "
+                        f"{samples[n, name][-1] * 1e6 / n:>8.0f} µs/child  cpu/child server "
+                        f"{cpu[n, name][-1][0] * 1e6 / n:.0f} µs worker "
+                        f"{cpu[n, name][-1][1] * 1e6 / n:.0f} µs  load {loads[n, name][-1]:.1f}",
+                        flush=True,
+                    )
         for n, name in cells:
             per_child = [t * 1e6 / n for t in samples[n, name]]
             server_cpu = statistics.median(c[0] for c in cpu[n, name]) * 1e6 / n
@@ -142,18 +171,68 @@ async def run(
                 f"load {load[0]:.1f}–{load[1]:.1f}  worker log +{max(logged[n, name])} bytes",
                 flush=True,
             )
+        if native:
+            rows.extend(_ratios(rows, rounds, samples, widths, list(hosts)))
         for host in hosts.values():
             await host.aclose()
     finally:
+        if native_worker is not None:
+            await native_worker.terminate()
         if worker is not None:
             await worker.terminate()
         await server.stop()
     return {
+        "native_shard": NATIVE_SHARD if native else None,
         "rounds": rounds,
         "shard_children": SHARD_CHILDREN,
         "wide_shard_children": WIDE_SHARD_CHILDREN,
         "rows": rows,
     }
+
+
+def _ratios(
+    rows: list[dict[str, Any]],
+    rounds: int,
+    samples: dict[tuple[int, str], list[float]],
+    widths: list[int],
+    controllers: list[str],
+) -> list[dict[str, Any]]:
+    """Per controller and width, effecthost ÷ native speed round by round (each round ran
+    both sides in turn), and per round the cost per child at the widest width ÷ at the
+    narrowest, effecthost's and native's."""
+    out = []
+    lo, hi = min(widths), max(widths)
+    for name in controllers:
+        for n in widths:
+            ratios = [
+                nat / eh for eh, nat in zip(samples[n, name], samples[n, "native"], strict=True)
+            ]
+            out.append(
+                {
+                    "children": n,
+                    "controller": name,
+                    "ratio_vs_native": ratios,
+                    "ratio_vs_native_median": statistics.median(ratios),
+                }
+            )
+            print(
+                f"{n:>7} children  {name:<18} effecthost ÷ native speed median "
+                f"{statistics.median(ratios):.2f}  per round "
+                + " ".join(f"{r:.2f}" for r in ratios),
+                flush=True,
+            )
+        if lo != hi:
+            for side in (name, "native"):
+                growth = [
+                    (samples[hi, side][r] / hi) / (samples[lo, side][r] / lo) for r in range(rounds)
+                ]
+                out.append({"controller": side, "per_child_growth": growth, "widths": [lo, hi]})
+                print(
+                    f"{side:<18} µs/child at {hi} ÷ at {lo} per round "
+                    + " ".join(f"{g:.2f}" for g in growth),
+                    flush=True,
+                )
+    return out
 
 
 def cli() -> None:
@@ -168,6 +247,12 @@ def cli() -> None:
         help="controllers to compare, by shard size (default: the controller's default)",
     )
     parser.add_argument(
+        "--native",
+        action="store_true",
+        help="alternate with a native fan-out: one workflow of N activities gathered, "
+        f"in child workflows of {NATIVE_SHARD} when wider",
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "temporal_wide.json"
     )
     options = parser.parse_args()
@@ -175,7 +260,7 @@ def cli() -> None:
     sizes = [None if s == "default" else int(s) for s in options.shard_sizes.split(",")]
     try:
         with tempfile.TemporaryDirectory(prefix="effecthost-wide-") as tmp:
-            document = asyncio.run(run(widths, options.rounds, Path(tmp), sizes))
+            document = asyncio.run(run(widths, options.rounds, Path(tmp), sizes, options.native))
     finally:
         release_temporal_runtime()
     write_json(options.out, document)
