@@ -42,7 +42,8 @@ async def test_R1_a_drain_beside_another_live_process_leaves_its_group(tmp_path:
     owner lease has lapsed, the wired drain cancels all three."""
     async with running_host(tmp_path) as (host, lab):
         key = f"owned:{uuid.uuid4().hex[:8]}"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ["PYTHONPATH"]])}
+        path = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         owner = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

@@ -43,6 +43,7 @@ OBLIGATIONS: dict[str, str] = {
     "G-28": "RUN_TO_COMPLETION losers finish after the caller has gone and still rank",
     "G-29": "a crashed caller's declared disposition is applied by the drain",
     "G-30": "no TTL; open group keys are inspectable",
+    "G-34": "the drain finishes what a gone caller left, never a live owner's (R-1)",
     "G-36": "a closed group retires only once no child can still rank (R-11)",
     "G-47": "outcomes above the inline threshold are recorded by reference",
     "G-48": "a sealed outcome is bound to its slot; moved elsewhere it fails typed",

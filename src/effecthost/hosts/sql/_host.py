@@ -1220,7 +1220,11 @@ class SqlEffectHost(WiredController):
             await self._ready()
             if await self.store.get_group(group_key) is None:
                 raise kit.unknown_group(group_key)
-            return await self.store.settlement_order(group_key)
+            order = await self.store.settlement_order(group_key)
+            # retirement deletes the children between the two reads: unknown, never [] (G-22)
+            if await self.store.get_group(group_key) is None:
+                raise kit.unknown_group(group_key)
+            return order
 
         return await self._bounded("settlement_order", group_key, read)
 
