@@ -472,6 +472,14 @@ async def check_a_drain_never_touches_a_live_owners_group(t: CheckContext) -> No
     """Ruling R-1: a drain pass beside the live owner of a ``CANCEL`` group — a tool
     call, an event wait and a timer, all unsettled — cancels, resumes and reports none of
     its children: the event still decides the select."""
+    await drain_beside_a_live_owner(t, other_process=False)
+
+
+async def drain_beside_a_live_owner(t: CheckContext, *, other_process: bool) -> None:
+    """R-1 seen from a drain pass of the owner's own controller or of another live
+    process (the unwired controller): it leaves every child of the owner's ``CANCEL``
+    group alone, so the event decides the select and the tool call runs to its end."""
+    who = "another process" if other_process else "the drain"
     ctl = await t.ctl()
     group = t.group(
         "g",
@@ -481,18 +489,19 @@ async def check_a_drain_never_touches_a_live_owners_group(t: CheckContext) -> No
     )
     handle = await t.open(ctl, group)
     await t.started("tool")
-    report = await t.within(ctl.drain().run_pass(), "a drain pass")
+    drainer = await t.ctl(wired=False) if other_process else ctl
+    report = await t.within(drainer.drain().run_pass(), f"a drain pass of {who}")
     touched = {
         "resumed": [ids[1] for ids in report.resumed if ids[0] == group.key],
         "cancelled": [ids[1] for ids in report.cancelled if ids[0] == group.key],
         "no_executor": [e.replay_key for e in report.no_executor if e.group_key == group.key],
     }
-    t.expect(not any(touched.values()), f"a drain touched a live owner's children: {touched}")
+    t.expect(not any(touched.values()), f"{who} touched a live owner's children: {touched}")
     t.expect(await ctl.deliver_event(group.key, "go", "won") == 1, "the event wait was settled")
     first = await t.next_is(ctl, handle, "ev")
-    t.expect(first.outcome.value == "won", "the event lost the select to the drain")
+    t.expect(first.outcome.value == "won", f"the event lost the select to {who}")
     # the tool call runs to its end: a cancel from the drain, however late its report,
     # would have stopped it
     t.release("tool")
     await t.finished("tool")
-    t.expect(t.count("cancelled", "tool") == 0, "the drain cancelled the live tool call")
+    t.expect(t.count("cancelled", "tool") == 0, f"{who} cancelled the live tool call")
