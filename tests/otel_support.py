@@ -53,6 +53,8 @@ class Record(NamedTuple):
     span_id: int
     parent_id: int | None
     attributes: dict[str, Any]
+    links: tuple[int, ...] = ()
+    """The span ids the span links to."""
 
 
 def _record(span: ReadableSpan) -> Record:
@@ -63,6 +65,7 @@ def _record(span: ReadableSpan) -> Record:
         span.context.span_id,
         span.parent.span_id if span.parent is not None else None,
         dict(span.attributes or {}),
+        tuple(link.context.span_id for link in span.links),
     )
 
 
@@ -76,8 +79,7 @@ class FileExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         for span in spans:
-            name, trace_id, span_id, parent_id, attributes = _record(span)
-            self.out.write(json.dumps([name, trace_id, span_id, parent_id, attributes]) + "\n")
+            self.out.write(json.dumps(list(_record(span))) + "\n")
         self.out.flush()
         return SpanExportResult.SUCCESS
 
@@ -86,7 +88,8 @@ def read_records(path: Path) -> list[Record]:
     if not path.exists():
         return []
     lines = path.read_text(encoding="utf-8").splitlines()
-    return [Record(*json.loads(line)) for line in lines if line.strip()]
+    found = [json.loads(line) for line in lines if line.strip()]
+    return [Record(*fields[:5], tuple(fields[5]) if len(fields) > 5 else ()) for fields in found]
 
 
 def instrument_to_file(path: str) -> None:

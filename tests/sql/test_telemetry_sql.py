@@ -15,17 +15,19 @@ from pathlib import Path
 import pytest
 from otel_support import (
     SPANS_FILE,
+    TOOL_SPAN,
     await_ranks,
     child_spans,
     collected,
     expected_shape,
     program_group,
+    read_records,
     registry,
     run_program,
     shape,
 )
 
-from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore
+from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
 
 TESTS = Path(__file__).parents[1]
 CALLER = str(Path(__file__).with_name("_otel_caller.py"))
@@ -63,18 +65,7 @@ def test_issue23_a_sigkilled_callers_reopen_keeps_the_tree(
     env = dict(os.environ)
     env[SPANS_FILE] = str(killed_spans)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH")) if p)
-    caller = subprocess.Popen(
-        [sys.executable, CALLER, str(path), key],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert caller.stdout is not None
-    line = caller.stdout.readline()
-    caller.send_signal(signal.SIGKILL)
-    _out, err = caller.communicate(timeout=30)
-    assert line.strip() == "running", err
+    _killed_caller(env, "sqlite", str(path), key)
     with collected() as seen:
         assert asyncio.run(_reopen(path, key)) == [0, 1, 2]
         spans = seen.finished(killed_spans)
@@ -94,6 +85,98 @@ def test_issue23_a_sigkilled_callers_reopen_keeps_the_tree(
     assert all(c.attributes.get("effecthost.child.taken_over") for c in children)
     ranks = await_ranks(spans, key)
     assert [c.attributes["effecthost.rank"] for c in children] == [ranks[p] for p in range(3)]
+
+
+def _killed_caller(env: dict[str, str], *where: str) -> tuple[int, int]:
+    """Run the caller, SIGKILL it once every child runs: its group span's trace id and
+    span id."""
+    caller = subprocess.Popen(
+        [sys.executable, CALLER, *where],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert caller.stdout is not None
+    line = caller.stdout.readline()
+    caller.send_signal(signal.SIGKILL)
+    _out, err = caller.communicate(timeout=30)
+    word, trace_id, span_id = (line.split() + ["", "", ""])[:3]
+    assert word == "running", err
+    return int(trace_id, 16), int(span_id, 16)
+
+
+def _tests_env(spans: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env[SPANS_FILE] = str(spans)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH")) if p)
+    return env
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dialect", ["sqlite", "postgres"])
+def test_issue23_a_drain_in_another_process_joins_the_callers_trace(
+    tmp_path: Path, request: pytest.FixtureRequest, dialect: str
+) -> None:
+    """Issue 23: a caller opens a group and is SIGKILLed while its children run; an
+    ``effecthost drain`` in another process takes them over. The group's trace context is
+    stored with the group, so the drain's child spans carry the caller's trace id with the
+    caller's group span as parent (each marked taken over and linked to the drain pass's
+    span), and each tool's span sits inside its child's span."""
+    key = f"otel:{dialect}:drained:0"
+    if dialect == "sqlite":
+        path = tmp_path / "otel.sqlite3"
+        where = ["sqlite", str(path), key]
+        cli = ["--sqlite", str(path)]
+        make = lambda: SqliteStore(path)  # noqa: E731
+    else:
+        dsn, schema = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_schema")
+        where = ["postgres", dsn, schema, key]
+        cli = ["--postgres", dsn, "--schema", schema]
+        make = lambda: PostgresStore(dsn, schema=schema, pool_size=1)  # noqa: E731
+    trace_id, group_span = _killed_caller(_tests_env(tmp_path / "caller.jsonl"), *where)
+    asyncio.run(_until_abandoned(make(), key))
+    drained = tmp_path / "drain-spans.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "effecthost.cli", "drain", *cli, "--once"]
+        + ["--resolver", "otel_support:registry", "--finish-timeout", "60"],
+        env=_tests_env(drained),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stderr
+    spans = read_records(drained)
+    (drain,) = [s for s in spans if s.name == "effecthost.drain"]
+    children = child_spans(spans, key)
+    assert [c.attributes["effecthost.position"] for c in children] == [0, 1, 2]
+    for child in children:
+        assert (child.trace_id, child.parent_id) == (trace_id, group_span), child
+        assert child.attributes["effecthost.child.taken_over"] is True
+        assert drain.span_id in child.links
+    tools = sorted(
+        (s for s in spans if s.name == TOOL_SPAN), key=lambda s: s.attributes["input"]
+    )
+    assert [(t.trace_id, t.parent_id) for t in tools] == [
+        (trace_id, c.span_id) for c in children
+    ]
+
+
+async def _until_abandoned(store: Store, key: str) -> None:
+    """Wait until the killed caller's leases and its claim on the group have expired on
+    the database clock (a bounded poll: another process's state, no event to wait on)."""
+    await store.start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            rows = [r for r in await store.unfinished() if r.group_key == key]
+            assert len(rows) == 3
+            if all(r.lease_expired and not r.owner_live for r in rows):
+                return
+            assert time.monotonic() < deadline, "the killed caller's leases never expired"
+            await asyncio.sleep(0.1)
+    finally:
+        await store.aclose()
 
 
 async def _reopen(path: Path, key: str) -> list[object]:
