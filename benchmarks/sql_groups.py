@@ -199,6 +199,7 @@ class NullStore:
         *,
         reopen: Any = None,
         sent: Any = None,
+        trace_context: Any = None,
     ) -> Opened:
         before()
         if sent is not None:

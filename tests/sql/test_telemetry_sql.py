@@ -5,11 +5,13 @@ it (or its drain pass) ran again and their tools' spans."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,7 @@ from otel_support import (
 )
 
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
+from effecthost.hosts.sql._store import SqlStore
 
 TESTS = Path(__file__).parents[1]
 CALLER = str(Path(__file__).with_name("_otel_caller.py"))
@@ -101,7 +104,7 @@ def _killed_caller(env: dict[str, str], *where: str) -> tuple[int, int]:
     line = caller.stdout.readline()
     caller.send_signal(signal.SIGKILL)
     _out, err = caller.communicate(timeout=30)
-    word, trace_id, span_id = (line.split() + ["", "", ""])[:3]
+    word, trace_id, span_id = [*line.split(), "", "", ""][:3]
     assert word == "running", err
     return int(trace_id, 16), int(span_id, 16)
 
@@ -122,7 +125,8 @@ def test_issue23_a_drain_in_another_process_joins_the_callers_trace(
     ``effecthost drain`` in another process takes them over. The group's trace context is
     stored with the group, so the drain's child spans carry the caller's trace id with the
     caller's group span as parent (each marked taken over and linked to the drain pass's
-    span), and each tool's span sits inside its child's span."""
+    span), and each tool's span sits inside its child's span. The drain learns each child's
+    rank at its finalize: the child spans carry it."""
     key = f"otel:{dialect}:drained:0"
     if dialect == "sqlite":
         path = tmp_path / "otel.sqlite3"
@@ -138,8 +142,10 @@ def test_issue23_a_drain_in_another_process_joins_the_callers_trace(
     asyncio.run(_until_abandoned(make(), key))
     drained = tmp_path / "drain-spans.jsonl"
     done = subprocess.run(
-        [sys.executable, "-m", "effecthost.cli", "drain", *cli, "--once"]
-        + ["--resolver", "otel_support:registry", "--finish-timeout", "60"],
+        [
+            *(sys.executable, "-m", "effecthost.cli", "drain", *cli, "--once"),
+            *("--resolver", "otel_support:registry", "--finish-timeout", "60"),
+        ],
         env=_tests_env(drained),
         capture_output=True,
         text=True,
@@ -150,16 +156,13 @@ def test_issue23_a_drain_in_another_process_joins_the_callers_trace(
     (drain,) = [s for s in spans if s.name == "effecthost.drain"]
     children = child_spans(spans, key)
     assert [c.attributes["effecthost.position"] for c in children] == [0, 1, 2]
+    assert sorted(c.attributes["effecthost.rank"] for c in children) == [1, 2, 3]
     for child in children:
         assert (child.trace_id, child.parent_id) == (trace_id, group_span), child
         assert child.attributes["effecthost.child.taken_over"] is True
         assert drain.span_id in child.links
-    tools = sorted(
-        (s for s in spans if s.name == TOOL_SPAN), key=lambda s: s.attributes["input"]
-    )
-    assert [(t.trace_id, t.parent_id) for t in tools] == [
-        (trace_id, c.span_id) for c in children
-    ]
+    tools = sorted((s for s in spans if s.name == TOOL_SPAN), key=lambda s: s.attributes["input"])
+    assert [(t.trace_id, t.parent_id) for t in tools] == [(trace_id, c.span_id) for c in children]
 
 
 async def _until_abandoned(store: Store, key: str) -> None:
@@ -198,3 +201,38 @@ async def _reopen(path: Path, key: str) -> list[object]:
         return [values[p] for p in sorted(values)]
     finally:
         await host.aclose()
+
+
+@pytest.mark.anyio
+async def test_issue23_the_group_row_records_its_callers_trace_context(
+    stores: Callable[[], Store],
+) -> None:
+    """Issue 23: an open records the trace context of the caller's group span on the group
+    row (nothing while telemetry is off); a reopen that takes the group over records its
+    own caller's, and one without telemetry keeps what was recorded."""
+    key = "otel:row:0"
+    hosts = [SqlEffectHost(stores(), registry) for _ in range(3)]
+    for host in hosts:
+        await host.start()
+    try:
+        await hosts[0].open_effect_group(program_group(key))
+        assert await _recorded_context(hosts[0], key) is None
+        with collected() as seen:
+            await hosts[1].open_effect_group(program_group(key))
+            recorded = await _recorded_context(hosts[1], key)
+        (group,) = [s for s in seen.finished() if s.name == "effecthost.group"]  # ended by now
+        assert recorded is not None
+        traceparent = json.loads(recorded)["traceparent"]
+        assert traceparent.split("-")[1:3] == [f"{group.trace_id:032x}", f"{group.span_id:016x}"]
+        await hosts[2].open_effect_group(program_group(key))
+        assert await _recorded_context(hosts[2], key) == recorded
+    finally:
+        for host in hosts:
+            await host.aclose()
+
+
+async def _recorded_context(host: SqlEffectHost, key: str) -> str | None:
+    store = host.store
+    assert isinstance(store, SqlStore)
+    value = await store._fetchval("SELECT trace_context FROM eh_groups WHERE group_key = ?", key)
+    return None if value is None else str(value)

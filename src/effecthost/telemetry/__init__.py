@@ -9,21 +9,30 @@ groups or runs children (a caller, a Restate endpoint, a Temporal worker, an ``e
 drain``). Span and metric names are in ``docs/operators.md``.
 
 A host whose children run in another process carries the caller's trace context with the
-group (:func:`carrier`) and runs each child under it (:func:`attached`); both do nothing
-while telemetry is off.
+group (:func:`carrier`) and runs each child under it (:func:`attached`). A host that keeps
+groups in a database stores it with the group (:func:`group_context`) and a drain pass in
+whatever process starts a child it took over under it (:func:`taken_over`). A host that
+learns a child's rank in the process that ran it says so (:func:`rank_later`,
+:func:`ranked`), so the child's span carries its rank. All of them do nothing while
+telemetry is off.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = [
     "attached",
     "carrier",
+    "group_context",
     "instrument",
     "instrumented",
+    "rank_later",
+    "ranked",
+    "taken_over",
     "tracer_provider",
     "uninstrument",
 ]
@@ -88,3 +97,49 @@ def attached(headers: Mapping[str, str] | None) -> Iterator[None]:
         return
     with _active.attached(headers):
         yield
+
+
+def group_context() -> str | None:
+    """The current trace context (at an open: the group's span) as text to store with the
+    group (the W3C headers as JSON), for :func:`taken_over` in the process that later runs
+    its children; ``None`` while telemetry is off or no span is current."""
+    if _active is None:
+        return None
+    headers = _active.inject()
+    return json.dumps(headers, sort_keys=True, separators=(",", ":")) if headers else None
+
+
+@contextlib.contextmanager
+def taken_over(stored: str | None) -> Iterator[None]:
+    """Run the body (a drain pass starting a child it took over, in any process) under the
+    trace context :func:`group_context` stored with the child's group: the child's span
+    (and its tool's spans) join the caller's trace under its group span, linked to the span
+    current before (the drain pass's). A no-op while telemetry is off, for ``None``, and
+    for text that is not such a context."""
+    if _active is None or not stored:
+        yield
+        return
+    try:
+        headers = json.loads(stored)
+    except ValueError:
+        headers = None
+    if not isinstance(headers, dict):
+        yield
+        return
+    with _active.attached({str(k): str(v) for k, v in headers.items()}):
+        yield
+
+
+def rank_later() -> None:
+    """Called in a child's task before its tool runs, by a host that learns the child's
+    rank in this process right after the run (the SQL tier's finalize): the child's span is
+    then kept, with its settlement as its end time, until :func:`ranked` names the rank."""
+    if _active is not None:
+        _active.rank_later()
+
+
+def ranked(group_key: str, position: int, rank: int | None) -> None:
+    """The rank the child at ``position`` of ``group_key`` got here (``None``: it got none
+    here, e.g. its lease was lost): ends the span :func:`rank_later` kept."""
+    if _active is not None:
+        _active.ranked(group_key, position, rank)

@@ -47,6 +47,15 @@ _in_call: contextvars.ContextVar[bool] = contextvars.ContextVar(
 _draining: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "effecthost_otel_drain", default=False
 )
+_via: contextvars.ContextVar[trace.SpanContext | None] = contextvars.ContextVar(
+    "effecthost_otel_via", default=None
+)
+"""The span that was current when :func:`attached` switched to a carried context (a drain
+pass's): a child span started under the carried context links to it."""
+_later: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "effecthost_otel_rank_later", default=False
+)
+"""Set in a child's task by a host that reports the child's rank here (:func:`ranked`)."""
 
 
 @dataclass
@@ -191,11 +200,14 @@ def inject() -> dict[str, str]:
 
 @contextlib.contextmanager
 def attached(headers: Mapping[str, str]) -> Iterator[None]:
+    before = trace.get_current_span().get_span_context()
+    via = _via.set(before if before.is_valid else None)
     token = otel_context.attach(propagate.extract(dict(headers)))
     try:
         yield
     finally:
         otel_context.detach(token)
+        _via.reset(via)
 
 
 # -- patching ---------------------------------------------------------------------------------
@@ -514,22 +526,27 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
             attrs["effecthost.group.key"] = membership.group_key
             attrs["effecthost.position"] = membership.position
         taken_over = _draining.get()
+        later = _later.get()
         if taken_over:
             attrs["effecthost.child.taken_over"] = True
         parent = None
         links: list[trace.Link] = []
+        current = trace.get_current_span().get_span_context()
         if membership is not None and _by_key:
             group = _by_key.get(membership.group_key)
-            current = trace.get_current_span().get_span_context()
             if group is not None and current.trace_id != group.trace_id:
                 parent = group.context  # started outside its caller's trace (a drain pass)
                 if current.is_valid:
                     links.append(trace.Link(current))
+        via = _via.get()
+        if via is not None and via.trace_id != current.trace_id:
+            links.append(trace.Link(via))  # under a carried context: who started it
         started = time.perf_counter()
         status = "cancelled"
         span = inst.tracer.start_span(CHILD_SPAN, context=parent, links=links, attributes=attrs)
         # the tool starts afresh: a group it opens itself gets its own spans
-        inside, draining = _in_call.set(False), _draining.set(False)
+        inside, draining, carried = _in_call.set(False), _draining.set(False), _via.set(None)
+        reporting = _later.set(False)
         with trace.use_span(
             span, end_on_exit=False, record_exception=False, set_status_on_exception=False
         ):
@@ -551,7 +568,9 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
                     time.perf_counter() - started,
                     {"effecthost.kind": kind, "effecthost.status": status},
                 )
-                _settled(span, membership)
+                _settled(span, membership, later)
+                _later.reset(reporting)
+                _via.reset(carried)
                 _draining.reset(draining)
                 _in_call.reset(inside)
         return outcome
@@ -559,14 +578,15 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
     return execute
 
 
-def _settled(span: trace.Span, membership: Any) -> None:
+def _settled(span: trace.Span, membership: Any, later: bool = False) -> None:
     """End a child's span at its settlement, or, when a caller of this process holds its
-    group open, keep it (with that end time) until the caller's await serves its rank, so
-    the span carries the rank too; the group's close ends the ones never served."""
+    group open or its host reports the rank here (``later``), keep it (with that end time)
+    until the caller's await serves its rank or the host names it, so the span carries the
+    rank too; the group's close ends the ones never served."""
     ended = time.time_ns()
     if membership is not None:
         group = _by_key.get(membership.group_key)
-        if group is not None and span.get_span_context().trace_id == group.trace_id:
+        if later or (group is not None and span.get_span_context().trace_id == group.trace_id):
             slot = (membership.group_key, membership.position)
             earlier = _unranked.pop(slot, None)
             if earlier is not None:
@@ -579,11 +599,21 @@ def _settled(span: trace.Span, membership: Any) -> None:
     span.end(end_time=ended)
 
 
-def _ranked(group_key: str, position: int, rank: int) -> None:
+def _ranked(group_key: str, position: int, rank: int | None) -> None:
     entry = _unranked.pop((group_key, position), None)
     if entry is not None:
-        entry[0].set_attribute("effecthost.rank", rank)
+        if rank is not None:
+            entry[0].set_attribute("effecthost.rank", rank)
         entry[0].end(end_time=entry[1])
+
+
+def rank_later() -> None:
+    _later.set(True)
+
+
+def ranked(group_key: str, position: int, rank: int | None) -> None:
+    if _unranked:
+        _ranked(group_key, position, rank)
 
 
 def _end_unranked(group_key: str | None = None) -> None:

@@ -46,6 +46,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from effecthost import telemetry
 from effecthost._inspect import outcome_status
 from effecthost.contract import (
     DrainReport,
@@ -491,6 +492,7 @@ class SqlEffectHost(WiredController):
                     resolve_all,
                     reopen=fence,
                     sent=stamp,
+                    trace_context=telemetry.group_context(),  # None while telemetry is off
                 )
             except ReplayKeyTaken as taken:
                 raise kit.replay_key_taken(
@@ -730,6 +732,8 @@ class SqlEffectHost(WiredController):
     async def _drive(self, driver: _Driver, executor: EffectExecutor) -> None:
         driver.started = True
         finalized = False
+        seq: int | None = None
+        telemetry.rank_later()  # the finalize below gives the child's span its rank
         try:
             if driver.lost:
                 return  # lost before it ran: write nothing (G-33)
@@ -774,6 +778,7 @@ class SqlEffectHost(WiredController):
                     await self.store.release(self.owner, driver.replay_key, driver.fence)
             raise
         finally:
+            telemetry.ranked(driver.group_key, driver.position, seq)
             self._fresh.pop(driver.group_key, None)  # finalized, or never will be here
             if self._drivers.get(driver.replay_key) is driver:
                 del self._drivers[driver.replay_key]
@@ -1437,8 +1442,11 @@ class SqlDrain(GroupDrain):
             executor = host._resolve(envelope)
             if executor is None:
                 missing.append(_no_executor(row, kit.RESOLVER_MISS))
-            elif await host._claim_and_dispatch(envelope, executor):
-                resumed.append(ids)
+            else:
+                # the child's span joins its caller's trace, whichever process opened it
+                with telemetry.taken_over(row.trace_context):
+                    if await host._claim_and_dispatch(envelope, executor):
+                        resumed.append(ids)
         return DrainReport(
             resumed=tuple(resumed), cancelled=tuple(cancelled), no_executor=tuple(missing)
         )

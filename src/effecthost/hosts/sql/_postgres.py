@@ -278,7 +278,7 @@ DDL = [
             p_key text, p_wake text, p_disposition text, p_count integer, p_owner text,
             p_ttl float8, p_keys text[], p_positions integer[], p_kinds text[],
             p_names text[], p_envelopes text[], p_hashes text[], p_claims boolean[],
-            p_sleeps float8[])
+            p_sleeps float8[], p_trace text)
         RETURNS float8 LANGUAGE plpgsql AS $$
         DECLARE
             n integer := coalesce(array_length(p_keys, 1), 0);
@@ -288,9 +288,9 @@ DDL = [
             holder text;
         BEGIN
             INSERT INTO eh_groups (group_key, wake, disposition, effective, child_count,
-                                   created_at, owner, owner_expires)
+                                   created_at, owner, owner_expires, trace_context)
             VALUES (p_key, p_wake, p_disposition, p_disposition, p_count, created,
-                    p_owner, {NOW} + p_ttl)
+                    p_owner, {NOW} + p_ttl, p_trace)
             ON CONFLICT (group_key) DO NOTHING;
             IF NOT FOUND THEN
                 RETURN NULL;
@@ -1127,6 +1127,7 @@ class PostgresStore(SqlStore):
         *,
         reopen: Callable[[GroupRow, tuple[ChildRow, ...]], None] | None = None,
         sent: Sent | None = None,
+        trace_context: str | None = None,
     ) -> Opened:
         """A first open is one round trip: ``before_create`` (the resolution, which writes
         nothing) runs first, then :sql:`eh_open` records the group row, owned by
@@ -1141,7 +1142,7 @@ class PostgresStore(SqlStore):
             pass
         else:
             opened = await self._eh_open(
-                group_key, wake, disposition, child_count, specs, owner, ttl, sent
+                group_key, wake, disposition, child_count, specs, owner, ttl, sent, trace_context
             )
             if opened is not None:
                 return opened
@@ -1156,6 +1157,7 @@ class PostgresStore(SqlStore):
             before_create,
             reopen,
             sent,
+            trace_context,
         )
 
     async def _eh_open(
@@ -1168,6 +1170,7 @@ class PostgresStore(SqlStore):
         owner: str,
         ttl: float,
         sent: Sent | None,
+        trace_context: str | None,
     ) -> Opened | None:
         """:sql:`eh_open`: the created group, or ``None`` when the key is recorded or
         retired (nothing written).
@@ -1179,7 +1182,8 @@ class PostgresStore(SqlStore):
             async with self._pool.acquire() as conn:
                 _mark(sent)
                 done = await conn.fetchval(
-                    "SELECT eh_open($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                    "SELECT eh_open($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, "
+                    "$15)",
                     group_key,
                     wake,
                     disposition,
@@ -1187,6 +1191,7 @@ class PostgresStore(SqlStore):
                     owner,
                     ttl,
                     *_spec_arrays(specs),
+                    trace_context,
                 )
         except self._asyncpg.PostgresError as exc:
             if exc.sqlstate == "EH002":
@@ -1212,6 +1217,7 @@ class PostgresStore(SqlStore):
         before_create: Callable[[], None],
         reopen: Callable[[GroupRow, tuple[ChildRow, ...]], None] | None,
         sent: Sent | None,
+        trace_context: str | None,
     ) -> Opened:
         """A read (the group row, its tombstone, and the first child by position whose
         replay key another group holds), then either, for a group recorded open,
@@ -1241,7 +1247,7 @@ class PostgresStore(SqlStore):
                     return Opened(False, record, None, children)
                 if reopen is not None:
                     reopen(record, children)
-                if not await self.own(group_key, owner, ttl):
+                if not await self.own(group_key, owner, ttl, trace_context):
                     continue  # closed or retired since the read
                 return Opened(False, record, None, children)
             if row["tombstone"] is not None:
@@ -1250,7 +1256,7 @@ class PostgresStore(SqlStore):
                 raise _taken(specs, row["taken"], row["holder"])
             before_create()
             opened = await self._eh_open(
-                group_key, wake, disposition, child_count, specs, owner, ttl, sent
+                group_key, wake, disposition, child_count, specs, owner, ttl, sent, trace_context
             )
             if opened is not None:
                 return opened

@@ -448,21 +448,38 @@ class SqliteStore(SqlStore):
         child_count: int,
         owner: str | None = None,
         ttl: float = 0.0,
+        trace_context: str | None = None,
     ) -> tuple[bool, GroupRow]:
         row = c.execute(
             "INSERT INTO eh_groups (group_key, wake, disposition, effective, "
-            f"child_count, created_at, owner, owner_expires) VALUES (?, ?, ?, ?, ?, {NOW}, "
-            f"?, CASE WHEN ? IS NOT NULL THEN {NOW} + ? END) "
+            "child_count, created_at, owner, owner_expires, trace_context) "
+            f"VALUES (?, ?, ?, ?, ?, {NOW}, ?, CASE WHEN ? IS NOT NULL THEN {NOW} + ? END, ?) "
             f"ON CONFLICT (group_key) DO NOTHING RETURNING {GROUP_COLUMNS}",
-            (group_key, wake, disposition, disposition, child_count, owner, owner, ttl),
+            (
+                group_key,
+                wake,
+                disposition,
+                disposition,
+                child_count,
+                owner,
+                owner,
+                ttl,
+                trace_context,
+            ),
         ).fetchone()
         if row is not None:
             return True, group_row(row)
         return False, group_row(c.execute(GET_GROUP, (group_key,)).fetchone())
 
     @staticmethod
-    def _own_body(c: sqlite3.Connection, group_key: str, owner: str, ttl: float) -> bool:
-        return c.execute(_sql(OWN), (owner, ttl, group_key)).rowcount == 1
+    def _own_body(
+        c: sqlite3.Connection,
+        group_key: str,
+        owner: str,
+        ttl: float,
+        trace_context: str | None = None,
+    ) -> bool:
+        return c.execute(_sql(OWN), (owner, ttl, trace_context, group_key)).rowcount == 1
 
     @staticmethod
     def _insert_children(
@@ -801,6 +818,7 @@ class SqliteStore(SqlStore):
         *,
         reopen: Callable[[GroupRow, tuple[ChildRow, ...]], None] | None = None,
         sent: Sent | None = None,
+        trace_context: str | None = None,
     ) -> Opened:
         """One transaction: the lookup; for a group recorded open, ``reopen`` and the
         change of owner (R-1); else the replay-key check, ``before_create`` and the group
@@ -816,7 +834,7 @@ class SqliteStore(SqlStore):
                 if record.state == "open":
                     if reopen is not None:
                         reopen(record, children)
-                    self._own_body(c, group_key, owner, ttl)
+                    self._own_body(c, group_key, owner, ttl, trace_context)
                 return Opened(False, record, None, children)
             if tombstone is not None:
                 return Opened(False, None, tombstone)
@@ -824,7 +842,7 @@ class SqliteStore(SqlStore):
             before_create()
             _mark(sent)
             _created, row = self._create_body(
-                c, group_key, wake, disposition, child_count, owner, ttl
+                c, group_key, wake, disposition, child_count, owner, ttl, trace_context
             )
             inserted = self._insert_children(c, group_key, specs, owner, ttl)
             if len(inserted) != len(specs):  # the check above makes this unreachable

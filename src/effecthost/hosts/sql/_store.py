@@ -22,12 +22,14 @@ from effecthost.contract import StoreRefused
 from effecthost.payloads import PayloadRef, PayloadStore
 from effecthost.payloads._store import _check, _make_ref, _missing
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The schema this code reads and writes. Another version in the database is refused.
 
 Version 2 added the payload table ``eh_payloads`` (G-47); version 3 added the group's owner
 and its owner-lease expiry to ``eh_groups`` (R-1); version 4 added ``eh_groups.watched``
-(G-21: PostgreSQL notifies only for a group a waiter watches). A database recording an
+(G-21: PostgreSQL notifies only for a group a waiter watches); version 5 added
+``eh_groups.trace_context`` (the trace context of the caller's group span, so a drain pass
+in another process runs its children in the caller's trace). A database recording an
 earlier version is refused like any other version (nothing is migrated)."""
 
 
@@ -125,6 +127,7 @@ class ChildRow:
     group_state: str = ""
     group_owner: str | None = None  # the incarnation that last opened the group (R-1)
     owner_live: bool = False  # the group is open and its owner's claim is unexpired
+    trace_context: str | None = None  # the group's, as recorded at its last open (drain reads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,9 +321,12 @@ class Store(ABC):
         building block for tests and tools: the host opens through :meth:`open_group`."""
 
     @abstractmethod
-    async def own(self, group_key: str, owner: str, ttl: float) -> bool:
-        """Make ``owner`` the owner of an open group for ``ttl`` seconds (a reopen, R-1).
-        False when the group is not recorded open."""
+    async def own(
+        self, group_key: str, owner: str, ttl: float, trace_context: str | None = None
+    ) -> bool:
+        """Make ``owner`` the owner of an open group for ``ttl`` seconds (a reopen, R-1),
+        recording ``trace_context`` (the reopening caller's) when given. False when the
+        group is not recorded open."""
 
     @abstractmethod
     async def insert_children(
@@ -457,6 +463,7 @@ class Store(ABC):
         *,
         reopen: Callable[[GroupRow, tuple[ChildRow, ...]], None] | None = None,
         sent: Sent | None = None,
+        trace_context: str | None = None,
     ) -> Opened:
         """Open as one operation (R-7, G-10, R-6, R-1). Look the group up: when its row
         is recorded open, call ``reopen`` with it and its children (the reopen's fences:
@@ -480,6 +487,10 @@ class Store(ABC):
         key another group is inserting or updating), and two opens insert their children
         in replay-key order after their group rows, so they cannot wait on each other in
         a cycle either. Taking over a reopened group updates its group row alone.
+
+        ``trace_context`` (the caller's group span, from
+        :func:`effecthost.telemetry.group_context`; ``None`` when telemetry is off) is
+        recorded on the group row by a first open, and by a reopen that takes it over.
 
         Raises:
             ReplayKeyTaken: a replay key is recorded for another group.
@@ -580,7 +591,8 @@ TABLES = [
         closed_at   {real},
         owner         {text},
         owner_expires {real},
-        watched       {bool} NOT NULL DEFAULT {false}
+        watched       {bool} NOT NULL DEFAULT {false},
+        trace_context {text}
     )""",
     """CREATE TABLE IF NOT EXISTS eh_children (
         replay_key       {text} PRIMARY KEY,
@@ -651,8 +663,8 @@ LOOKUP = (
 CHILDREN = f"SELECT {CHILD_COLUMNS} FROM eh_children c WHERE c.group_key = ? ORDER BY c.position"
 GET_GROUP = f"SELECT {GROUP_COLUMNS} FROM eh_groups WHERE group_key = ?"
 OWN = (
-    "UPDATE eh_groups SET owner = ?, owner_expires = {now} + ? "
-    "WHERE group_key = ? AND state = 'open'"
+    "UPDATE eh_groups SET owner = ?, owner_expires = {now} + ?, "
+    "trace_context = coalesce(?, trace_context) WHERE group_key = ? AND state = 'open'"
 )
 _RANK = (
     f"SELECT {G_COLUMNS}, c.position, c.replay_key, {{outcome}} FROM eh_groups g "
@@ -677,8 +689,9 @@ def group_row(row: Any) -> GroupRow:
 
 def child_row(row: Any) -> ChildRow:
     """A :class:`ChildRow` from :data:`CHILD_COLUMNS`, then, when selected, the group's
-    disposition in force, state, owner and whether that owner's claim is live."""
-    extra = (row[15], row[16], row[17], bool(row[18])) if len(row) > 15 else ()
+    disposition in force, state, owner, whether that owner's claim is live and its trace
+    context."""
+    extra = (row[15], row[16], row[17], bool(row[18]), row[19]) if len(row) > 15 else ()
     return ChildRow(
         row[0],
         row[1],
@@ -817,7 +830,8 @@ class SqlStore(Store):
     async def unfinished(self) -> list[ChildRow]:
         rows = await self._fetch(
             f"SELECT {CHILD_COLUMNS}, g.effective, g.state, g.owner, "
-            "(g.state = 'open' AND g.owner_expires >= {now}) FROM eh_children c "
+            "(g.state = 'open' AND g.owner_expires >= {now}), g.trace_context "
+            "FROM eh_children c "
             "JOIN eh_groups g ON g.group_key = c.group_key "
             "WHERE c.state <> 'settled' ORDER BY c.group_key, c.position"
         )
@@ -848,8 +862,10 @@ class SqlStore(Store):
         )
         return None if value is None else float(value)
 
-    async def own(self, group_key: str, owner: str, ttl: float) -> bool:
-        return await self._execute(OWN, owner, ttl, group_key) == 1
+    async def own(
+        self, group_key: str, owner: str, ttl: float, trace_context: str | None = None
+    ) -> bool:
+        return await self._execute(OWN, owner, ttl, trace_context, group_key) == 1
 
     async def release(self, owner: str, replay_key: str, fence: int) -> None:
         await self._execute(
