@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -29,7 +31,13 @@ from otel_support import (
     shape,
 )
 
-from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
+from effecthost.hosts.sql import (
+    PostgresStore,
+    SchemaVersionError,
+    SqlEffectHost,
+    SqliteStore,
+    Store,
+)
 from effecthost.hosts.sql._store import SqlStore
 
 TESTS = Path(__file__).parents[1]
@@ -236,3 +244,82 @@ async def _recorded_context(host: SqlEffectHost, key: str) -> str | None:
     assert isinstance(store, SqlStore)
     value = await store._fetchval("SELECT trace_context FROM eh_groups WHERE group_key = ?", key)
     return None if value is None else str(value)
+
+
+def _upgrade_statements(dialect: str) -> list[str]:
+    """The in-place upgrade docs/sql.md gives for ``dialect``, one statement each."""
+    text = (TESTS.parent / "docs" / "sql.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```sql\n(-- (\w+).*?)```", text, flags=re.S)
+    (block,) = [body for body, name in blocks if name == dialect]
+    lines = [line for line in block.splitlines() if not line.startswith("--")]
+    return [s.strip() for s in " ".join(lines).split(";") if s.strip()]
+
+
+_V5_OPEN = (
+    "eh_open(text, text, text, integer, text, float8, text[], integer[], text[], text[], "
+    "text[], text[], boolean[], float8[], text)"
+)
+_V4_OPEN = (
+    "eh_open(text, text, text, integer, text, float8, text[], integer[], text[], text[], "
+    "text[], text[], boolean[], float8[])"
+)
+
+
+@pytest.mark.anyio
+async def test_issue23_a_version_4_database_upgrades_with_the_documented_statements(
+    stores: Callable[[], Store],
+) -> None:
+    """Issue 23 (schema version 5 adds ``eh_groups.trace_context``): a version-4 database
+    is refused, nothing migrated silently; the statements docs/sql.md gives make it a
+    version-5 database whose opens record the trace context."""
+    made = stores()
+    await made.start()
+    if isinstance(made, SqliteStore):
+        dialect = "SQLite"
+        await made.aclose()
+        conn = sqlite3.connect(made.path, isolation_level=None)
+        conn.execute("ALTER TABLE eh_groups DROP COLUMN trace_context")
+        conn.execute("UPDATE eh_schema SET version = 4")
+        conn.close()
+    else:
+        assert isinstance(made, PostgresStore)
+        dialect = "PostgreSQL"
+        async with made._pool.acquire() as conn:
+            await conn.execute("ALTER TABLE eh_groups DROP COLUMN trace_context")
+            await conn.execute(f"DROP FUNCTION {_V5_OPEN}")
+            # the version-4 function's signature (its body does not matter here)
+            await conn.execute(
+                f"CREATE FUNCTION {_V4_OPEN} RETURNS float8 LANGUAGE sql AS 'SELECT 0::float8'"
+            )
+            await conn.execute("UPDATE eh_schema SET version = 4")
+        await made.aclose()
+    refused = stores()
+    with pytest.raises(SchemaVersionError) as raised:
+        await refused.start()
+    await refused.aclose()
+    assert (raised.value.found, raised.value.expected) == (4, 5)
+    statements = _upgrade_statements(dialect)
+    if isinstance(made, SqliteStore):
+        conn = sqlite3.connect(made.path, isolation_level=None)
+        for statement in statements:
+            conn.execute(statement)
+        conn.close()
+    else:
+        import asyncpg
+
+        conn = await asyncpg.connect(made.dsn)
+        try:
+            for statement in statements:
+                await conn.execute(statement.replace("effecthost.", f"{made.schema}."))
+        finally:
+            await conn.close()
+    host = SqlEffectHost(stores(), registry)
+    await host.start()
+    try:
+        with collected():
+            assert await run_program(host, "otel:upgraded:0") == [0, 1, 2]
+            handle = await host.open_effect_group(program_group("otel:upgraded:1"))
+            assert await _recorded_context(host, "otel:upgraded:1") is not None
+            await host.close_effect_group(handle)
+    finally:
+        await host.aclose()
