@@ -4,6 +4,8 @@ child specs and outcomes, and a bounded poll of the database."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -101,3 +103,14 @@ async def parked_wait(waiter: SqlEffectHost, handle: GroupHandle) -> asyncio.Fut
     async with asyncio.timeout(10):
         await parked.wait()
     return waiting
+
+
+def kill_once_running(command: list[str]) -> None:
+    """Start a caller process, wait for it to print ``running`` (its children are under
+    way) and SIGKILL it there: a crash, not a shutdown."""
+    caller = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert caller.stdout is not None
+    line = caller.stdout.readline()
+    caller.send_signal(signal.SIGKILL)
+    _out, err = caller.communicate(timeout=30)
+    assert line.strip() == "running", err

@@ -5,14 +5,13 @@ sees the same replay key, group key and position with attempt 2."""
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sql_support import kill_once_running
 from sql_support import tool as tool_call
 
 from effecthost.contract import (
@@ -81,16 +80,6 @@ def test_a_rerun_after_sigkill_sees_attempt_two(tmp_path: Path) -> None:
         "attempt": 1,
     }
     key = "id:group:killed:0"
-    caller = subprocess.Popen(
-        [sys.executable, WORKER, "hold", str(path), key, "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert caller.stdout is not None
-    line = caller.stdout.readline()
-    caller.send_signal(signal.SIGKILL)
-    _out, err = caller.communicate(timeout=30)
-    assert line.strip() == "running", err
+    kill_once_running([sys.executable, WORKER, "hold", str(path), key, "1"])
     rerun = asyncio.run(identity_after(path, key, drain=True))
     assert rerun == {"replay_key": f"{key}/0", "group_key": key, "position": 0, "attempt": 2}
