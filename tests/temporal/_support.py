@@ -20,11 +20,7 @@ from effecthost.conformance import STEP, FactoryEnv, step_input
 from effecthost.conformance._lab import Lab
 from effecthost.contract import (
     EffectEnvelope,
-    EffectGroup,
     EffectKind,
-    LoserPolicy,
-    WakePolicy,
-    sleep_input,
 )
 from effecthost.hosts.temporal import EffectGroupWorkflow, workflow_runner
 from effecthost.hosts.temporal.testing import (
@@ -106,25 +102,3 @@ async def rederived(history: Any) -> Any:
     capture = _Capture()
     await Replayer(workflows=[EffectGroupWorkflow], interceptors=[capture]).replay_workflow(history)
     return capture.results[0]
-
-
-def owned_group(key: str) -> EffectGroup:
-    """A ``CANCEL`` race of a gated tool call, an event wait and a long timer: what a live
-    owner's drain must leave alone and a gone owner's drain cancels (R-1)."""
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[
-            step(f"{key}:tool"),
-            EffectEnvelope(
-                replay_key=f"{key}:ev", kind=EffectKind.AWAIT_EVENT, name="go", input=None
-            ),
-            EffectEnvelope(
-                replay_key=f"{key}:nap",
-                kind=EffectKind.SLEEP,
-                name="sleep",
-                input=sleep_input(600.0),
-            ),
-        ],
-    )
