@@ -7,58 +7,30 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pty
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+
+from cli_support import cli, cli_env
+from cli_support import on_a_terminal as terminal_run
 
 from effecthost.contract import EffectEnvelope, EffectGroup, LoserPolicy, ToolRegistry, WakePolicy
 from effecthost.hosts.sql import sqlite_host
 
-TESTS = Path(__file__).parent
 KEY = "cli:group:progress:0"
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
-    env["COLUMNS"] = "200"
-    return env
+def _wide() -> dict[str, str]:
+    return {**os.environ, "COLUMNS": "200"}
 
 
 def piped(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "effecthost.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=_env(),
-        check=False,
-    )
+    return cli(*args, env=_wide())
 
 
 def on_a_terminal(*args: str) -> tuple[int, str]:
     """``effecthost ARGS`` with its stdout on a pseudo-terminal; (exit code, output)."""
-    controller, terminal = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "effecthost.cli", *args],
-        stdout=terminal,
-        stderr=subprocess.STDOUT,
-        env=_env(),
-    )
-    os.close(terminal)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(controller, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(controller)
-    return process.wait(60), b"".join(chunks).decode()
+    return terminal_run(*args, env=cli_env(_wide()))
 
 
 def abandoned_group(db: Path) -> None:

@@ -16,27 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import cli, stored_outcome
 
 from effecthost.cli import ExitCode
 from effecthost.contract import EffectEnvelope, EffectGroup, LoserPolicy, ToolRegistry, WakePolicy
 from effecthost.hosts.sql import sqlite_host
 
 TESTS = Path(__file__).parent
-
-
-def cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "effecthost.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        check=False,
-    )
 
 
 def snapshot(path: Path) -> Any:
@@ -332,17 +318,6 @@ async def _sealed_db(path: Path, keys: Path) -> str:
 
 
 SECRET = "plaintext-canary-7f3a"
-
-
-def stored_outcome(path: Path, replay_key: str) -> str | None:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        row = conn.execute(
-            "SELECT outcome FROM eh_children WHERE replay_key = ?", (replay_key,)
-        ).fetchone()
-    finally:
-        conn.close()
-    return None if row is None else row[0]
 
 
 def test_drain_of_a_sealed_database_needs_its_payload_settings(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import stored_outcome as read_outcome
 from test_cli_hostile import (
     assert_one_line_refusal,
     cli,
@@ -86,14 +87,7 @@ SECRET = "plaintext-canary-21"
 
 def stored_outcome(path: Path, replay_key: str) -> str | None:
     """A read that leaves no ``-wal``/``-shm`` (a read-only connection would)."""
-    conn = sqlite3.connect(path)
-    try:
-        row = conn.execute(
-            "SELECT outcome FROM eh_children WHERE replay_key = ?", (replay_key,)
-        ).fetchone()
-    finally:
-        conn.close()
-    return None if row is None else row[0]
+    return read_outcome(path, replay_key, read_only=False)
 
 
 def rollback_journal(path: Path) -> None:
