@@ -4,13 +4,18 @@ pseudo-terminal; and the stored outcome of a child read straight from a SQLite f
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pty
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
+
+from effecthost.contract import EffectEnvelope, EffectGroup, LoserPolicy, ToolRegistry, WakePolicy
+from effecthost.hosts.sql import sqlite_host
 
 TESTS = Path(__file__).parent
 COMMAND = [sys.executable, "-m", "effecthost.cli"]
@@ -71,3 +76,32 @@ def stored_outcome(path: Path, replay_key: str, *, read_only: bool = True) -> st
     finally:
         conn.close()
     return None if row is None else row[0]
+
+
+async def abandoned_groups(
+    db: Path, keys: list[str], value: Callable[[int], Any] = lambda i: i
+) -> None:
+    """Open a group of two ``hold`` calls (inputs ``value(0)``, ``value(1)``) that never
+    return for each of ``keys``, then stop the host as a dying process stops: the short
+    leases expire on the database clock."""
+    never = asyncio.Event()
+
+    async def hold(value: Any) -> Any:
+        await never.wait()
+
+    host = await sqlite_host(db, ToolRegistry({"hold": hold}), lease_ttl=0.6, renew_every=0.1)
+    for key in keys:
+        await host.open_effect_group(
+            EffectGroup(
+                key=key,
+                wake=WakePolicy.ALL,
+                disposition=LoserPolicy.RUN_TO_COMPLETION,
+                children=[
+                    EffectEnvelope(
+                        replay_key=f"{key}:{i}", kind="tool_call", name="hold", input=value(i)
+                    )
+                    for i in range(2)
+                ],
+            )
+        )
+    await host.aclose()

@@ -11,11 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from cli_support import cli, cli_env
+from cli_support import abandoned_groups, cli, cli_env
 from cli_support import on_a_terminal as terminal_run
-
-from effecthost.contract import EffectEnvelope, EffectGroup, LoserPolicy, ToolRegistry, WakePolicy
-from effecthost.hosts.sql import sqlite_host
 
 KEY = "cli:group:progress:0"
 
@@ -36,28 +33,7 @@ def on_a_terminal(*args: str) -> tuple[int, str]:
 def abandoned_group(db: Path) -> None:
     """A two-child group whose tools never return, its host stopped as a dying process
     stops; its short leases expire on the database clock."""
-
-    async def make() -> None:
-        never = asyncio.Event()
-
-        async def hold(value: Any) -> Any:
-            await never.wait()
-
-        host = await sqlite_host(db, ToolRegistry({"hold": hold}), lease_ttl=0.6, renew_every=0.1)
-        await host.open_effect_group(
-            EffectGroup(
-                key=KEY,
-                wake=WakePolicy.ALL,
-                disposition=LoserPolicy.RUN_TO_COMPLETION,
-                children=[
-                    EffectEnvelope(replay_key=f"{KEY}:{i}", kind="tool_call", name="hold", input=i)
-                    for i in range(2)
-                ],
-            )
-        )
-        await host.aclose()
-
-    asyncio.run(make())
+    asyncio.run(abandoned_groups(db, [KEY]))
 
 
 def until(run: Any, expect: str) -> str:

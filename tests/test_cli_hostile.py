@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import cli, stored_outcome
+from cli_support import abandoned_groups, cli, stored_outcome
 
 from effecthost.cli import ExitCode
 from effecthost.contract import EffectEnvelope, EffectGroup, LoserPolicy, ToolRegistry, WakePolicy
@@ -34,34 +34,9 @@ def snapshot(path: Path) -> Any:
     return ("file", hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mode)
 
 
-async def _effecthost_db(path: Path, groups: int = 1) -> None:
-    """A real effecthost database with open groups whose opener went away."""
-    never = asyncio.Event()
-
-    async def hold(value: Any) -> Any:
-        await never.wait()
-
-    host = await sqlite_host(path, ToolRegistry({"hold": hold}), lease_ttl=0.6, renew_every=0.1)
-    for g in range(groups):
-        key = f"cli:hostile:{g}"
-        await host.open_effect_group(
-            EffectGroup(
-                key=key,
-                wake=WakePolicy.ALL,
-                disposition=LoserPolicy.RUN_TO_COMPLETION,
-                children=[
-                    EffectEnvelope(
-                        replay_key=f"{key}:{i}", kind="tool_call", name="hold", input="x" * 200
-                    )
-                    for i in range(2)
-                ],
-            )
-        )
-    await host.aclose()
-
-
 def effecthost_db(path: Path, groups: int = 1, *, journal: str = "WAL") -> Path:
-    asyncio.run(_effecthost_db(path, groups))
+    keys = [f"cli:hostile:{g}" for g in range(groups)]
+    asyncio.run(abandoned_groups(path, keys, lambda _: "x" * 200))
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute(f"PRAGMA journal_mode={journal}")  # checkpoints: everything in the file
     conn.close()
