@@ -817,17 +817,13 @@ class Harness:
             (f"{prefix}/%",),
         )
         late = {(str(rk), int(attempt)): owner for rk, attempt, owner in claims}
-        ran = 0
-        for path in (round_dir / "exec").glob("*.log"):
-            for line in path.read_text().splitlines():
-                rk, _, attempt = line.partition(" ")
-                if (rk, int(attempt)) in late:
-                    ran += 1
-                    row["notes"].append(
-                        f"loser {rk} of a closed CANCEL group claimed after the close and run "
-                        f"(attempt {attempt}, pid {path.stem})"
-                    )
-        return ran
+        ran = [e for e in _executions(round_dir) if e[:2] in late]
+        row["notes"] += [
+            f"loser {rk} of a closed CANCEL group claimed after the close and run "
+            f"(attempt {attempt}, pid {pid})"
+            for rk, attempt, pid in ran
+        ]
+        return len(ran)
 
     async def _loser_restarts(
         self, round_dir: Path, prefix: str, read_on: set[str], row: dict[str, Any]
@@ -841,17 +837,13 @@ class Harness:
             (f"{prefix}/%",),
         )
         decided = {(str(rk), int(attempt)) for key, rk, attempt in claims if key not in read_on}
-        started = 0
-        for path in (round_dir / "exec").glob("*.log"):
-            for line in path.read_text().splitlines():
-                rk, _, attempt = line.partition(" ")
-                if (rk, int(attempt)) in decided:
-                    started += 1
-                    row["notes"].append(
-                        f"loser {rk} of a decided CANCEL group started again (attempt "
-                        f"{attempt}, pid {path.stem}) though no caller awaited a missing rank"
-                    )
-        return started
+        started = [e for e in _executions(round_dir) if e[:2] in decided]
+        row["notes"] += [
+            f"loser {rk} of a decided CANCEL group started again (attempt "
+            f"{attempt}, pid {pid}) though no caller awaited a missing rank"
+            for rk, attempt, pid in started
+        ]
+        return len(started)
 
     async def _describe_stuck(self, rk: str) -> str:
         rows = await Db(self.base).fetch(
@@ -968,6 +960,16 @@ class Harness:
                 if r["notes"]
             ],
         }
+
+
+def _executions(round_dir: Path) -> list[tuple[str, int, str]]:
+    """Every tool execution the round's workers logged: (replay key, attempt, pid)."""
+    found = []
+    for path in (round_dir / "exec").glob("*.log"):
+        for line in path.read_text().splitlines():
+            rk, _, attempt = line.partition(" ")
+            found.append((rk, int(attempt), path.stem))
+    return found
 
 
 def _write(path: Path, summary: dict[str, Any]) -> None:
