@@ -10,6 +10,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from group_support import event, group, tool
+
 from effecthost.conformance import STEP, Lab, step_input
 from effecthost.contract import (
     DrainReport,
@@ -31,28 +33,11 @@ TIMEOUT = 20.0
 def owned_group(key: str) -> EffectGroup:
     """A ``CANCEL`` race of a gated tool call, an event wait and a long timer: what a live
     owner's drain must leave alone and a gone owner's drain cancels (R-1)."""
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[
-            EffectEnvelope(
-                replay_key=f"{key}:tool",
-                kind=EffectKind.TOOL_CALL,
-                name=STEP,
-                input=step_input(f"{key}:tool"),
-            ),
-            EffectEnvelope(
-                replay_key=f"{key}:ev", kind=EffectKind.AWAIT_EVENT, name="go", input=None
-            ),
-            EffectEnvelope(
-                replay_key=f"{key}:nap",
-                kind=EffectKind.SLEEP,
-                name="sleep",
-                input=sleep_input(600.0),
-            ),
-        ],
+    nap = EffectEnvelope(
+        replay_key=f"{key}:nap", kind=EffectKind.SLEEP, name="sleep", input=sleep_input(600.0)
     )
+    children = [tool(f"{key}:tool", step_input(f"{key}:tool"), STEP), event(f"{key}:ev"), nap]
+    return group(key, children, WakePolicy.FIRST, LoserPolicy.CANCEL)
 
 
 def _touched(report: DrainReport, key: str) -> dict[str, list[str]]:

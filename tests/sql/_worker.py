@@ -19,9 +19,11 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 
-from sql_support import group as sql_group
-from sql_support import tool as tool_call
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared test builders
+from group_support import group as sql_group
+from group_support import tool as tool_call
 
 from effecthost.contract import (
     EffectGroup,

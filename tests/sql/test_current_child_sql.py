@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
 from sql_support import kill_once_running
 from sql_support import tool as tool_call
 
 from effecthost.contract import (
     EffectGroup,
-    LoserPolicy,
     ToolRegistry,
-    WakePolicy,
     current_child,
 )
 from effecthost.hosts.sql import SqlEffectHost, SqliteStore
@@ -38,12 +37,7 @@ async def who(_value: object) -> dict[str, Any]:
 
 def one_child(key: str) -> EffectGroup:
     """The group ``_worker.py hold`` opens with one child (same envelope, same hash)."""
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[tool_call(f"{key}/0", 0, "echo")],
-    )
+    return effect_group(key, [tool_call(f"{key}/0", 0, "echo")])
 
 
 async def identity_after(path: Path, key: str, *, drain: bool) -> Any:
