@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 from cli_support import abandoned_groups, cli, stored_outcome
+from group_support import group as effect_group
 
 from effecthost.cli import ExitCode
-from effecthost.contract import EffectEnvelope, EffectGroup, LoserPolicy, ToolRegistry, WakePolicy
+from effecthost.contract import EffectEnvelope, ToolRegistry
 from effecthost.hosts.sql import sqlite_host
 
 TESTS = Path(__file__).parent
@@ -277,11 +278,9 @@ async def _sealed_db(path: Path, keys: Path) -> str:
     )
     key = "cli:sealed:0"
     handle = await host.open_effect_group(
-        EffectGroup(
-            key=key,
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[
+        effect_group(
+            key,
+            [
                 EffectEnvelope(replay_key=f"{key}:0", kind="tool_call", name="echo", input="c0"),
                 EffectEnvelope(replay_key=f"{key}:1", kind="tool_call", name="hold", input=SECRET),
             ],

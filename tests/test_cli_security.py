@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from cli_support import stored_outcome as read_outcome
+from group_support import group as effect_group
 from test_cli_hostile import (
     assert_one_line_refusal,
     cli,
@@ -31,7 +32,7 @@ from test_cli_hostile import (
 )
 
 from effecthost.cli import ExitCode
-from effecthost.contract import EffectEnvelope, EffectGroup, LoserPolicy, ToolRegistry, WakePolicy
+from effecthost.contract import EffectEnvelope, ToolRegistry
 from effecthost.hosts.sql import sqlite_host
 
 TESTS = Path(__file__).parent
@@ -67,11 +68,9 @@ async def _dead_opener(
         renew_every=0.1,
         payloads=policy,
     )
-    group = EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
+    group = effect_group(
+        key,
+        [
             EffectEnvelope(replay_key=f"{key}:{i}", kind="tool_call", name=tool, input=SECRET)
             for i in range(1 if settle else 2)
         ],

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
 from sql_support import tools_group
 from sql_support import until as poll_until
 
@@ -109,11 +110,9 @@ async def _all_expired(store: Store, group_key: str) -> bool:
 def select_group(key: str, seconds: float = 60.0) -> EffectGroup:
     """A signal/deadline select (G-52): ``await_event`` and ``sleep``, ``FIRST``,
     ``CANCEL``; both children are host-run and carry no lease of their own."""
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[
+    return effect_group(
+        key,
+        [
             EffectEnvelope(replay_key=f"{key}.ev", kind=EffectKind.AWAIT_EVENT, name="sig"),
             EffectEnvelope(
                 replay_key=f"{key}.dl",
@@ -122,6 +121,8 @@ def select_group(key: str, seconds: float = 60.0) -> EffectGroup:
                 input={"seconds": seconds},
             ),
         ],
+        WakePolicy.FIRST,
+        LoserPolicy.CANCEL,
     )
 
 

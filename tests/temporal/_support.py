@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +37,19 @@ def require_cli() -> None:
 
 @contextlib.asynccontextmanager
 async def running_host(
-    root: Path, *, restart_server: bool = False
+    root: Path,
+    *,
+    restart_server: bool = False,
+    make: Callable[..., Awaitable[TemporalHostUnderTest]] = factory,
 ) -> AsyncIterator[tuple[TemporalHostUnderTest, Lab]]:
-    """A dev server and a worker process, with a lab its children talk to."""
+    """A dev server and a worker process (``make``: the conformance factory, or the
+    sealed one), with a lab its children talk to."""
     require_cli()
     lab = Lab(root / "lab")
     await lab.start()
     work = root / "work"
     work.mkdir(parents=True, exist_ok=True)
-    host = await factory(
-        FactoryEnv(lab_path=lab.path, work_dir=work), restart_server=restart_server
-    )
+    host = await make(FactoryEnv(lab_path=lab.path, work_dir=work), restart_server=restart_server)
     try:
         yield host, lab
     finally:
