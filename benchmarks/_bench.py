@@ -7,6 +7,7 @@ Each benchmark script imports this module by name (its directory is the script's
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -107,6 +108,16 @@ def spread(samples: list[float]) -> dict[str, Any]:
 def ruled(title: str, header: str) -> list[str]:
     """A table's first lines: its title, its header and a rule under the header."""
     return [title, header, "-" * len(header)]
+
+
+def substrate_options(parser: argparse.ArgumentParser, substrates: str) -> None:
+    """``--substrates`` (comma-separated, default ``substrates``) and ``--no-fsync``."""
+    parser.add_argument("--substrates", default=substrates)
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="run the throwaway PostgreSQL with fsync=off (not durable; default: fsync=on)",
+    )
 
 
 def write_json(out: Path, document: Any) -> None:

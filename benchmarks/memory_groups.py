@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from _bench import RESULTS, machine, percentile, run
+from _bench import RESULTS, machine, percentile, ruled, run
 
 from effecthost.combinators import Scope, all_, race, tool
 from effecthost.contract import EffectController, ToolRegistry
@@ -131,11 +131,7 @@ def table(document: dict[str, Any]) -> str:
         f"{'workload':<14}{'groups':>8}{'groups/s':>11}{'µs/child':>10}{'p50 ms':>9}"
         f"{'p99 ms':>9}{'native/s':>11}{'ratio':>8}{'range':>14}"
     )
-    lines = [
-        f"host=memory  python={document['python']}  cpus={document['cpus']}",
-        header,
-        "-" * len(header),
-    ]
+    lines = ruled(f"host=memory  python={document['python']}  cpus={document['cpus']}", header)
     for r in document["rows"]:
         span = f"{r['ratio_min']:.3f}–{r['ratio_max']:.3f}"
         lines.append(

@@ -92,15 +92,20 @@ def _draw_native(ax: Any, series: dict[str, dict[int, list[float]]]) -> None:
             label=name,
         )
     widths = sorted({x for points in series.values() for x in points})
+    _per_child_axes(ax, widths, "Engines: all_ beside the native fan-out (same run)")
+    ax.legend(fontsize=7)
+
+
+def _per_child_axes(ax: Any, widths: list[int], title: str) -> None:
+    """Log-log axes of µs per child against group width, a tick per width measured."""
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(widths, [f"{w:,}" for w in widths])
     ax.minorticks_off()
     ax.set_xlabel("children in the group")
     ax.set_ylabel("µs per child (wall time ÷ children)")
-    ax.set_title("Engines: all_ beside the native fan-out (same run)")
+    ax.set_title(title)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7)
 
 
 def plot_wide(
@@ -135,15 +140,8 @@ def plot_wide(
             high = [r["us_max"] - r["us_per_child"] for r in done]
             ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3, label=tier)
         refused += [r for r in rows if r["tier"] == tier and "us_per_child" not in r]
-    ax.set_xscale("log")
-    ax.set_yscale("log")
     widths = sorted({r["width"] for r in rows})
-    ax.set_xticks(widths, [f"{w:,}" for w in widths])
-    ax.minorticks_off()
-    ax.set_xlabel("children in the group")
-    ax.set_ylabel("µs per child (wall time ÷ children)")
-    ax.set_title("One all_ group, one caller: cost per child against group width")
-    ax.grid(True, which="major", alpha=0.3)
+    _per_child_axes(ax, widths, "One all_ group, one caller: cost per child against group width")
     if refused:
         note = "not completed: " + "; ".join(
             f"{r['tier']} {r['width']:,} ({r['status']})" for r in refused

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _bench import machine, postgres, run
+from _bench import machine, postgres, ruled, run, substrate_options
 
 from effecthost.contract import Outcome
 from effecthost.hosts.sql._postgres import DDL as POSTGRES_DDL
@@ -473,13 +473,12 @@ async def main(options: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
 
 def table(document: dict[str, Any]) -> str:
     header = f"{'workload':<20}{'db':<10}{'callers':>7}{'children/s':>12}{'range':>16}"
-    lines = [
+    lines = ruled(
         f"postgres={document.get('postgres', '-')} (fsync={document.get('postgres_fsync', '-')},"
         f" notify={'on' if document['notify'] else 'off'})  sqlite={document['sqlite']}"
         f"  python={document['python']}  cpus={document['cpus']}  (honest ceilings, 4 calls)",
         header,
-        "-" * len(header),
-    ]
+    )
     for row in document["rows"]:
         span = f"{row['min']:.0f}–{row['max']:.0f}"
         lines.append(
@@ -496,12 +495,7 @@ def cli() -> None:
     parser.add_argument("--callers", default="1,4,16")
     parser.add_argument("--big", type=int, default=1000, help="children of the big group (0: skip)")
     parser.add_argument("--big-rounds", type=int, default=3)
-    parser.add_argument("--substrates", default="postgres,sqlite")
-    parser.add_argument(
-        "--no-fsync",
-        action="store_true",
-        help="run the throwaway PostgreSQL with fsync=off (not durable; default: fsync=on)",
-    )
+    substrate_options(parser, "postgres,sqlite")
     parser.add_argument(
         "--notify",
         action="store_true",

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _bench import machine, postgres, work_group, write_json
+from _bench import machine, postgres, substrate_options, work_group, write_json
 
 from effecthost.contract import EffectGroup, ToolRegistry
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
@@ -135,12 +135,7 @@ async def main() -> None:
     parser.add_argument("--callers", type=int, default=4)
     parser.add_argument("--big", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--substrates", default="sqlite,postgres")
-    parser.add_argument(
-        "--no-fsync",
-        action="store_true",
-        help="run the throwaway PostgreSQL with fsync=off (not durable; default: fsync=on)",
-    )
+    substrate_options(parser, "sqlite,postgres")
     parser.add_argument(
         "--out", default=str(Path(__file__).parent / "results" / "sql_sealing.json")
     )

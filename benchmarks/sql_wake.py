@@ -36,7 +36,7 @@ from pathlib import Path
 from queue import Queue
 from typing import IO, Any
 
-from _bench import machine, percentile, postgres, run
+from _bench import machine, percentile, postgres, ruled, run, substrate_options
 
 from effecthost.contract import (
     EffectEnvelope,
@@ -164,13 +164,12 @@ async def main(options: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
 
 def table(document: dict[str, Any]) -> str:
     header = f"{'db':<10}{'samples':>8}{'p50 ms':>10}{'p95 ms':>10}{'max ms':>10}"
-    lines = [
+    lines = ruled(
         f"cross-process wake (commit acknowledged in one process -> waiter returns in another)"
         f"  python={document['python']}  cpus={document['cpus']}"
         f"  load={document['load_average'][0]:.1f}",
         header,
-        "-" * len(header),
-    ]
+    )
     for row in document["rows"]:
         lines.append(
             f"{row['substrate']:<10}{row['samples']:>8}{row['p50_ms']:>10.2f}"
@@ -185,8 +184,7 @@ def cli() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=60)
-    parser.add_argument("--substrates", default="postgres,sqlite")
-    parser.add_argument("--no-fsync", action="store_true", help="PostgreSQL with fsync=off")
+    substrate_options(parser, "postgres,sqlite")
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "sql_wake.json"
     )

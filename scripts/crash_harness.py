@@ -456,6 +456,20 @@ def make_plan(rng: random.Random, prefix: str) -> list[dict[str, Any]]:
     return plan
 
 
+VERDICTS = (
+    "lost",
+    "double",
+    "divergent",
+    "stuck",
+    "hung",
+    "wrong",
+    "cancel_ran",
+    "loser_restarts",
+    "deadlocks",
+)
+"""The counts each round reports: every one is 0 in a passing run."""
+
+
 class Harness:
     def __init__(self, options: argparse.Namespace) -> None:
         self.options = options
@@ -817,17 +831,12 @@ class Harness:
             (f"{prefix}/%",),
         )
         late = {(str(rk), int(attempt)): owner for rk, attempt, owner in claims}
-        ran = 0
-        for path in (round_dir / "exec").glob("*.log"):
-            for line in path.read_text().splitlines():
-                rk, _, attempt = line.partition(" ")
-                if (rk, int(attempt)) in late:
-                    ran += 1
-                    row["notes"].append(
-                        f"loser {rk} of a closed CANCEL group claimed after the close and run "
-                        f"(attempt {attempt}, pid {path.stem})"
-                    )
-        return ran
+        return _noted(
+            row,
+            [e for e in _executions(round_dir) if e[:2] in late],
+            "loser {} of a closed CANCEL group claimed after the close and run "
+            "(attempt {}, pid {})",
+        )
 
     async def _loser_restarts(
         self, round_dir: Path, prefix: str, read_on: set[str], row: dict[str, Any]
@@ -841,17 +850,12 @@ class Harness:
             (f"{prefix}/%",),
         )
         decided = {(str(rk), int(attempt)) for key, rk, attempt in claims if key not in read_on}
-        started = 0
-        for path in (round_dir / "exec").glob("*.log"):
-            for line in path.read_text().splitlines():
-                rk, _, attempt = line.partition(" ")
-                if (rk, int(attempt)) in decided:
-                    started += 1
-                    row["notes"].append(
-                        f"loser {rk} of a decided CANCEL group started again (attempt "
-                        f"{attempt}, pid {path.stem}) though no caller awaited a missing rank"
-                    )
-        return started
+        return _noted(
+            row,
+            [e for e in _executions(round_dir) if e[:2] in decided],
+            "loser {} of a decided CANCEL group started again (attempt {}, pid {}) though "
+            "no caller awaited a missing rank",
+        )
 
     async def _describe_stuck(self, rk: str) -> str:
         rows = await Db(self.base).fetch(
@@ -872,18 +876,7 @@ class Harness:
         )
 
     def _progress_line(self, row: dict[str, Any]) -> str:
-        keys = (
-            "lost",
-            "double",
-            "divergent",
-            "stuck",
-            "hung",
-            "wrong",
-            "cancel_ran",
-            "loser_restarts",
-            "deadlocks",
-        )
-        bad = {k: row[k] for k in keys if row.get(k)}
+        bad = {k: row[k] for k in VERDICTS if row.get(k)}
         return f"round {row['round']:4d} {row['mode']:8s} {row.get('point', '-'):26s} {bad or 'ok'}"
 
     async def run(self) -> dict[str, Any]:
@@ -898,19 +891,7 @@ class Harness:
                 index += 1
                 if self.options.json:  # partial figures, readable while a long run goes on
                     _write(self.options.json, {**self.summary(), "partial": True})
-                if self.options.verbose or any(
-                    row.get(k)
-                    for k in (
-                        "lost",
-                        "double",
-                        "divergent",
-                        "stuck",
-                        "hung",
-                        "wrong",
-                        "cancel_ran",
-                        "loser_restarts",
-                    )
-                ):
+                if self.options.verbose or any(row.get(k) for k in VERDICTS if k != "deadlocks"):
                     print(self._progress_line(row), flush=True)
         finally:
             self.stop()
@@ -935,18 +916,7 @@ class Harness:
         return sum(1 for r in self.rows if r["killed"] or r["mode"] in ("takeover", "pgcrash"))
 
     def summary(self) -> dict[str, Any]:
-        keys = (
-            "lost",
-            "double",
-            "divergent",
-            "stuck",
-            "hung",
-            "wrong",
-            "cancel_ran",
-            "loser_restarts",
-            "deadlocks",
-        )
-        totals = {k: sum(int(r.get(k, 0)) for r in self.rows) for k in keys}
+        totals = {k: sum(int(r.get(k, 0)) for r in self.rows) for k in VERDICTS}
         killed = self.kill_points()
         return {
             "db": self.options.db,
@@ -968,6 +938,23 @@ class Harness:
                 if r["notes"]
             ],
         }
+
+
+def _executions(round_dir: Path) -> list[tuple[str, int, str]]:
+    """Every tool execution the round's workers logged: (replay key, attempt, pid)."""
+    found = []
+    for path in (round_dir / "exec").glob("*.log"):
+        for line in path.read_text().splitlines():
+            rk, _, attempt = line.partition(" ")
+            found.append((rk, int(attempt), path.stem))
+    return found
+
+
+def _noted(row: dict[str, Any], runs: list[tuple[str, int, str]], note: str) -> int:
+    """Add a note per run (``note`` formatted with its replay key, attempt and pid) to
+    the round's row; how many there were."""
+    row["notes"] += [note.format(*run) for run in runs]
+    return len(runs)
 
 
 def _write(path: Path, summary: dict[str, Any]) -> None:

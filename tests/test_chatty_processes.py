@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from group_support import group as effect_group
 
 from effecthost.conformance import FactoryEnv, HostCapabilities, ProcessHostUnderTest
-from effecthost.contract import EffectEnvelope, EffectGroup, EffectKind, LoserPolicy, WakePolicy
+from effecthost.contract import EffectEnvelope, EffectKind
 
 HERE = Path(__file__).parent
 SRC = HERE.parent / "src"
@@ -33,11 +34,9 @@ async def test_a_deployment_process_writing_megabytes_serves_a_group(tmp_path: P
     )
     try:
         ctl = await under_test.controller()
-        group = EffectGroup(
-            key="chatty:group:g:0",
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[
+        group = effect_group(
+            "chatty:group:g:0",
+            [
                 EffectEnvelope(
                     replay_key=f"chatty.{i}", kind=EffectKind.TOOL_CALL, name="loud", input=i
                 )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
+
+from cli_support import cli
 
 from effecthost.conformance import OBLIGATIONS, all_checks
 
@@ -21,15 +22,7 @@ def effecthost(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess
     env = {
         k: v for k, v in os.environ.items() if k not in ("EFFECTHOST_FACTORY", "EFFECTHOST_HOST")
     }
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, "-m", "effecthost.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        check=False,
-    )
+    return cli(*args, timeout=timeout, env=env)
 
 
 def _table_rows(stdout: str) -> dict[str, list[str]]:

@@ -7,85 +7,33 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pty
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from effecthost.contract import EffectEnvelope, EffectGroup, LoserPolicy, ToolRegistry, WakePolicy
-from effecthost.hosts.sql import sqlite_host
+from cli_support import abandoned_groups, cli, cli_env
+from cli_support import on_a_terminal as terminal_run
 
-TESTS = Path(__file__).parent
 KEY = "cli:group:progress:0"
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
-    env["COLUMNS"] = "200"
-    return env
+def _wide() -> dict[str, str]:
+    return {**os.environ, "COLUMNS": "200"}
 
 
 def piped(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "effecthost.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=_env(),
-        check=False,
-    )
+    return cli(*args, env=_wide())
 
 
 def on_a_terminal(*args: str) -> tuple[int, str]:
     """``effecthost ARGS`` with its stdout on a pseudo-terminal; (exit code, output)."""
-    controller, terminal = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "effecthost.cli", *args],
-        stdout=terminal,
-        stderr=subprocess.STDOUT,
-        env=_env(),
-    )
-    os.close(terminal)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(controller, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(controller)
-    return process.wait(60), b"".join(chunks).decode()
+    return terminal_run(*args, env=cli_env(_wide()))
 
 
 def abandoned_group(db: Path) -> None:
     """A two-child group whose tools never return, its host stopped as a dying process
     stops; its short leases expire on the database clock."""
-
-    async def make() -> None:
-        never = asyncio.Event()
-
-        async def hold(value: Any) -> Any:
-            await never.wait()
-
-        host = await sqlite_host(db, ToolRegistry({"hold": hold}), lease_ttl=0.6, renew_every=0.1)
-        await host.open_effect_group(
-            EffectGroup(
-                key=KEY,
-                wake=WakePolicy.ALL,
-                disposition=LoserPolicy.RUN_TO_COMPLETION,
-                children=[
-                    EffectEnvelope(replay_key=f"{KEY}:{i}", kind="tool_call", name="hold", input=i)
-                    for i in range(2)
-                ],
-            )
-        )
-        await host.aclose()
-
-    asyncio.run(make())
+    asyncio.run(abandoned_groups(db, [KEY]))
 
 
 def until(run: Any, expect: str) -> str:

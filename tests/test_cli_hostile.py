@@ -16,27 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import abandoned_groups, cli, stored_outcome
+from group_support import group as effect_group
 
 from effecthost.cli import ExitCode
-from effecthost.contract import EffectEnvelope, EffectGroup, LoserPolicy, ToolRegistry, WakePolicy
+from effecthost.contract import EffectEnvelope, ToolRegistry
 from effecthost.hosts.sql import sqlite_host
 
 TESTS = Path(__file__).parent
-
-
-def cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "effecthost.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        check=False,
-    )
 
 
 def snapshot(path: Path) -> Any:
@@ -48,34 +35,9 @@ def snapshot(path: Path) -> Any:
     return ("file", hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mode)
 
 
-async def _effecthost_db(path: Path, groups: int = 1) -> None:
-    """A real effecthost database with open groups whose opener went away."""
-    never = asyncio.Event()
-
-    async def hold(value: Any) -> Any:
-        await never.wait()
-
-    host = await sqlite_host(path, ToolRegistry({"hold": hold}), lease_ttl=0.6, renew_every=0.1)
-    for g in range(groups):
-        key = f"cli:hostile:{g}"
-        await host.open_effect_group(
-            EffectGroup(
-                key=key,
-                wake=WakePolicy.ALL,
-                disposition=LoserPolicy.RUN_TO_COMPLETION,
-                children=[
-                    EffectEnvelope(
-                        replay_key=f"{key}:{i}", kind="tool_call", name="hold", input="x" * 200
-                    )
-                    for i in range(2)
-                ],
-            )
-        )
-    await host.aclose()
-
-
 def effecthost_db(path: Path, groups: int = 1, *, journal: str = "WAL") -> Path:
-    asyncio.run(_effecthost_db(path, groups))
+    keys = [f"cli:hostile:{g}" for g in range(groups)]
+    asyncio.run(abandoned_groups(path, keys, lambda _: "x" * 200))
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute(f"PRAGMA journal_mode={journal}")  # checkpoints: everything in the file
     conn.close()
@@ -316,11 +278,9 @@ async def _sealed_db(path: Path, keys: Path) -> str:
     )
     key = "cli:sealed:0"
     handle = await host.open_effect_group(
-        EffectGroup(
-            key=key,
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[
+        effect_group(
+            key,
+            [
                 EffectEnvelope(replay_key=f"{key}:0", kind="tool_call", name="echo", input="c0"),
                 EffectEnvelope(replay_key=f"{key}:1", kind="tool_call", name="hold", input=SECRET),
             ],
@@ -332,17 +292,6 @@ async def _sealed_db(path: Path, keys: Path) -> str:
 
 
 SECRET = "plaintext-canary-7f3a"
-
-
-def stored_outcome(path: Path, replay_key: str) -> str | None:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        row = conn.execute(
-            "SELECT outcome FROM eh_children WHERE replay_key = ?", (replay_key,)
-        ).fetchone()
-    finally:
-        conn.close()
-    return None if row is None else row[0]
 
 
 def test_drain_of_a_sealed_database_needs_its_payload_settings(tmp_path: Path) -> None:

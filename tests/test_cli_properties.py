@@ -21,8 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from hypothesis_support import examples
 from test_cli_hostile import effecthost_db
 
 from effecthost import _inspect as shown
@@ -36,11 +37,7 @@ from effecthost._timeline import (
 from effecthost.cli import main
 from effecthost.hosts.sql import SCHEMA_VERSION
 
-FILES = settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FILES = examples(40)
 COMMANDS = {
     "inspect": ["--lock-timeout", "0.2"],
     "drain": ["--once", "--lock-timeout", "0.2"],

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import stored_outcome as read_outcome
+from group_support import group as effect_group
 from test_cli_hostile import (
     assert_one_line_refusal,
     cli,
@@ -30,7 +32,7 @@ from test_cli_hostile import (
 )
 
 from effecthost.cli import ExitCode
-from effecthost.contract import EffectEnvelope, EffectGroup, LoserPolicy, ToolRegistry, WakePolicy
+from effecthost.contract import EffectEnvelope, ToolRegistry
 from effecthost.hosts.sql import sqlite_host
 
 TESTS = Path(__file__).parent
@@ -66,11 +68,9 @@ async def _dead_opener(
         renew_every=0.1,
         payloads=policy,
     )
-    group = EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
+    group = effect_group(
+        key,
+        [
             EffectEnvelope(replay_key=f"{key}:{i}", kind="tool_call", name=tool, input=SECRET)
             for i in range(1 if settle else 2)
         ],
@@ -86,14 +86,7 @@ SECRET = "plaintext-canary-21"
 
 def stored_outcome(path: Path, replay_key: str) -> str | None:
     """A read that leaves no ``-wal``/``-shm`` (a read-only connection would)."""
-    conn = sqlite3.connect(path)
-    try:
-        row = conn.execute(
-            "SELECT outcome FROM eh_children WHERE replay_key = ?", (replay_key,)
-        ).fetchone()
-    finally:
-        conn.close()
-    return None if row is None else row[0]
+    return read_outcome(path, replay_key, read_only=False)
 
 
 def rollback_journal(path: Path) -> None:

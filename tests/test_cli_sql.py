@@ -3,58 +3,18 @@ went away (G-12, G-30, G-34)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-
-from effecthost.contract import EffectEnvelope, EffectGroup, LoserPolicy, ToolRegistry, WakePolicy
-from effecthost.hosts.sql import sqlite_host
-
-TESTS = Path(__file__).parent
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "effecthost.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
+from cli_support import abandoned_groups, cli
 
 
 async def abandoned_group(db: Path) -> str:
     """Open a two-child group whose tools never return, then stop the host the way a
     dying process does; its short leases expire on the database clock."""
-    never = asyncio.Event()
-
-    async def hold(value: Any) -> Any:
-        await never.wait()
-
-    host = await sqlite_host(db, ToolRegistry({"hold": hold}), lease_ttl=0.6, renew_every=0.1)
     key = "cli:group:abandoned:0"
-    group = EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
-            EffectEnvelope(replay_key=f"{key}:{i}", kind="tool_call", name="hold", input=i)
-            for i in range(2)
-        ],
-    )
-    await host.open_effect_group(group)
-    await host.aclose()
+    await abandoned_groups(db, [key])
     return key
 
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from xml.etree import ElementTree
 
-from test_cli import TESTS_DIR, effecthost
+from cli_support import cli_env, on_a_terminal
+from test_cli import effecthost
 
 from effecthost.conformance import HostCapabilities, all_checks
 from effecthost.hosts.memory.testing import MemoryHostUnderTest
@@ -160,29 +158,9 @@ def test_keep_keeps_the_logs_of_every_process_of_the_sql_factories() -> None:
 
 def _on_a_terminal(*args: str) -> tuple[int, str]:
     """Run ``effecthost ARGS`` with its stdout on a pseudo-terminal; (exit code, output)."""
-    controller, terminal = pty.openpty()
     env = {k: v for k, v in os.environ.items() if k != "EFFECTHOST_FACTORY"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
     env["COLUMNS"] = "200"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "effecthost.cli", *args],
-        stdout=terminal,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    os.close(terminal)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(controller, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(controller)
-    code = process.wait(60)
-    return code, b"".join(chunks).decode()
+    return on_a_terminal(*args, env=cli_env(env))
 
 
 def test_progress_on_a_terminal_and_plain_lines_elsewhere() -> None:

@@ -9,7 +9,9 @@ import re
 import subprocess
 import sys
 import tokenize
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +31,25 @@ GLUE_LIMIT = 200
 pytestmark = pytest.mark.anyio
 
 
+async def passes_what_it_declares(factory: Callable[[FactoryEnv], Any]) -> str:
+    """Run the suite against an example host: nothing fails, restart, the durable timers
+    and the waiter probe are declared, and only checks needing an undeclared capability
+    are skipped. The run's summary line."""
+    report = await run_suite(factory)
+    failed = [f"{r.check.node_name}: {r.reason}" for r in report.by_status("failed")]
+    assert not failed, "\n".join(failed)
+    declared = set(report.capabilities.declared()) if report.capabilities else set()
+    assert {"restart", "durable_timers", "waiter_probe"} <= declared
+    for result in report.by_status("skipped"):
+        assert not set(result.check.requires) <= declared, result.check.node_name
+    assert len(report.results) == len(all_checks())
+    counts = {s: len(report.by_status(s)) for s in ("passed", "failed", "skipped")}
+    return (
+        f"{len(report.results)} checks: {counts['passed']} passed, {counts['failed']} failed, "
+        f"{counts['skipped']} skipped"
+    )
+
+
 @pytest.fixture
 def example_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(ROOT))
@@ -41,19 +62,7 @@ async def test_the_file_host_passes_every_check_it_declares(example_importable: 
     summary line this run prints."""
     from examples.file_host.testing import factory
 
-    report = await run_suite(factory)
-    failed = [f"{r.check.node_name}: {r.reason}" for r in report.by_status("failed")]
-    assert not failed, "\n".join(failed)
-    declared = set(report.capabilities.declared()) if report.capabilities else set()
-    assert {"restart", "durable_timers", "waiter_probe"} <= declared
-    for result in report.by_status("skipped"):
-        assert not set(result.check.requires) <= declared, result.check.node_name
-    assert len(report.results) == len(all_checks())
-    counts = {s: len(report.by_status(s)) for s in ("passed", "failed", "skipped")}
-    summary = (
-        f"{len(report.results)} checks: {counts['passed']} passed, {counts['failed']} failed, "
-        f"{counts['skipped']} skipped"
-    )
+    summary = await passes_what_it_declares(factory)
     guide = (ROOT / "docs" / "writing-a-host.md").read_text()
     assert f"\n{summary}\n" in guide, f"the guide's example output is not {summary!r}"
 

@@ -12,8 +12,9 @@ import pickle
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from hypothesis_support import examples
 
 from effecthost.combinators import Call, Scope, build_group, tool
 from effecthost.contract import (
@@ -33,11 +34,7 @@ from effecthost.contract import (
     normalize_json,
 )
 
-SETTINGS = settings(
-    max_examples=150,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+SETTINGS = examples(150)
 
 text = st.one_of(
     st.text(max_size=12),

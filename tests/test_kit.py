@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from group_support import group as effect_group
 
 from effecthost.contract import (
     CursorExhausted,
@@ -188,14 +189,14 @@ def test_shape_fence_each_field(changed: dict[str, object]) -> None:
 def test_hash_fence_compares_every_child_and_skips_unrecorded_positions() -> None:
     """G-02, R-7: every recorded child, not the first one only."""
     g = group("a", "b")
-    same_key_other_input = EffectGroup(
-        key=KEY,
-        wake=WakePolicy.FIRST,
-        disposition=RTC,
-        children=[
+    same_key_other_input = effect_group(
+        KEY,
+        [
             g.children[0],
             EffectEnvelope(replay_key="rk-b", kind="tool_call", name="b", input={"other": 1}),
         ],
+        WakePolicy.FIRST,
+        RTC,
     )
     with pytest.raises(ReplayMismatch):
         kit.check_reopen(Offer.of(same_key_other_input), record(), recorded_of(g))
@@ -232,14 +233,14 @@ def test_resolve_first_open_names_the_first_miss_in_position_order() -> None:
 
 def test_first_unresolvable_skips_host_kinds() -> None:
     """G-51: sleep and await_event are run by the host, not the resolver."""
-    g = EffectGroup(
-        key=KEY,
-        wake=WakePolicy.FIRST,
-        disposition=RTC,
-        children=[
+    g = effect_group(
+        KEY,
+        [
             EffectEnvelope(replay_key="t", kind="sleep", name="sleep", input={"seconds": 1}),
             EffectEnvelope(replay_key="e", kind="await_event", name="go", input=None),
         ],
+        WakePolicy.FIRST,
+        RTC,
     )
     assert kit.first_unresolvable(g, lambda _c: None) is None
 

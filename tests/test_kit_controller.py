@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 import pytest
+from group_support import group as effect_group
 
 from effecthost.contract import (
     CursorExhausted,
@@ -163,14 +164,14 @@ def gated_tools(*names: str) -> tuple[ToolRegistry, dict[str, asyncio.Event]]:
 
 
 def group(key: str, *names: str, disposition: LoserPolicy = RTC) -> EffectGroup:
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.FIRST,
-        disposition=disposition,
-        children=[
+    return effect_group(
+        key,
+        [
             EffectEnvelope(replay_key=f"{key}/{n}", kind="tool_call", name=n, input={})
             for n in names
         ],
+        WakePolicy.FIRST,
+        disposition,
     )
 
 
@@ -225,14 +226,14 @@ async def test_first_open_refusals_record_nothing_and_reopen_is_fenced() -> None
     with pytest.raises(GroupShapeError) as refused:
         await host.open_effect_group(group("g", "a", "missing"))
     assert (refused.value.position, await host.find_group("g")) == (1, None)
-    taken = EffectGroup(
-        key="g2",
-        wake=WakePolicy.FIRST,
-        disposition=RTC,
-        children=[
+    taken = effect_group(
+        "g2",
+        [
             EffectEnvelope(replay_key="x", kind="tool_call", name="missing", input={}),
             EffectEnvelope(replay_key="held/a", kind="tool_call", name="a", input={}),
         ],
+        WakePolicy.FIRST,
+        RTC,
     )
     with pytest.raises(ReplayMismatch) as mismatch:
         await host.open_effect_group(taken)
@@ -386,14 +387,14 @@ async def test_a_decided_group_is_resumed_without_restarts_and_its_losers_run_on
     others = ResumingHost(tools)
     others.on_restart = gates["d"].set
     gates["c"].set()
-    every = EffectGroup(
-        key="every",
-        wake=WakePolicy.ALL,
-        disposition=CANCEL,
-        children=[
+    every = effect_group(
+        "every",
+        [
             EffectEnvelope(replay_key=f"every/{n}", kind="tool_call", name=n, input={})
             for n in ("c", "d")
         ],
+        WakePolicy.ALL,
+        CANCEL,
     )
     for shape in (group("rtc", "c", "d"), every):
         opened = await others.open_effect_group(shape)

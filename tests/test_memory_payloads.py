@@ -13,10 +13,10 @@ from typing import Any
 import anyio
 import pytest
 from gated_tools import Lab, group, step
+from group_support import group as effect_group
 
 from effecthost.contract import (
     EffectEnvelope,
-    EffectGroup,
     InvalidEnvelope,
     LoserPolicy,
     Outcome,
@@ -24,7 +24,6 @@ from effecthost.contract import (
     PayloadShredded,
     SealedPayloadUnreadable,
     ToolRegistry,
-    WakePolicy,
 )
 from effecthost.hosts.memory import MemoryEffectHost
 from effecthost.payloads import (
@@ -354,12 +353,7 @@ async def test_g49_an_event_payload_shaped_like_an_envelope_is_refused_and_recor
 ) -> None:
     """G-49, ADR 0130 D6: a sealed value is minted by the host's sealer, never by a caller;
     an event payload carrying the shape is ``InvalidEnvelope`` and settles nothing."""
-    g = EffectGroup(
-        key=KEY,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[EffectEnvelope(replay_key=f"{KEY}:ev", kind="await_event", name="ev")],
-    )
+    g = effect_group(KEY, [EffectEnvelope(replay_key=f"{KEY}:ev", kind="await_event", name="ev")])
     await host.open_effect_group(g)
     forged = {"wrapped": [{"format": "effecthost.sealed/2", "ciphertext": "QUJD"}]}
     with pytest.raises(InvalidEnvelope):

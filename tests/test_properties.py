@@ -12,8 +12,10 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hypothesis import HealthCheck, given, settings
+from group_support import group as effect_group
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_support import examples
 
 from effecthost.contract import (
     EffectEnvelope,
@@ -32,11 +34,7 @@ from effecthost.hosts.sql import SqlEffectHost, sqlite_host
 T = TypeVar("T")
 WAIT = 10.0  # a hang guard
 
-FAST = settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FAST = examples(60)
 
 # -- generated values -------------------------------------------------------------------
 
@@ -233,11 +231,9 @@ def test_memory_controller_methods_refuse_typed_and_change_nothing(steps: list[A
             before = _run(loop, recorded())
             try:
                 if action == "open":
-                    group = EffectGroup(
-                        key=key,
-                        wake=WakePolicy.ALL,
-                        disposition=LoserPolicy.RUN_TO_COMPLETION,
-                        children=[
+                    group = effect_group(
+                        key,
+                        [
                             {"replay_key": f"{key}:{i}", "kind": "tool_call", "name": "echo"}
                             for i in range(2)
                         ],
@@ -300,13 +296,8 @@ def _results_property(
         n = next(counter)
         key = f"p:group:{name}:{n}"
         results[key] = value
-        group = EffectGroup(
-            key=key,
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[
-                {"replay_key": f"{key}:0", "kind": "tool_call", "name": "give", "input": key}
-            ],
+        group = effect_group(
+            key, [{"replay_key": f"{key}:0", "kind": "tool_call", "name": "give", "input": key}]
         )
         handle = _run(loop, host.open_effect_group(group))
         settled = _run(loop, host.await_next_settlement(handle))

@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
+from group_support import group as effect_group
 from restate_stack import Stack, eventually, running_stack, step
 
 from effecthost.contract import (
-    EffectGroup,
     LoserPolicy,
     WakePolicy,
     group_key,
@@ -54,11 +54,11 @@ async def test_issue25_a_cancelled_losers_rerun_after_close_does_not_start_its_t
     ``close(CANCEL)`` has returned; the re-run settles the child as cancelled without
     starting the tool again, and the group retires (R-11)."""
     ctl = stack.controller
-    group = EffectGroup(
-        key=group_key("guard", "race", 0),
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[step("guard.win", gate=False), step("guard.lose")],
+    group = effect_group(
+        group_key("guard", "race", 0),
+        [step("guard.win", gate=False), step("guard.lose")],
+        WakePolicy.FIRST,
+        LoserPolicy.CANCEL,
     )
     handle = await ctl.open_effect_group(group)
     first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -103,11 +103,11 @@ async def test_issue25_a_rerun_whose_cancel_is_still_in_flight_does_not_start_it
     ctl = stack.controller
     tag = f"guard.{declared.value}"
     late = f"{tag}.late"
-    group = EffectGroup(
-        key=group_key("guard", declared.value, 0),
-        wake=WakePolicy.FIRST,
-        disposition=declared,
-        children=[step(f"{tag}.first", gate=False), step(late)],
+    group = effect_group(
+        group_key("guard", declared.value, 0),
+        [step(f"{tag}.first", gate=False), step(late)],
+        WakePolicy.FIRST,
+        declared,
     )
     handle = await ctl.open_effect_group(group)
     await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -164,22 +164,19 @@ async def test_issue25_the_guard_and_the_target_check_fail_over_between_admin_ur
     the node it was reading is gone."""
     async with running_stack(tmp_path, before_start=_two_dead_admins) as stack:
         ctl = stack.controller
-        race = EffectGroup(
-            key=group_key("failover", "race", 0),
-            wake=WakePolicy.FIRST,
-            disposition=LoserPolicy.CANCEL,
-            children=[step("failover.win", gate=False), step("failover.lose")],
+        race = effect_group(
+            group_key("failover", "race", 0),
+            [step("failover.win", gate=False), step("failover.lose")],
+            WakePolicy.FIRST,
+            LoserPolicy.CANCEL,
         )
         handle = await ctl.open_effect_group(race)
         first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
         assert first.replay_key == "failover.win" and first.outcome.error is None, first
         await asyncio.wait_for(ctl.close_effect_group(handle), TIMEOUT)
 
-        routed = EffectGroup(
-            key=group_key("failover", "routed", 0),
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[step("failover.routed", gate=False)],
+        routed = effect_group(
+            group_key("failover", "routed", 0), [step("failover.routed", gate=False)]
         )
         handle = await ctl.open_routed(routed, {0: "NoSuchService/handler"})
         settlement = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -194,11 +191,11 @@ async def test_issue25_no_admin_api_answering_holds_the_tool_in_retries(tmp_path
     starts on a guess."""
     async with running_stack(tmp_path, before_start=_no_admin) as stack:
         ctl = stack.controller
-        race = EffectGroup(
-            key=group_key("noadmin", "race", 0),
-            wake=WakePolicy.FIRST,
-            disposition=LoserPolicy.CANCEL,
-            children=[step("noadmin.a", gate=False), step("noadmin.b", gate=False)],
+        race = effect_group(
+            group_key("noadmin", "race", 0),
+            [step("noadmin.a", gate=False), step("noadmin.b", gate=False)],
+            WakePolicy.FIRST,
+            LoserPolicy.CANCEL,
         )
         await ctl.open_effect_group(race)
 

@@ -11,13 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from group_support import group as effect_group
+from group_support import tool
 
 from effecthost.contract import (
-    EffectEnvelope,
-    EffectGroup,
-    EffectKind,
-    LoserPolicy,
-    WakePolicy,
     group_key,
 )
 from effecthost.hosts.restate.testing import LocalRestate
@@ -50,19 +47,8 @@ async def test_issue25_a_rerun_after_the_endpoint_was_killed_sees_a_later_attemp
         ctl = local.controller(registry, owner="tests")
         try:
             key = group_key("identity", "all", 0)
-            group = EffectGroup(
-                key=key,
-                wake=WakePolicy.ALL,
-                disposition=LoserPolicy.RUN_TO_COMPLETION,
-                children=[
-                    EffectEnvelope(
-                        replay_key="identity.0",
-                        kind=EffectKind.TOOL_CALL,
-                        name=WHO,
-                        input={"dir": str(marks), "tag": "identity.0"},
-                    )
-                ],
-            )
+            child = tool("identity.0", {"dir": str(marks), "tag": "identity.0"}, name=WHO)
+            group = effect_group(key, [child])
             handle = await ctl.open_effect_group(group)
             started = marks / "identity.0.started"
             deadline = time.monotonic() + TIMEOUT

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
 from restate_stack import Stack, running_stack, step
 
 from effecthost.contract import (
@@ -49,14 +50,14 @@ async def _crashed_race(
     """A 4-child ``CANCEL`` race whose winner took rank 1 and whose three losers were
     running their tools when the endpoint was SIGKILLed; the endpoint is back and the
     caller is a new incarnation."""
-    group = EffectGroup(
-        key=group_key("decided", name, 0),
-        wake=wake,
-        disposition=LoserPolicy.CANCEL,
-        children=[
+    group = effect_group(
+        group_key("decided", name, 0),
+        [
             step(f"{name}.w", **(winner or {"gate": False, "result": "won"})),
             *(step(f"{name}.{x}") for x in LOSERS),
         ],
+        wake,
+        LoserPolicy.CANCEL,
     )
     handle = await stack.controller.open_effect_group(group)
     first = await asyncio.wait_for(stack.controller.await_next_settlement(handle), TIMEOUT)

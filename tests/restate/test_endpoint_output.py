@@ -9,13 +9,10 @@ import os
 from pathlib import Path
 
 import pytest
+from group_support import group as effect_group
+from group_support import tool
 
 from effecthost.contract import (
-    EffectEnvelope,
-    EffectGroup,
-    EffectKind,
-    LoserPolicy,
-    WakePolicy,
     group_key,
 )
 from effecthost.hosts.restate.testing import LocalRestate
@@ -45,20 +42,8 @@ async def test_an_endpoint_printing_over_a_mib_to_each_stream_serves_its_group(
         ctl = local.controller(registry, owner="tests")
         try:
             n = 4
-            group = EffectGroup(
-                key=group_key("noisy", "all", 0),
-                wake=WakePolicy.ALL,
-                disposition=LoserPolicy.RUN_TO_COMPLETION,
-                children=[
-                    EffectEnvelope(
-                        replay_key=f"noisy.{i}",
-                        kind=EffectKind.TOOL_CALL,
-                        name=NOISY,
-                        input={"tag": i, "bytes": MIB // 2},
-                    )
-                    for i in range(n)
-                ],
-            )
+            children = [tool(f"noisy.{i}", {"tag": i, "bytes": MIB // 2}, NOISY) for i in range(n)]
+            group = effect_group(group_key("noisy", "all", 0), children)
             handle = await ctl.open_effect_group(group)
             ranks = [
                 await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT) for _ in range(n)

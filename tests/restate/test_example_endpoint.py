@@ -5,47 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from example_support import run_script, start_script, stop_script
 
 from effecthost.hosts.restate.testing import LocalRestate, free_port
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "restate_endpoint"
 
 pytestmark = pytest.mark.anyio
 
 
 def _python(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *args], cwd=EXAMPLE, capture_output=True, text=True, timeout=120
-    )
+    return run_script("restate_endpoint", *args)
 
 
 def _serve_app(port: int, admin: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "app.py", "--bind", f"127.0.0.1:{port}", "--admin", admin],
-        cwd=EXAMPLE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    return start_script(
+        "restate_endpoint", "app.py", "--bind", f"127.0.0.1:{port}", "--admin", admin
     )
-
-
-def _stop_app(app: subprocess.Popen[bytes]) -> int:
-    """SIGTERM, as a process manager stops it; its exit code (SIGKILL after a bound)."""
-    if app.poll() is not None:
-        return app.returncode
-    app.send_signal(signal.SIGTERM)
-    try:
-        return app.wait(15)
-    except subprocess.TimeoutExpired:
-        app.kill()
-        app.wait()
-        raise AssertionError("the example app still ran 15 s after SIGTERM") from None
 
 
 async def _listening(port: int, app: subprocess.Popen[bytes]) -> None:
@@ -83,7 +62,7 @@ async def test_the_restate_example_runs_as_documented(tmp_path: Path) -> None:
         assert "race(lookup 0.1s, deadline 1s): {'status': 'ok'" in out
         assert "race(lookup 5.0s, deadline 1s): {'status': 'deadline'}" in out
         # G-15: it shuts down cleanly on SIGTERM (what container runtimes send)
-        assert await asyncio.to_thread(_stop_app, app) == 0
+        assert await asyncio.to_thread(stop_script, app) == 0
     finally:
-        await asyncio.to_thread(_stop_app, app)
+        await asyncio.to_thread(stop_script, app)
         await local.stop()

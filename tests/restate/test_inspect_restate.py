@@ -7,16 +7,14 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from group_support import group as effect_group
+from group_support import tool
 from inspect_support import check_inspect, inspect
 from restate_stack import running_stack
 
 from effecthost.conformance import step_input
 from effecthost.contract import (
-    EffectEnvelope,
-    EffectGroup,
-    EffectKind,
     LoserPolicy,
-    WakePolicy,
     group_key,
 )
 from effecthost.hosts.restate.testing import group_state
@@ -32,17 +30,8 @@ async def test_inspect_restate_lists_and_ranks_without_writing(tmp_path: Path) -
         ctl, lab, local = stack.controller, stack.lab, stack.local
         key = group_key("inspect", "restate", 0)
         tags = ["inspect.r.hold", "inspect.r.quick"]
-        group = EffectGroup(
-            key=key,
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.CANCEL,
-            children=[
-                EffectEnvelope(
-                    replay_key=t, kind=EffectKind.TOOL_CALL, name=STEP, input=step_input(t)
-                )
-                for t in tags
-            ],
-        )
+        children = [tool(t, step_input(t), name=STEP) for t in tags]
+        group = effect_group(key, children, disposition=LoserPolicy.CANCEL)
         handle = await ctl.open_effect_group(group)
         lab.open(tags[1])
         first = await asyncio.wait_for(ctl.await_next_settlement(handle), 20)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from group_support import group as effect_group
 from operator_tools import resolver
 from restate_stack import running_stack
 
@@ -63,14 +64,14 @@ async def raced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
     assert CLI.is_file(), "run scripts/install-restate.sh (installs the restate CLI)"
     paths = [TESTS, os.environ.get("PYTHONPATH")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
-    group = EffectGroup(
-        key="ops:race:7",
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[
+    group = effect_group(
+        "ops:race:7",
+        [
             _child("ops.fast", "lookup.fast", gate=False),
             _child("ops.slow", "lookup.slow", hold_cancel=True),
         ],
+        WakePolicy.FIRST,
+        LoserPolicy.CANCEL,
     )
     async with running_stack(
         tmp_path, resolver="operator_tools:resolver", executors=resolver(str(tmp_path / "lab"))

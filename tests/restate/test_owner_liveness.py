@@ -5,36 +5,20 @@ has lapsed."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-from restate_live_owner import OWNER, OWNER_TTL
+from owner_liveness import OWNER, drain_beside_a_live_owner
 
 from effecthost.conformance import Lab, conformance_resolver
-from effecthost.contract import DrainReport
-from effecthost.hosts.restate import RestateController
+from effecthost.contract import EffectController
 from effecthost.hosts.restate.testing import LocalRestate
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 HERE = Path(__file__).parent
-TIMEOUT = 20.0
-
-
-def _touched(report: DrainReport, key: str) -> dict[str, list[str]]:
-    return {
-        "resumed": sorted(rk for k, rk in report.resumed if k == key),
-        "cancelled": sorted(rk for k, rk in report.cancelled if k == key),
-        "no_executor": sorted(e.replay_key for e in report.no_executor if e.group_key == key),
-    }
-
-
-async def _pass(ctl: RestateController, key: str) -> dict[str, list[str]]:
-    return _touched(await asyncio.wait_for(ctl.drain().run_pass(), TIMEOUT), key)
 
 
 async def test_R1_a_drain_beside_another_live_process_leaves_its_group(tmp_path: Path) -> None:
@@ -51,41 +35,28 @@ async def test_R1_a_drain_beside_another_live_process_leaves_its_group(tmp_path:
     try:
         await local.start()
         key = f"owned:{uuid.uuid4().hex[:8]}"
-        owner = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(HERE / "restate_live_owner.py"),
-            local.ingress_url,
-            local.admin_url,
-            str(lab.path),
-            key,
-            env=dict(os.environ),
-            stdout=asyncio.subprocess.PIPE,
-        )
         wired = local.controller(conformance_resolver(lab.path), owner=OWNER)
         unwired = local.controller(None, owner=OWNER)
-        try:
-            assert owner.stdout is not None
-            line = await asyncio.wait_for(owner.stdout.readline(), 60)
-            assert line.strip() == b"opened", line
-            await lab.wait_for("started", f"{key}:tool", 1, TIMEOUT)
-            nothing: dict[str, list[str]] = {"resumed": [], "cancelled": [], "no_executor": []}
-            assert await _pass(wired, key) == nothing
-            assert await _pass(unwired, key) == nothing
-            assert lab.count("cancelled", f"{key}:tool") == 0
-        finally:
-            if owner.returncode is None:
-                owner.kill()
-            await owner.wait()
-        # A bounded poll: the killed owner's lease lapses on the engine's timer, OWNER_TTL
-        # seconds after its last beat; no event of ours marks that moment.
-        deadline = time.monotonic() + OWNER_TTL + TIMEOUT
-        while True:
-            touched = await _pass(wired, key)
-            if touched["cancelled"] or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.2)
-        assert touched["cancelled"] == sorted(f"{key}:{x}" for x in ("tool", "ev", "nap"))
-        await lab.wait_for("cancelled", f"{key}:tool", 1, TIMEOUT)
+
+        async def controllers() -> tuple[EffectController, EffectController]:
+            assert wired is not None and unwired is not None
+            return wired, unwired
+
+        path = [str(HERE.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+        await drain_beside_a_live_owner(
+            [
+                sys.executable,
+                str(HERE / "restate_live_owner.py"),
+                local.ingress_url,
+                local.admin_url,
+                str(lab.path),
+                key,
+            ],
+            controllers,
+            lab,
+            key,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
+        )
     finally:
         for controller in (wired, unwired):
             if controller is not None:

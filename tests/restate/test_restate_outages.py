@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
 from restate_stack import Stack as BaseStack
 from restate_stack import running_stack
 
@@ -58,11 +59,9 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
 
 
 def _group(name: str, tags: list[str], **kw: Any) -> EffectGroup:
-    return EffectGroup(
-        key=group_key("outage", name, 0),
-        wake=kw.get("wake", WakePolicy.ALL),
-        disposition=kw.get("disposition", LoserPolicy.RUN_TO_COMPLETION),
-        children=[
+    return effect_group(
+        group_key("outage", name, 0),
+        [
             EffectEnvelope(
                 replay_key=tag,
                 kind=EffectKind.TOOL_CALL,
@@ -71,6 +70,8 @@ def _group(name: str, tags: list[str], **kw: Any) -> EffectGroup:
             )
             for tag in tags
         ],
+        kw.get("wake", WakePolicy.ALL),
+        kw.get("disposition", LoserPolicy.RUN_TO_COMPLETION),
     )
 
 

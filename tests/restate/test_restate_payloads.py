@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import event
+from group_support import group as effect_group
 from restate_secret_tools import registry
 
 from effecthost.conformance import run_suite
@@ -21,7 +23,6 @@ from effecthost.contract import (
     EffectGroup,
     EffectKind,
     GroupClosed,
-    LoserPolicy,
     SealedPayloadUnreadable,
     WakePolicy,
     group_key,
@@ -113,15 +114,8 @@ async def _settled(ctl: RestateController, key: str, count: int) -> None:
 
 
 def _two_children(key: str) -> EffectGroup:
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
-            _reveal("sealed.small", SMALL_SECRET),
-            _reveal("sealed.large", LARGE_SECRET, pad=20_000),
-        ],
-    )
+    small = _reveal("sealed.small", SMALL_SECRET)
+    return effect_group(key, [small, _reveal("sealed.large", LARGE_SECRET, pad=20_000)])
 
 
 async def test_conformance_suite_passes_sealed() -> None:
@@ -227,17 +221,8 @@ async def test_R11_a_closed_groups_payloads_go_when_it_retires(sealed: Sealed) -
     loser, whose settlement retires the group and deletes the payloads."""
     ctl = sealed.controller(sealed.policy)
     key = group_key("sealed", "retire", 0)
-    group = EffectGroup(
-        key=key,
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
-            _reveal("sealed.retire.win", LARGE_SECRET, pad=20_000),
-            EffectEnvelope(
-                replay_key="sealed.retire.wait", kind=EffectKind.AWAIT_EVENT, name="go", input=None
-            ),
-        ],
-    )
+    win = _reveal("sealed.retire.win", LARGE_SECRET, pad=20_000)
+    group = effect_group(key, [win, event("sealed.retire.wait")], WakePolicy.FIRST)
     handle = await ctl.open_effect_group(group)
     first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
     assert first.replay_key == "sealed.retire.win"

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from group_support import group as effect_group
 from restate_stack import Stack, step
 
 from effecthost.combinators import Scope, next_group_key, race, tool
@@ -68,11 +69,8 @@ async def test_conformance_G19_the_parked_await_check_runs_on_restate(host_facto
 async def test_endpoint_crash_keeps_ranks_and_settles_the_rest_once(stack: Stack) -> None:
     n, k = 6, 3
     tags = [f"crash.c{i}" for i in range(n)]
-    group = EffectGroup(
-        key=group_key("crash", "batch", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step(tag, result={"i": i}) for i, tag in enumerate(tags)],
+    group = effect_group(
+        group_key("crash", "batch", 0), [step(tag, result={"i": i}) for i, tag in enumerate(tags)]
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -110,12 +108,7 @@ async def test_endpoint_crash_keeps_ranks_and_settles_the_rest_once(stack: Stack
 
 
 async def test_unbound_target_is_a_terminal_404_within_seconds(stack: Stack) -> None:
-    group = EffectGroup(
-        key=group_key("unbound", "batch", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step("unbound.x", gate=False)],
-    )
+    group = effect_group(group_key("unbound", "batch", 0), [step("unbound.x", gate=False)])
     ctl = stack.controller
     started = time.monotonic()
     handle = await ctl.open_routed(group, {0: UNBOUND_TARGET})
@@ -133,11 +126,11 @@ async def test_unbound_target_is_a_terminal_404_within_seconds(stack: Stack) -> 
 
 
 async def test_cancel_close_returns_while_the_loser_runs(stack: Stack) -> None:
-    group = EffectGroup(
-        key=group_key("cancel", "batch", 0),
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[step("cancel.win", gate=False), step("cancel.lose", hold_cancel=True)],
+    group = effect_group(
+        group_key("cancel", "batch", 0),
+        [step("cancel.win", gate=False), step("cancel.lose", hold_cancel=True)],
+        WakePolicy.FIRST,
+        LoserPolicy.CANCEL,
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -208,21 +201,15 @@ async def test_G41_close_clears_spilled_outcomes_also_of_a_group_of_the_layout_b
     def payload_sql(key: str) -> str:
         return f"SELECT key FROM state WHERE service_name = '{PAYLOAD}' AND service_key = '{key}'"
 
-    small = EffectGroup(
-        key=group_key("spill", "none", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step("spill.none", gate=False, result={"small": 1})],
+    small = effect_group(
+        group_key("spill", "none", 0), [step("spill.none", gate=False, result={"small": 1})]
     )
     handle = await ctl.open_effect_group(small)
     await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
     await ctl.close_effect_group(handle)
     for name, legacy in (("new", False), ("legacy", True)):
-        group = EffectGroup(
-            key=group_key("spill", name, 0),
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[step(f"spill.{name}", gate=False, result=big)],
+        group = effect_group(
+            group_key("spill", name, 0), [step(f"spill.{name}", gate=False, result=big)]
         )
         handle = await ctl.open_effect_group(group)
         settled = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -250,27 +237,14 @@ async def test_R6_a_replay_key_is_held_by_one_group_until_it_closes(stack: Stack
     it cannot be resolved; it records nothing, its partial claims included; the key is
     free again once the holder closes."""
     ctl = stack.controller
-    one = EffectGroup(
-        key=group_key("r6", "one", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step("r6.shared", gate=False)],
-    )
-    two = EffectGroup(
-        key=group_key("r6", "two", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step("r6.own", gate=False), step("r6.shared", gate=False)],
+    one = effect_group(group_key("r6", "one", 0), [step("r6.shared", gate=False)])
+    two = effect_group(
+        group_key("r6", "two", 0), [step("r6.own", gate=False), step("r6.shared", gate=False)]
     )
     unresolvable = EffectEnvelope(
         replay_key="r6.nowhere", kind=EffectKind.TOOL_CALL, name=UNROUTABLE, input=None
     )
-    three = EffectGroup(
-        key=group_key("r6", "three", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[unresolvable, step("r6.shared", gate=False)],
-    )
+    three = effect_group(group_key("r6", "three", 0), [unresolvable, step("r6.shared", gate=False)])
     handle = await ctl.open_effect_group(one)
     await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
     with pytest.raises(ReplayMismatch) as refused:
@@ -311,11 +285,8 @@ async def test_R6_keys_of_one_prefix_are_claimed_in_one_call(stack: Stack) -> No
     ctl = stack.controller
 
     def group(name: str, keys: list[str], *extra: EffectEnvelope) -> EffectGroup:
-        return EffectGroup(
-            key=group_key("r6p", name, 0),
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[*extra, *(step(k, gate=False) for k in keys)],
+        return effect_group(
+            group_key("r6p", name, 0), [*extra, *(step(k, gate=False) for k in keys)]
         )
 
     one = group("one", ["r6p.a:0", "r6p.a:1", "r6p.a:2"])
@@ -362,11 +333,9 @@ async def test_R6_concurrent_opens_sharing_a_prefixed_key_record_one_group(stack
     the others are ``ReplayMismatch``, and no child of a refused group runs."""
     ctl = stack.controller
     groups = [
-        EffectGroup(
-            key=group_key("r6q", f"g{i}", 0),
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[step(f"r6q.own{i}:0", gate=False), step("r6q.shared:0", gate=False)],
+        effect_group(
+            group_key("r6q", f"g{i}", 0),
+            [step(f"r6q.own{i}:0", gate=False), step("r6q.shared:0", gate=False)],
         )
         for i in range(4)
     ]
@@ -400,11 +369,10 @@ async def test_R6_a_closed_groups_replay_keys_are_free_as_soon_as_close_returns(
         keys = [f"r6.reuse.{n}.a", f"r6.reuse.{n}.b"]
         handles = []
         for side in ("first", "second"):
-            group = EffectGroup(
-                key=group_key("r6-reuse", side, n),
-                wake=WakePolicy.FIRST,
-                disposition=LoserPolicy.RUN_TO_COMPLETION,
-                children=[step(k, gate=False) for k in keys],
+            group = effect_group(
+                group_key("r6-reuse", side, n),
+                [step(k, gate=False) for k in keys],
+                WakePolicy.FIRST,
             )
             handle = await ctl.open_effect_group(group)
             for _ in keys:
@@ -471,11 +439,8 @@ async def test_G37_a_reused_replay_key_runs_as_a_new_invocation(stack: Stack) ->
     results = []
     invocations = []
     for name in ("first", "second"):
-        group = EffectGroup(
-            key=group_key("g37", name, 0),
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[step("g37.reused", gate=False, result=name)],
+        group = effect_group(
+            group_key("g37", name, 0), [step("g37.reused", gate=False, result=name)]
         )
         handle = await ctl.open_effect_group(group)
         results.append(await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT))
@@ -500,11 +465,10 @@ async def test_G26_G27_a_run_to_completion_group_narrowed_at_close_cancels_its_c
     from effecthost.hosts.restate._inspect import RestateInspector
 
     ctl = stack.controller
-    group = EffectGroup(
-        key=group_key("g27", "narrowed", 0),
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step("g27.quick", gate=False), step("g27.held")],
+    group = effect_group(
+        group_key("g27", "narrowed", 0),
+        [step("g27.quick", gate=False), step("g27.held")],
+        WakePolicy.FIRST,
     )
     handle = await ctl.open_effect_group(group)
     await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -532,11 +496,9 @@ async def test_G38_a_duplicate_settlement_takes_no_rank(stack: Stack) -> None:
     of a child's settlement (at-least-once transport, a re-sent message) takes no rank,
     and the next child to settle takes rank 2."""
     ctl = stack.controller
-    group = EffectGroup(
-        key=group_key("g38", "dup", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step("g38.a", gate=False, result="a"), step("g38.b", result="b")],
+    group = effect_group(
+        group_key("g38", "dup", 0),
+        [step("g38.a", gate=False, result="a"), step("g38.b", result="b")],
     )
     handle = await ctl.open_effect_group(group)
     first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -562,12 +524,7 @@ async def test_G39_a_parked_read_holds_no_lock(stack: Stack) -> None:
     exclusive lock: its waiter is registered (nothing queues behind the read on the
     object), and the settlement that comes later wakes it."""
     ctl = stack.controller
-    group = EffectGroup(
-        key=group_key("g39", "parked", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step("g39.x", result="x")],
-    )
+    group = effect_group(group_key("g39", "parked", 0), [step("g39.x", result="x")])
     handle = await ctl.open_effect_group(group)
     read = asyncio.ensure_future(ctl.await_next_settlement(handle))
     queued: list[dict[str, Any]] = []
@@ -599,11 +556,8 @@ async def test_G41_close_leaves_only_the_tombstone(stack: Stack) -> None:
     rank record, the per-child keys — leaving only the tombstone, and a second close
     changes nothing."""
     ctl = stack.controller
-    group = EffectGroup(
-        key=group_key("g41", "clear", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step(f"g41.{i}", gate=False) for i in range(3)],
+    group = effect_group(
+        group_key("g41", "clear", 0), [step(f"g41.{i}", gate=False) for i in range(3)]
     )
     handle = await ctl.open_effect_group(group)
     for _ in range(3):
@@ -644,11 +598,9 @@ async def test_G38_a_wide_all_group_is_collected_and_each_child_takes_one_rank(
     1..n are served in order, the close retires the group and nothing is left running."""
     n = 2 * COLLECT_SLICE + 5  # three collectors
     tags = [f"wide.c{i}" for i in range(n)]
-    group = EffectGroup(
-        key=group_key("wide", "all", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step(tag, gate=False, result={"i": i}) for i, tag in enumerate(tags)],
+    group = effect_group(
+        group_key("wide", "all", 0),
+        [step(tag, gate=False, result={"i": i}) for i, tag in enumerate(tags)],
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -673,11 +625,8 @@ async def test_G41_a_wide_collected_group_narrowed_to_cancel_cancels_its_losers(
     group retires, the collector ends and the held tools never finish."""
     n, held = max(COLLECT_FROM, 40), 3
     tags = [f"widec.c{i}" for i in range(n)]
-    group = EffectGroup(
-        key=group_key("widec", "all", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step(tag, gate=i < held) for i, tag in enumerate(tags)],
+    group = effect_group(
+        group_key("widec", "all", 0), [step(tag, gate=i < held) for i, tag in enumerate(tags)]
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -702,11 +651,9 @@ async def test_G38_an_endpoint_crash_mid_collected_group_keeps_ranks_and_settles
     takes exactly one of the remaining ranks; every tool finishes once."""
     n, k = max(COLLECT_FROM, 40), 3
     tags = [f"widek.c{i}" for i in range(n)]
-    group = EffectGroup(
-        key=group_key("widek", "all", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step(tag, gate=i < k, result={"i": i}) for i, tag in enumerate(tags)],
+    group = effect_group(
+        group_key("widek", "all", 0),
+        [step(tag, gate=i < k, result={"i": i}) for i, tag in enumerate(tags)],
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -760,11 +707,8 @@ async def test_an_open_without_collect_of_the_release_before_sends_its_children_
     ctl = stack.controller
     n = 5
     old, new = (
-        EffectGroup(
-            key=group_key(name, "all", 0),
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[step(f"{name}.c{i}", gate=False) for i in range(n)],
+        effect_group(
+            group_key(name, "all", 0), [step(f"{name}.c{i}", gate=False) for i in range(n)]
         )
         for name in ("oldopen", "newopen")
     )

@@ -11,14 +11,13 @@ from typing import Any
 
 import httpx
 import pytest
+from group_support import group as effect_group
 from restate_stack import Stack, eventually, step
 
 from effecthost.contract import (
     EffectEnvelope,
-    EffectGroup,
     EffectKind,
     GroupClosed,
-    LoserPolicy,
     ReplayMismatch,
     WakePolicy,
     group_key,
@@ -70,11 +69,10 @@ async def test_R11_deliver_reaches_a_closed_groups_pending_wait_then_the_group_r
     child settles, the group retires (only the tombstone is left, nothing runs); then
     ``deliver_event`` returns 0 and every await stays ``GroupClosed``."""
     ctl = stack.controller
-    group = EffectGroup(
-        key=group_key("r11ev", "race", 0),
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step("r11ev.win", gate=False), _event("r11ev.wait", "go")],
+    group = effect_group(
+        group_key("r11ev", "race", 0),
+        [step("r11ev.win", gate=False), _event("r11ev.wait", "go")],
+        WakePolicy.FIRST,
     )
     handle = await ctl.open_effect_group(group)
     first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -103,18 +101,10 @@ async def test_R11_a_closed_groups_replay_keys_stay_claimed_until_its_loser_sett
     closed group, until the loser settles and the group retires; then it is recorded."""
     ctl = stack.controller
     keys = ["r11rk.win", "r11rk.slow"]
-    first = EffectGroup(
-        key=group_key("r11rk", "first", 0),
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step(keys[0], gate=False), step(keys[1])],
+    first = effect_group(
+        group_key("r11rk", "first", 0), [step(keys[0], gate=False), step(keys[1])], WakePolicy.FIRST
     )
-    second = EffectGroup(
-        key=group_key("r11rk", "second", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step(k, gate=False) for k in keys],
-    )
+    second = effect_group(group_key("r11rk", "second", 0), [step(k, gate=False) for k in keys])
     handle = await ctl.open_effect_group(first)
     await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
     await stack.lab.wait_for("started", keys[1], 1, TIMEOUT)
@@ -147,11 +137,10 @@ async def test_R11_a_group_closed_by_the_release_before_stays_closed(stack: Stac
     its tombstone (its state went at close); it is closed for opens, awaits and closes,
     ``deliver_event`` reaches nothing, and its replay keys are free."""
     ctl = stack.controller
-    group = EffectGroup(
-        key=group_key("r11old", "closed", 0),
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step("r11old.win", gate=False), _event("r11old.wait", "go")],
+    group = effect_group(
+        group_key("r11old", "closed", 0),
+        [step("r11old.win", gate=False), _event("r11old.wait", "go")],
+        WakePolicy.FIRST,
     )
     handle = await ctl.open_effect_group(group)
     await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -166,12 +155,7 @@ async def test_R11_a_group_closed_by_the_release_before_stays_closed(stack: Stac
         await ctl.await_next_settlement(group.handle())
     await ctl.close_effect_group(handle)
     assert await ctl.deliver_event(group.key, "go", 1) == 0
-    again = EffectGroup(
-        key=group_key("r11old", "again", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step("r11old.win", gate=False)],
-    )
+    again = effect_group(group_key("r11old", "again", 0), [step("r11old.win", gate=False)])
     reopened = await ctl.open_effect_group(again)
     await asyncio.wait_for(ctl.await_next_settlement(reopened), TIMEOUT)
     await ctl.close_effect_group(reopened)

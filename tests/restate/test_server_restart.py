@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from restate_stack import Stack, running_stack, step
+from group_support import group as effect_group
+from restate_stack import Stack, eventually, running_stack, step
 
 from effecthost.contract import (
     CursorExhausted,
-    EffectGroup,
     GroupHandle,
     LoserPolicy,
     Settlement,
@@ -66,11 +66,8 @@ async def test_server_sigkill_mid_all_keeps_ranks_and_completes(stack: Stack) ->
     the other 10, each child holds exactly one rank, and nothing is left running."""
     n, k = 20, 10
     tags = [f"sk.all.c{i}" for i in range(n)]
-    group = EffectGroup(
-        key=group_key("sk", "all", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step(tag, result={"i": i}) for i, tag in enumerate(tags)],
+    group = effect_group(
+        group_key("sk", "all", 0), [step(tag, result={"i": i}) for i, tag in enumerate(tags)]
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -114,11 +111,11 @@ async def test_server_sigkill_mid_race_keeps_rank_one_and_the_loser_is_cancelled
     loser, which never finishes its tool; the loser takes the group's second and last
     rank, the group retires and nothing is left running."""
     ctl = stack.controller
-    group = EffectGroup(
-        key=group_key("sk", "race", 0),
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[step("sk.race.win", result="w"), step("sk.race.lose")],
+    group = effect_group(
+        group_key("sk", "race", 0),
+        [step("sk.race.win", result="w"), step("sk.race.lose")],
+        WakePolicy.FIRST,
+        LoserPolicy.CANCEL,
     )
     handle = await ctl.open_effect_group(group)
     await stack.lab.wait_for("started", "sk.race.lose", 1, TIMEOUT)
@@ -131,12 +128,9 @@ async def test_server_sigkill_mid_race_keeps_rank_one_and_the_loser_is_cancelled
     again = await ctl.open_effect_group(group)
     assert _dump([await _next(ctl, again)]) == _dump([first])
     await asyncio.wait_for(ctl.close_effect_group(again), TIMEOUT)
-    deadline = time.monotonic() + TIMEOUT
-    state = await group_state(ctl, group.key)
-    while set(state) != {"tombstone"} and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)  # retirement has no event to wait on: an engine fact
-        state = await group_state(ctl, group.key)
-    assert set(state) == {"tombstone"}, sorted(state)
+    await eventually(
+        lambda: group_state(ctl, group.key), lambda s: set(s) == {"tombstone"}, "retired", TIMEOUT
+    )
     assert await _idle(ctl, group.key, "sk.race.") == []
     assert stack.lab.count("finished", "sk.race.win") == 1
     assert stack.lab.count("finished", "sk.race.lose") == 0
@@ -149,11 +143,11 @@ async def test_server_sigkill_before_a_races_first_rank(stack: Stack) -> None:
     loser (which never finishes its tool), the group retires and nothing is left
     running."""
     ctl = stack.controller
-    group = EffectGroup(
-        key=group_key("sk", "early", 0),
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[step("sk.early.win", result="w"), step("sk.early.lose")],
+    group = effect_group(
+        group_key("sk", "early", 0),
+        [step("sk.early.win", result="w"), step("sk.early.lose")],
+        WakePolicy.FIRST,
+        LoserPolicy.CANCEL,
     )
     handle = await ctl.open_effect_group(group)
     for tag in ("sk.early.win", "sk.early.lose"):
@@ -167,12 +161,9 @@ async def test_server_sigkill_before_a_races_first_rank(stack: Stack) -> None:
     first = await _next(ctl, handle)
     assert (first.rank, first.replay_key, first.outcome.value) == (1, "sk.early.win", "w")
     await asyncio.wait_for(ctl.close_effect_group(handle), TIMEOUT)
-    deadline = time.monotonic() + TIMEOUT
-    state = await group_state(ctl, group.key)
-    while set(state) != {"tombstone"} and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)  # retirement has no event to wait on: an engine fact
-        state = await group_state(ctl, group.key)
-    assert set(state) == {"tombstone"}, sorted(state)
+    await eventually(
+        lambda: group_state(ctl, group.key), lambda s: set(s) == {"tombstone"}, "retired", TIMEOUT
+    )
     assert await _idle(ctl, group.key, "sk.early.") == []
     assert stack.lab.count("finished", "sk.early.lose") == 0
     # the attempts the crash cut off were cancelled in the endpoint: the winner's tool

@@ -8,29 +8,24 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from group_support import group as effect_group
+from group_support import tool
 from restate_stack import Stack, running_stack, step
+from stubborn_tools import STUBBORN
+from stubborn_tools import registry as stubborn_registry
 
 from effecthost.contract import (
     CursorExhausted,
-    EffectEnvelope,
-    EffectGroup,
-    EffectKind,
-    LoserPolicy,
-    WakePolicy,
     group_key,
 )
 from effecthost.hosts._shutdown import FORCE_AFTER
 
 TESTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(TESTS))
-from stubborn_tools import STUBBORN  # noqa: E402
-from stubborn_tools import registry as stubborn_registry  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 TIMEOUT = 20.0
@@ -76,12 +71,7 @@ async def _terminate(process: subprocess.Popen[bytes] | None, bound: float) -> t
 async def test_sigterm_stops_a_serving_endpoint(stack: Stack) -> None:
     """G-15: a serving endpoint (one child ran through it) exits 0 on SIGTERM, within its
     default grace: what container runtimes and process managers send."""
-    group = EffectGroup(
-        key=group_key("term", "idle", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step("term.idle", gate=False)],
-    )
+    group = effect_group(group_key("term", "idle", 0), [step("term.idle", gate=False)])
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
     settled = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -97,11 +87,9 @@ async def test_sigterm_mid_child_is_retried_by_the_next_endpoint(short_grace: St
     (abandoning the child); Restate re-invokes it on the next endpoint, and the group gets
     exactly one settlement per child, the rank recorded before the stop unchanged."""
     stack = short_grace
-    group = EffectGroup(
-        key=group_key("term", "busy", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step("term.done", gate=False, result=0), step("term.held", result=1)],
+    group = effect_group(
+        group_key("term", "busy", 0),
+        [step("term.done", gate=False, result=0), step("term.held", result=1)],
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -132,12 +120,7 @@ async def test_sigterm_lets_a_child_finish_within_the_grace(short_grace: Stack) 
     """G-15: a child that finishes while the endpoint drains is recorded once by that
     endpoint; the process still exits 0 within its grace."""
     stack = short_grace
-    group = EffectGroup(
-        key=group_key("term", "finish", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[step("term.finish", result=7)],
-    )
+    group = effect_group(group_key("term", "finish", 0), [step("term.finish", result=7)])
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
     await stack.lab.wait_for("started", "term.finish", 1, TIMEOUT)
@@ -160,19 +143,8 @@ async def test_sigterm_leaves_a_child_blocking_a_thread(stubborn: Stack) -> None
     call does) cannot hold the endpoint: it exits 0 a bounded time after its grace, and
     the next endpoint re-runs the child, which settles once."""
     stack = stubborn
-    group = EffectGroup(
-        key=group_key("term", "stubborn", 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
-            EffectEnvelope(
-                replay_key="term.stubborn",
-                kind=EffectKind.TOOL_CALL,
-                name=STUBBORN,
-                input={"tag": "term.stubborn", "result": 3},
-            )
-        ],
-    )
+    child = tool("term.stubborn", {"tag": "term.stubborn", "result": 3}, name=STUBBORN)
+    group = effect_group(group_key("term", "stubborn", 0), [child])
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
     await stack.lab.wait_for("started", "term.stubborn", 1, TIMEOUT)

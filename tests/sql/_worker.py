@@ -19,9 +19,12 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
-from sql_support import group as sql_group
-from sql_support import tool as tool_call
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared test builders
+from group_support import group as sql_group
+from group_support import tool as tool_call
 
 from effecthost.contract import (
     EffectGroup,
@@ -67,14 +70,7 @@ async def concurrent(dsn: str, schema: str, prefix: str, groups: int, children: 
 
 
 async def crash(path: str, key: str, children: int, point: str, k: int) -> None:
-    hits = {"n": 0}
-
-    def fault(name: str) -> None:
-        if name == point:
-            hits["n"] += 1
-            if hits["n"] >= k:
-                os.kill(os.getpid(), signal.SIGKILL)
-
+    fault = killer(point, k)
     store = SqliteStore(path, fault=fault)
     host = SqlEffectHost(store, registry(), lease_ttl=0.6, renew_every=0.1, fault=fault)
     await host.start()
@@ -89,7 +85,7 @@ async def crash(path: str, key: str, children: int, point: str, k: int) -> None:
     print("survived", flush=True)
 
 
-def killer(point: str | None, k: int) -> object:
+def killer(point: str | None, k: int) -> Callable[[str], None]:
     hits = {"n": 0}
 
     def fault(name: str) -> None:
@@ -104,11 +100,11 @@ def killer(point: str | None, k: int) -> object:
 async def recover(path: str, key: str, children: int, point: str | None = None, k: int = 1) -> None:
     fault = killer(point, k)
     host = SqlEffectHost(
-        SqliteStore(path, fault=fault),  # type: ignore[arg-type]
+        SqliteStore(path, fault=fault),
         registry(),
         lease_ttl=0.6,
         renew_every=0.1,
-        fault=fault,  # type: ignore[arg-type]
+        fault=fault,
     )
     await host.start()
     try:

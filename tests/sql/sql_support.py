@@ -4,13 +4,17 @@ child specs and outcomes, and a bounded poll of the database."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from group_support import event as event
+from group_support import group as group
+from group_support import tool as tool
+
 from effecthost.contract import (
-    EffectEnvelope,
     EffectGroup,
-    EffectKind,
     GroupHandle,
     LoserPolicy,
     Outcome,
@@ -19,27 +23,6 @@ from effecthost.contract import (
 )
 from effecthost.hosts.sql import SqlEffectHost
 from effecthost.hosts.sql._store import ChildSpec
-
-
-def tool(replay_key: str, value: Any = None, name: str = "t") -> EffectEnvelope:
-    """A tool call child."""
-    return EffectEnvelope(replay_key=replay_key, kind=EffectKind.TOOL_CALL, name=name, input=value)
-
-
-def event(replay_key: str, name: str = "go", value: Any = None) -> EffectEnvelope:
-    """An ``await_event`` child waiting for event ``name``."""
-    return EffectEnvelope(
-        replay_key=replay_key, kind=EffectKind.AWAIT_EVENT, name=name, input=value
-    )
-
-
-def group(
-    key: str,
-    children: list[EffectEnvelope],
-    wake: WakePolicy = WakePolicy.ALL,
-    disposition: LoserPolicy = LoserPolicy.RUN_TO_COMPLETION,
-) -> EffectGroup:
-    return EffectGroup(key=key, wake=wake, disposition=disposition, children=children)
 
 
 def tools_group(
@@ -101,3 +84,14 @@ async def parked_wait(waiter: SqlEffectHost, handle: GroupHandle) -> asyncio.Fut
     async with asyncio.timeout(10):
         await parked.wait()
     return waiting
+
+
+def kill_once_running(command: list[str]) -> None:
+    """Start a caller process, wait for it to print ``running`` (its children are under
+    way) and SIGKILL it there: a crash, not a shutdown."""
+    caller = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert caller.stdout is not None
+    line = caller.stdout.readline()
+    caller.send_signal(signal.SIGKILL)
+    _out, err = caller.communicate(timeout=30)
+    assert line.strip() == "running", err

@@ -10,16 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
 from sql_support import ok, spec
 
 from effecthost.contract import (
     EffectEnvelope,
-    EffectGroup,
     EffectKind,
-    LoserPolicy,
     Outcome,
     ToolRegistry,
-    WakePolicy,
 )
 from effecthost.hosts.sql import SqlEffectHost, SqliteStore, Store
 from effecthost.hosts.sql._store import Finalize, ReplayKeyTaken
@@ -95,11 +93,9 @@ async def test_host_batches_children_of_one_group_that_settle_together(tmp_path:
     await host.start()
     try:
         n = 40
-        group = EffectGroup(
-            key="b:group:g:0",
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[
+        group = effect_group(
+            "b:group:g:0",
+            [
                 EffectEnvelope(replay_key=f"b.c{i}", kind=EffectKind.TOOL_CALL, name="t", input=i)
                 for i in range(n)
             ],

@@ -5,33 +5,14 @@ nothing created by inspect."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from cli_support import cli
 
 from effecthost.cli import ExitCode
 from effecthost.hosts.sql import postgres_host
 from effecthost.hosts.sql.testing import free_port
-
-TESTS = Path(__file__).parent.parent
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "effecthost.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
 
 
 def assert_one_line(run: subprocess.CompletedProcess[str], code: int, word: str) -> None:

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
+from hypothesis_support import examples
 
 from effecthost.contract import (
     EffectEnvelope,
@@ -38,11 +39,7 @@ PENDING = 0.1  # how long an await of a rank nobody can settle yet is given
 TABLES = ("eh_groups", "eh_children", "eh_retired", "eh_payloads")
 RENEWED = {"lease_expires", "owner_expires"}  # lease renewals run in the background
 
-PROGRAMS = settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+PROGRAMS = examples(40)
 
 # -- generated values -------------------------------------------------------------------
 

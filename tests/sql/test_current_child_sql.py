@@ -5,21 +5,19 @@ sees the same replay key, group key and position with attempt 2."""
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
+from sql_support import kill_once_running
 from sql_support import tool as tool_call
 
 from effecthost.contract import (
     EffectGroup,
-    LoserPolicy,
     ToolRegistry,
-    WakePolicy,
     current_child,
 )
 from effecthost.hosts.sql import SqlEffectHost, SqliteStore
@@ -39,12 +37,7 @@ async def who(_value: object) -> dict[str, Any]:
 
 def one_child(key: str) -> EffectGroup:
     """The group ``_worker.py hold`` opens with one child (same envelope, same hash)."""
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[tool_call(f"{key}/0", 0, "echo")],
-    )
+    return effect_group(key, [tool_call(f"{key}/0", 0, "echo")])
 
 
 async def identity_after(path: Path, key: str, *, drain: bool) -> Any:
@@ -81,16 +74,6 @@ def test_a_rerun_after_sigkill_sees_attempt_two(tmp_path: Path) -> None:
         "attempt": 1,
     }
     key = "id:group:killed:0"
-    caller = subprocess.Popen(
-        [sys.executable, WORKER, "hold", str(path), key, "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert caller.stdout is not None
-    line = caller.stdout.readline()
-    caller.send_signal(signal.SIGKILL)
-    _out, err = caller.communicate(timeout=30)
-    assert line.strip() == "running", err
+    kill_once_running([sys.executable, WORKER, "hold", str(path), key, "1"])
     rerun = asyncio.run(identity_after(path, key, drain=True))
     assert rerun == {"replay_key": f"{key}/0", "group_key": key, "position": 0, "attempt": 2}

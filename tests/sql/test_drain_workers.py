@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from sql_support import kill_once_running
 
 from effecthost.hosts.sql import SqliteStore
 
@@ -52,17 +52,7 @@ def test_G34_two_drain_workers_finish_a_killed_callers_children_once(tmp_path: P
     settled once, with dense ranks."""
     path = tmp_path / "drain.sqlite3"
     key = "drain:group:g:0"
-    caller = subprocess.Popen(
-        [sys.executable, WORKER, "hold", str(path), key, str(CHILDREN)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert caller.stdout is not None
-    line = caller.stdout.readline()
-    caller.send_signal(signal.SIGKILL)
-    _out, err = caller.communicate(timeout=30)
-    assert line.strip() == "running", err
+    kill_once_running([sys.executable, WORKER, "hold", str(path), key, str(CHILDREN)])
     asyncio.run(_leases_expired(path, key))
     env = {
         **os.environ,

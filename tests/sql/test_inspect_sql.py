@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
 from inspect_support import check_inspect, inspect
 
 from effecthost.contract import (
     EffectEnvelope,
-    EffectGroup,
     LoserPolicy,
     ToolRegistry,
     WakePolicy,
@@ -41,14 +41,14 @@ def _registry() -> ToolRegistry:
 async def _one_settled_one_running(host: SqlEffectHost) -> None:
     """Open the group, take rank 1 (the quick child), then stop the host the way a dying
     process does: the held child stays recorded as running."""
-    group = EffectGroup(
-        key=KEY,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.CANCEL,
-        children=[
+    group = effect_group(
+        KEY,
+        [
             EffectEnvelope(replay_key=rk, kind="tool_call", name=tool, input=i)
             for i, (rk, tool) in enumerate(CHILDREN)
         ],
+        WakePolicy.ALL,
+        LoserPolicy.CANCEL,
     )
     handle = await host.open_effect_group(group)
     settlement = await asyncio.wait_for(host.await_next_settlement(handle), 20)
@@ -60,6 +60,13 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _check_the_group(args: list[str], owner: str) -> None:
+    """The group of :func:`_one_settled_one_running`, as inspect shows it."""
+    check_inspect(
+        args, KEY, wake="all", disposition="cancel", owner=owner, children=CHILDREN, starts=False
+    )
+
+
 async def test_inspect_sqlite_lists_and_ranks_without_writing(tmp_path: Path) -> None:
     """G-30, SPEC §7: inspect on SQLite shows the shared columns and rank table, and no
     byte of the database (or its WAL) changes."""
@@ -69,15 +76,7 @@ async def test_inspect_sqlite_lists_and_ranks_without_writing(tmp_path: Path) ->
         (owner,) = c.execute("SELECT owner FROM eh_groups").fetchone()
     c.close()
     before = _digest(db)
-    check_inspect(
-        ["--sqlite", str(db)],
-        KEY,
-        wake="all",
-        disposition="cancel",
-        owner=owner,
-        children=CHILDREN,
-        starts=False,
-    )
+    _check_the_group(["--sqlite", str(db)], owner)
     assert _digest(db) == before
     # a WAL reader may leave an empty -wal beside the file, never a written one
     wal = db.with_name(db.name + "-wal")
@@ -108,15 +107,7 @@ async def test_inspect_postgres_lists_and_ranks_without_writing(
     owner = await conn.fetchval(f"SELECT owner FROM {pg_schema}.eh_groups")
     await conn.close()
     assert owner
-    check_inspect(
-        ["--postgres", pg_dsn, "--schema", pg_schema],
-        KEY,
-        wake="all",
-        disposition="cancel",
-        owner=owner,
-        children=CHILDREN,
-        starts=False,
-    )
+    _check_the_group(["--postgres", pg_dsn, "--schema", pg_schema], owner)
     assert await rows() == before
     unreachable = inspect("--postgres", "postgresql://nobody@127.0.0.1:1/none")
     assert unreachable.returncode == 14 and unreachable.stderr.count("\n") == 1

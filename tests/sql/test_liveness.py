@@ -4,10 +4,12 @@ lease, and renewal covers only children with a live driver (G-27, G-33, G-36).""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
 from sql_support import tools_group
 from sql_support import until as poll_until
 
@@ -108,11 +110,9 @@ async def _all_expired(store: Store, group_key: str) -> bool:
 def select_group(key: str, seconds: float = 60.0) -> EffectGroup:
     """A signal/deadline select (G-52): ``await_event`` and ``sleep``, ``FIRST``,
     ``CANCEL``; both children are host-run and carry no lease of their own."""
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[
+    return effect_group(
+        key,
+        [
             EffectEnvelope(replay_key=f"{key}.ev", kind=EffectKind.AWAIT_EVENT, name="sig"),
             EffectEnvelope(
                 replay_key=f"{key}.dl",
@@ -121,6 +121,8 @@ def select_group(key: str, seconds: float = 60.0) -> EffectGroup:
                 input={"seconds": seconds},
             ),
         ],
+        WakePolicy.FIRST,
+        LoserPolicy.CANCEL,
     )
 
 
@@ -241,6 +243,21 @@ async def test_R1_a_reopened_cancel_group_is_the_returning_callers(
     """R-1: a caller that comes back to an unclosed ``CANCEL`` group (a reopen by a new
     incarnation, after the old owner's claim expired) owns it again: a drain pass does
     not cancel its in-flight host-run children."""
+    async with _owner_gone(stores, "live:back:0") as (back, drainer, group):
+        handle = await back.open_effect_group(group)
+        report = await drainer.drain().run_pass()
+        assert not report.cancelled
+        assert await back.deliver_event(group.key, "sig", "back") == 1
+        first = await asyncio.wait_for(back.await_next_settlement(handle), BOUND)
+        assert (first.position, first.outcome.status) == (0, "success")
+
+
+@contextlib.asynccontextmanager
+async def _owner_gone(
+    stores: Callable[[], Store], key: str
+) -> AsyncIterator[tuple[SqlEffectHost, SqlEffectHost, EffectGroup]]:
+    """A ``select`` group whose opener was abandoned and whose claim has expired, a host
+    to come back to it and a host to drain it."""
     dead = host(stores)
     await dead.start()
     back = host(stores)
@@ -248,16 +265,11 @@ async def test_R1_a_reopened_cancel_group_is_the_returning_callers(
     await back.start()
     await drainer.start()
     try:
-        group = select_group("live:back:0")
+        group = select_group(key)
         await dead.open_effect_group(group)
         await dead.abandon()
         await until(lambda: _ownerless(back.store, group.key), "the dead owner never expired")
-        handle = await back.open_effect_group(group)
-        report = await drainer.drain().run_pass()
-        assert not report.cancelled
-        assert await back.deliver_event(group.key, "sig", "back") == 1
-        first = await asyncio.wait_for(back.await_next_settlement(handle), BOUND)
-        assert (first.position, first.outcome.status) == (0, "success")
+        yield back, drainer, group
     finally:
         await back.aclose()
         await drainer.aclose()
@@ -478,17 +490,7 @@ async def test_R1_a_caller_back_between_the_drains_read_and_its_cancel_wins(
     """R-1 (seed D11, conditional takeover): a drain read the group as ownerless, then
     the caller reopened before the drain's cancel: the cancel re-checks the owner under
     the group row's lock and writes nothing."""
-    dead = host(stores)
-    await dead.start()
-    back = host(stores)
-    drainer = host(stores)
-    await back.start()
-    await drainer.start()
-    try:
-        group = select_group("live:race:0")
-        await dead.open_effect_group(group)
-        await dead.abandon()
-        await until(lambda: _ownerless(back.store, group.key), "the dead owner never expired")
+    async with _owner_gone(stores, "live:race:0") as (back, drainer, group):
         real = drainer.store.unfinished
         handles = []
 
@@ -503,6 +505,3 @@ async def test_R1_a_caller_back_between_the_drains_read_and_its_cancel_wins(
         assert await back.deliver_event(group.key, "sig", "back") == 1
         first = await asyncio.wait_for(back.await_next_settlement(handles[0]), BOUND)
         assert (first.position, first.outcome.status) == (0, "success")
-    finally:
-        await back.aclose()
-        await drainer.aclose()

@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
 from sql_support import event, parked_wait, tools_group
 
 from effecthost.contract import (
@@ -109,12 +110,7 @@ async def test_G21_a_watched_group_notifies_its_finalize_and_close(
     await other.start()
     listener = await Listener.on(pg_dsn, waiter.store.channel)  # type: ignore[attr-defined]
     try:
-        group = EffectGroup(
-            key="loud:g",
-            wake=WakePolicy.FIRST,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[event("loud:e", value=0)],
-        )
+        group = effect_group("loud:g", [event("loud:e", value=0)], WakePolicy.FIRST)
         handle = await waiter.open_effect_group(group)
         waiting = await parked_wait(waiter, handle)
         assert await other.deliver_event("loud:g", "go") == 1

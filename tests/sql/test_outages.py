@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
+from sql_support import event, group, tool
 
 from effecthost.contract import (
     EffectEnvelope,
     EffectGroup,
-    EffectKind,
     EngineUnavailable,
     LoserPolicy,
     ToolRegistry,
-    WakePolicy,
 )
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore
 from effecthost.hosts.sql.testing import PostgresServer, find_pg_bin
@@ -56,34 +56,17 @@ async def up(server: PostgresServer) -> AsyncIterator[PostgresServer]:
 
 
 def _event(key: str, label: str) -> EffectEnvelope:
-    return EffectEnvelope(
-        replay_key=f"{key}.{label}", kind=EffectKind.AWAIT_EVENT, name=label, input=None
-    )
+    return event(f"{key}.{label}", label)
 
 
 def _group(
     key: str, *labels: str, disposition: LoserPolicy = LoserPolicy.RUN_TO_COMPLETION
 ) -> EffectGroup:
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=disposition,
-        children=[_event(key, label) for label in labels],
-    )
+    return group(key, [_event(key, label) for label in labels], disposition=disposition)
 
 
 def _tool_group(key: str) -> EffectGroup:
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
-            EffectEnvelope(
-                replay_key=f"{key}.tool", kind=EffectKind.TOOL_CALL, name="count", input=1
-            ),
-            _event(key, "ev"),
-        ],
-    )
+    return group(key, [tool(f"{key}.tool", 1, "count"), _event(key, "ev")])
 
 
 class _Counter:
@@ -236,12 +219,7 @@ async def test_a_close_that_committed_before_its_connection_dropped_is_a_no_op_o
         assert restarted, "the fault never ran: the close did not commit through it"
         await asyncio.to_thread(restarted[0].join)
         assert await host.deliver_event(key, "pending", 2) == 0
-        heir = EffectGroup(
-            key=f"{pg_schema}:group:heir:0",
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[_event(key, "pending")],
-        )
+        heir = effect_group(f"{pg_schema}:group:heir:0", [_event(key, "pending")])
         await _retired(host, heir)
         rows = await _fetch(
             up.dsn,

@@ -7,15 +7,13 @@ import asyncio
 import secrets
 
 import pytest
+from group_support import group as effect_group
 
 from effecthost.contract import (
     EffectEnvelope,
-    EffectGroup,
     EffectKind,
-    LoserPolicy,
     PayloadMissing,
     ToolRegistry,
-    WakePolicy,
 )
 from effecthost.hosts.memory import MemoryEffectHost
 from effecthost.payloads import (
@@ -73,11 +71,8 @@ async def test_a_host_configured_with_it_stores_only_envelopes_and_reads_them_ba
     policy = PayloadPolicy(store=store, sealer=AesGcmSealer(InMemoryKeyStore()))
     host = MemoryEffectHost(ToolRegistry({"big": big}), payloads=policy)
     key = "pgstore:group:g:0"
-    group = EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[EffectEnvelope(replay_key=f"{key}.x", kind=EffectKind.TOOL_CALL, name="big")],
+    group = effect_group(
+        key, [EffectEnvelope(replay_key=f"{key}.x", kind=EffectKind.TOOL_CALL, name="big")]
     )
     try:
         handle = await host.open_effect_group(group)

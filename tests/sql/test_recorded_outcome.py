@@ -7,15 +7,14 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from group_support import group as effect_group
 from sql_support import tool as tool_call
 
 from effecthost.contract import (
     EffectGroup,
     EffectHostError,
-    LoserPolicy,
     Outcome,
     ToolRegistry,
-    WakePolicy,
 )
 from effecthost.hosts.sql import SqlEffectHost, SqliteStore
 
@@ -23,12 +22,7 @@ pytestmark = pytest.mark.anyio
 
 
 def group(key: str) -> EffectGroup:
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[tool_call(f"{key}.c", 7)],
-    )
+    return effect_group(key, [tool_call(f"{key}.c", 7)])
 
 
 def rewrite(path: Path, key: str, outcome: str) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
 
 from effecthost.contract import (
     EffectEnvelope,
@@ -62,11 +63,8 @@ def _host(sub: Substrate, sealed: bool) -> SqlEffectHost:
 
 def _group() -> EffectGroup:
     key = f"dep{secrets.token_hex(4)}:group:g:0"
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[EffectEnvelope(replay_key=f"{key}:0", kind="tool_call", name="echo", input=1)],
+    return effect_group(
+        key, [EffectEnvelope(replay_key=f"{key}:0", kind="tool_call", name="echo", input=1)]
     )
 
 
@@ -169,11 +167,11 @@ async def test_a_plaintext_close_in_a_sealed_deployment_records_no_cancelled_out
         )  # fmt: skip
 
     key = f"dep{secrets.token_hex(4)}:group:g:0"
-    group = EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.CANCEL,
-        children=[EffectEnvelope(replay_key=f"{key}:0", kind="tool_call", name="hold", input=1)],
+    group = effect_group(
+        key,
+        [EffectEnvelope(replay_key=f"{key}:0", kind="tool_call", name="hold", input=1)],
+        WakePolicy.ALL,
+        LoserPolicy.CANCEL,
     )
     opener = host(policy)
     handle = await opener.open_effect_group(group)

@@ -18,17 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
+from sql_support import group, tool
 
 from effecthost.contract import (
     EffectEnvelope,
     EffectGroup,
     EffectKind,
     InvalidEnvelope,
-    LoserPolicy,
     PayloadMissing,
     SealedPayloadUnreadable,
     ToolRegistry,
-    WakePolicy,
     group_key,
 )
 from effecthost.hosts.sql import (
@@ -59,17 +59,7 @@ def _registry(secret: str) -> ToolRegistry:
 
 def _group(scope: str) -> EffectGroup:
     key = group_key(scope, "g", 0)
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
-            EffectEnvelope(
-                replay_key=f"{key}.{size}", kind=EffectKind.TOOL_CALL, name="reveal", input=size
-            )
-            for size in ("small", "large")
-        ],
-    )
+    return group(key, [tool(f"{key}.{size}", size, "reveal") for size in ("small", "large")])
 
 
 @dataclass
@@ -488,11 +478,8 @@ async def test_g49_an_event_payload_shaped_like_an_envelope_is_refused_and_recor
     """G-49, ADR 0130 D6: an event payload carrying a sealed envelope's shape is
     ``InvalidEnvelope`` and the rows stay byte-identical."""
     key = group_key(f"t{secrets.token_hex(4)}", "g", 0)
-    group = EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[EffectEnvelope(replay_key=f"{key}.ev", kind=EffectKind.AWAIT_EVENT, name="ev")],
+    group = effect_group(
+        key, [EffectEnvelope(replay_key=f"{key}.ev", kind=EffectKind.AWAIT_EVENT, name="ev")]
     )
     host = _host(substrate, _registry("s"), PayloadPolicy(sealer=AesGcmSealer(InMemoryKeyStore())))
     try:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from group_support import group as effect_group
 from sql_support import spec
 
 from effecthost.contract import (
     EffectEnvelope,
-    EffectGroup,
     EffectKind,
-    LoserPolicy,
     Outcome,
     ToolRegistry,
     WakePolicy,
@@ -85,11 +84,10 @@ async def test_G31_G33_stalled_host_driver_loses_to_a_drain_takeover(
     await a.start()
     await b.start()
     try:
-        group = EffectGroup(
-            key="s:group:g:0",
-            wake=WakePolicy.FIRST,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[EffectEnvelope(replay_key="s.c", kind=EffectKind.TOOL_CALL, name="t")],
+        group = effect_group(
+            "s:group:g:0",
+            [EffectEnvelope(replay_key="s.c", kind=EffectKind.TOOL_CALL, name="t")],
+            WakePolicy.FIRST,
         )
         handle = await a.open_effect_group(group)
         await started.wait()

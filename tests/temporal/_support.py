@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +20,7 @@ from effecthost.conformance import STEP, FactoryEnv, step_input
 from effecthost.conformance._lab import Lab
 from effecthost.contract import (
     EffectEnvelope,
-    EffectGroup,
     EffectKind,
-    LoserPolicy,
-    WakePolicy,
-    sleep_input,
 )
 from effecthost.hosts.temporal import EffectGroupWorkflow, workflow_runner
 from effecthost.hosts.temporal.testing import (
@@ -41,17 +37,19 @@ def require_cli() -> None:
 
 @contextlib.asynccontextmanager
 async def running_host(
-    root: Path, *, restart_server: bool = False
+    root: Path,
+    *,
+    restart_server: bool = False,
+    make: Callable[..., Awaitable[TemporalHostUnderTest]] = factory,
 ) -> AsyncIterator[tuple[TemporalHostUnderTest, Lab]]:
-    """A dev server and a worker process, with a lab its children talk to."""
+    """A dev server and a worker process (``make``: the conformance factory, or the
+    sealed one), with a lab its children talk to."""
     require_cli()
     lab = Lab(root / "lab")
     await lab.start()
     work = root / "work"
     work.mkdir(parents=True, exist_ok=True)
-    host = await factory(
-        FactoryEnv(lab_path=lab.path, work_dir=work), restart_server=restart_server
-    )
+    host = await make(FactoryEnv(lab_path=lab.path, work_dir=work), restart_server=restart_server)
     try:
         yield host, lab
     finally:
@@ -106,25 +104,3 @@ async def rederived(history: Any) -> Any:
     capture = _Capture()
     await Replayer(workflows=[EffectGroupWorkflow], interceptors=[capture]).replay_workflow(history)
     return capture.results[0]
-
-
-def owned_group(key: str) -> EffectGroup:
-    """A ``CANCEL`` race of a gated tool call, an event wait and a long timer: what a live
-    owner's drain must leave alone and a gone owner's drain cancels (R-1)."""
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[
-            step(f"{key}:tool"),
-            EffectEnvelope(
-                replay_key=f"{key}:ev", kind=EffectKind.AWAIT_EVENT, name="go", input=None
-            ),
-            EffectEnvelope(
-                replay_key=f"{key}:nap",
-                kind=EffectKind.SLEEP,
-                name="sleep",
-                input=sleep_input(600.0),
-            ),
-        ],
-    )

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from group_support import group as effect_group
 
 from effecthost.combinators import Scope, next_group_key, race, tool
 from effecthost.conformance import STEP, step_input
 from effecthost.contract import (
-    EffectGroup,
     GroupHandle,
     InvalidEnvelope,
     LoserPolicy,
@@ -32,11 +32,11 @@ def test_cancel_close_returns_while_the_loser_runs(tmp_path: Path) -> None:
 
 async def _cancel(root: Path) -> None:
     async with running_host(root) as (host, lab):
-        group = EffectGroup(
-            key="cancel:group:race:0",
-            wake=WakePolicy.FIRST,
-            disposition=LoserPolicy.CANCEL,
-            children=[step("cc.win", gate=False, result="W"), step("cc.lose", hold_cancel=True)],
+        group = effect_group(
+            "cancel:group:race:0",
+            [step("cc.win", gate=False, result="W"), step("cc.lose", hold_cancel=True)],
+            WakePolicy.FIRST,
+            LoserPolicy.CANCEL,
         )
         ctl = await host.controller()
         handle = await ctl.open_effect_group(group)

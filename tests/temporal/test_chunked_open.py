@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
 from temporalio.api.enums.v1 import EventType
 
 from effecthost.conformance import STEP, step_input
@@ -51,12 +52,7 @@ def _group(key: str, count: int, *, pad: int = 0, changed: int | None = None) ->
                 input=step_input(tag, gate=False, result=data),
             )
         )
-    return EffectGroup(
-        key=f"chunked:group:{key}:0",
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.CANCEL,
-        children=children,
-    )
+    return effect_group(f"chunked:group:{key}:0", children, WakePolicy.ALL, LoserPolicy.CANCEL)
 
 
 async def _opens(wf: Any) -> list[str]:
@@ -146,11 +142,8 @@ def test_partial_open_runs_nothing_until_the_same_open_completes_it(tmp_path: Pa
 async def _partial(root: Path) -> None:
     async with running_host(root) as (host, lab):
         assert host.client is not None
-        group = EffectGroup(
-            key="chunked:group:partial:0",
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[step(f"part.{i}", result=i, gate=False) for i in range(12)],
+        group = effect_group(
+            "chunked:group:partial:0", [step(f"part.{i}", result=i, gate=False) for i in range(12)]
         )
         dying = TemporalEffectHost(
             host.client, host.task_queue, host.resolver(), shard_size=5, chunk_bytes=1500
@@ -179,11 +172,11 @@ async def _partial(root: Path) -> None:
             await asyncio.wait_for(retry.await_next_settlement(group.handle()), 30)
         with pytest.raises(UnknownGroup):
             await retry.close_effect_group(group.handle())
-        changed = EffectGroup(
-            key=group.key,
-            wake=group.wake,
-            disposition=group.disposition,
-            children=[step(f"part.{i}", result=i + 100, gate=False) for i in range(12)],
+        changed = effect_group(
+            group.key,
+            [step(f"part.{i}", result=i + 100, gate=False) for i in range(12)],
+            group.wake,
+            group.disposition,
         )
         with pytest.raises(ReplayMismatch):
             await retry.open_effect_group(changed)

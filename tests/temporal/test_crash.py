@@ -8,13 +8,11 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from group_support import group as effect_group
 
 from effecthost.contract import (
     CursorExhausted,
-    EffectGroup,
     GroupHandle,
-    LoserPolicy,
-    WakePolicy,
 )
 from effecthost.hosts.temporal import TemporalEffectHost
 from effecthost.hosts.temporal.testing import connect
@@ -30,11 +28,8 @@ def test_ranks_survive_a_worker_sigkill(tmp_path: Path) -> None:
 async def _crash(root: Path) -> None:
     async with running_host(root) as (host, lab):
         tags = [f"crash.c{i}" for i in range(5)]
-        group = EffectGroup(
-            key="crash:group:batch:0",
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[step(tag, result=i) for i, tag in enumerate(tags)],
+        group = effect_group(
+            "crash:group:batch:0", [step(tag, result=i) for i, tag in enumerate(tags)]
         )
         caller = await host.controller()
         handle = await caller.open_effect_group(group)

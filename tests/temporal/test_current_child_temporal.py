@@ -11,8 +11,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from group_support import group as effect_group
+from group_support import tool
 
-from effecthost.contract import EffectEnvelope, EffectGroup, EffectKind, LoserPolicy, WakePolicy
 from effecthost.hosts.temporal import TemporalEffectHost
 from effecthost.hosts.temporal.testing import DevServer, WorkerProcess
 
@@ -54,19 +55,7 @@ async def _rerun(root: Path) -> None:
         await worker.start()
         host = TemporalEffectHost(client, queue, identity_tools.registry(str(marks)))
         key = f"identity:group:{uuid.uuid4().hex[:8]}:0"
-        group = EffectGroup(
-            key=key,
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[
-                EffectEnvelope(
-                    replay_key="identity.0",
-                    kind=EffectKind.TOOL_CALL,
-                    name=identity_tools.WHO,
-                    input="identity.0",
-                )
-            ],
-        )
+        group = effect_group(key, [tool("identity.0", "identity.0", name=identity_tools.WHO)])
         handle = await host.open_effect_group(group)
         started = marks / "identity.0.started"
         deadline = time.monotonic() + TIMEOUT

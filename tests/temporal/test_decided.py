@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from group_support import group as effect_group
 from temporalio.api.enums.v1 import PendingActivityState
 
 from effecthost.contract import EffectGroup, LoserPolicy, UnknownGroup, WakePolicy
@@ -20,11 +21,11 @@ LOSERS = ("l1", "l2", "l3")
 
 
 def _race(name: str) -> EffectGroup:
-    return EffectGroup(
-        key=f"decided:{name}",
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[step(f"{name}.w", gate=False), *(step(f"{name}.{x}") for x in LOSERS)],
+    return effect_group(
+        f"decided:{name}",
+        [step(f"{name}.w", gate=False), *(step(f"{name}.{x}") for x in LOSERS)],
+        WakePolicy.FIRST,
+        LoserPolicy.CANCEL,
     )
 
 

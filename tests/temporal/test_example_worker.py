@@ -4,51 +4,27 @@ call, and a separate caller process running a race and an all."""
 from __future__ import annotations
 
 import asyncio
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from example_support import run_script, start_script, stop_script
 
 from effecthost.hosts.temporal.testing import DevServer
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "temporal_worker"
 
 pytestmark = pytest.mark.anyio
 
 
 def _worker(address: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "worker.py", "--address", address, "--task-queue", "example"],
-        cwd=EXAMPLE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    return start_script(
+        "temporal_worker", "worker.py", "--address", address, "--task-queue", "example"
     )
 
 
 def _caller(address: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "caller.py", "--address", address, "--task-queue", "example"],
-        cwd=EXAMPLE,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    return run_script(
+        "temporal_worker", "caller.py", "--address", address, "--task-queue", "example"
     )
-
-
-def _stop(process: subprocess.Popen[bytes]) -> int:
-    """SIGTERM, as a process manager stops it; its exit code (SIGKILL after a bound)."""
-    if process.poll() is not None:
-        return process.returncode
-    process.send_signal(signal.SIGTERM)
-    try:
-        return process.wait(15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        raise AssertionError("the example worker still ran 15 s after SIGTERM") from None
 
 
 @pytest.mark.timeout(240)
@@ -63,7 +39,7 @@ async def test_the_temporal_example_runs_as_documented(tmp_path: Path) -> None:
         assert "all  -> ['https://example.org/0'" in run.stdout
         assert "open groups: []" in run.stdout
         # G-15: it shuts down cleanly on SIGTERM (what container runtimes send)
-        assert await asyncio.to_thread(_stop, worker) == 0
+        assert await asyncio.to_thread(stop_script, worker) == 0
     finally:
-        await asyncio.to_thread(_stop, worker)
+        await asyncio.to_thread(stop_script, worker)
         await server.stop()

@@ -8,10 +8,11 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from group_support import group as effect_group
 from inspect_support import check_inspect, inspect
 
 from effecthost.conformance import STEP
-from effecthost.contract import EffectGroup, LoserPolicy, WakePolicy
+from effecthost.contract import LoserPolicy, WakePolicy
 
 from ._support import running_host, step
 
@@ -26,11 +27,11 @@ def test_inspect_temporal_lists_and_ranks_without_writing(tmp_path: Path) -> Non
 async def _inspect(root: Path) -> None:
     async with running_host(root) as (host, lab):
         tags = ["inspect.t.hold", "inspect.t.quick"]
-        group = EffectGroup(
-            key="inspect:group:temporal:0",
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.CANCEL,
-            children=[step(tags[0]), step(tags[1], gate=False, result="Q")],
+        group = effect_group(
+            "inspect:group:temporal:0",
+            [step(tags[0]), step(tags[1], gate=False, result="Q")],
+            WakePolicy.ALL,
+            LoserPolicy.CANCEL,
         )
         ctl = await host.controller()
         handle = await ctl.open_effect_group(group)

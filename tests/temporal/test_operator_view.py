@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
 from operator_tools import resolver
 from temporalio.worker import Replayer
 
@@ -18,7 +19,6 @@ from effecthost.conformance import FactoryEnv, step_input
 from effecthost.conformance._lab import Lab
 from effecthost.contract import (
     EffectEnvelope,
-    EffectGroup,
     EffectKind,
     GroupExecutors,
     LoserPolicy,
@@ -79,14 +79,14 @@ async def _race(root: Path) -> None:
     try:
         await host.start()
         ctl = await host.controller()
-        group = EffectGroup(
-            key="ops:race:7",
-            wake=WakePolicy.FIRST,
-            disposition=LoserPolicy.CANCEL,
-            children=[
+        group = effect_group(
+            "ops:race:7",
+            [
                 _child("ops.fast", "lookup.fast", gate=False),
                 _child("ops.slow", "lookup.slow", hold_cancel=True),
             ],
+            WakePolicy.FIRST,
+            LoserPolicy.CANCEL,
         )
         handle = await ctl.open_effect_group(group)
         await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)

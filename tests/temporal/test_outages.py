@@ -12,16 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
 
 from effecthost.combinators import Scope, all_, next_group_key, race, tool
 from effecthost.conformance import STEP, step_input
 from effecthost.contract import (
     EffectEnvelope,
-    EffectGroup,
     EffectKind,
     EngineUnavailable,
     LoserPolicy,
-    WakePolicy,
 )
 from effecthost.hosts.temporal import TemporalEffectHost
 from effecthost.hosts.temporal.testing import TemporalHostUnderTest
@@ -58,19 +57,9 @@ async def _bounded(root: Path) -> None:
         wait = EffectEnvelope(
             replay_key=f"{key}:0", kind=EffectKind.AWAIT_EVENT, name="ping", input=None
         )
-        group = EffectGroup(
-            key=key,
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[wait],
-        )
+        group = effect_group(key, [wait])
         handle = await ctl.open_effect_group(group)
-        later = EffectGroup(
-            key="r12:group:later:0",
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[step("r12.later", gate=False, result="L")],
-        )
+        later = effect_group("r12:group:later:0", [step("r12.later", gate=False, result="L")])
         await host.server.kill()
         calls = {
             "open": lambda: ctl.open_effect_group(later),
@@ -118,12 +107,7 @@ async def _worker_down(root: Path) -> None:
         assert host.worker is not None
         opener = await host.controller()
         key = "r12:group:worker:0"
-        group = EffectGroup(
-            key=key,
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[step("r12w.a"), step("r12w.b")],
-        )
+        group = effect_group(key, [step("r12w.a"), step("r12w.b")])
         saved = await opener.open_effect_group(group)
         await lab.wait_for("started", "r12w.b")
         lab.open("r12w.a")

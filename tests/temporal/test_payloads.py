@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,18 +22,17 @@ from typing import Any
 
 import pytest
 from google.protobuf.message import Message
+from group_support import group as effect_group
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 
-from effecthost.conformance import STEP, FactoryEnv, run_suite, step_input
+from effecthost.conformance import STEP, run_suite, step_input
 from effecthost.conformance._lab import Lab
 from effecthost.contract import (
     EffectEnvelope,
     EffectGroup,
     EffectKind,
-    LoserPolicy,
     SealedPayloadUnreadable,
-    WakePolicy,
     group_key,
 )
 from effecthost.hosts.temporal import (
@@ -50,7 +48,7 @@ from effecthost.hosts.temporal.testing import (
 )
 from effecthost.payloads import InMemoryKeyStore, PayloadPolicy, group_directory_name
 
-from ._support import require_cli
+from ._support import require_cli, running_host
 
 SECRET_INPUT = "input-plaintext-7f3a9c"
 SECRET_SMALL = "outcome-plaintext-small-41d2"
@@ -70,19 +68,9 @@ def test_payload_checks_pass_with_sealed_factory() -> None:
 
 @contextlib.asynccontextmanager
 async def sealed_host(root: Path) -> AsyncIterator[tuple[SealedTemporalHostUnderTest, Lab]]:
-    require_cli()
-    lab = Lab(root / "lab")
-    await lab.start()
-    work = root / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    host = await sealed_factory(FactoryEnv(lab_path=lab.path, work_dir=work))
-    try:
+    async with running_host(root, make=sealed_factory, restart_server=True) as (host, lab):
+        assert isinstance(host, SealedTemporalHostUnderTest)
         yield host, lab
-    finally:
-        lab.open_all("")
-        await host.aclose()
-        await lab.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _child(tag: str, result: Any) -> EffectEnvelope:
@@ -95,11 +83,9 @@ def _child(tag: str, result: Any) -> EffectEnvelope:
 
 
 def _group(name: str) -> EffectGroup:
-    return EffectGroup(
-        key=group_key(f"test-payloads-{uuid.uuid4().hex[:8]}", name, 0),
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
+    return effect_group(
+        group_key(f"test-payloads-{uuid.uuid4().hex[:8]}", name, 0),
+        [
             _child("small", {"secret": SECRET_SMALL}),
             _child("large", {"secret": SECRET_LARGE, "blob": "L" * (64 * 1024)}),
         ],

@@ -10,8 +10,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from group_support import group as effect_group
 
-from effecthost.contract import EffectEnvelope, EffectGroup, EffectKind, LoserPolicy, WakePolicy
+from effecthost.contract import EffectEnvelope, EffectKind
 from effecthost.hosts.temporal import TemporalEffectHost
 from effecthost.hosts.temporal.testing import DevServer, WorkerProcess
 
@@ -46,11 +47,9 @@ async def _noisy_group(root: Path) -> None:
     try:
         await worker.start()
         host = TemporalEffectHost(client, queue, noisy_tools.registry(str(size)))
-        group = EffectGroup(
-            key=f"pipes:group:{uuid.uuid4().hex[:8]}:0",
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[
+        group = effect_group(
+            f"pipes:group:{uuid.uuid4().hex[:8]}:0",
+            [
                 EffectEnvelope(
                     replay_key=f"pipes.{i}", kind=EffectKind.TOOL_CALL, name="noisy", input=i
                 )

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
 from temporalio.service import RPCError, RPCStatusCode
 
-from effecthost.contract import EffectGroup, LoserPolicy, WakePolicy
+from effecthost.contract import LoserPolicy, WakePolicy
 from effecthost.hosts.temporal import TemporalEffectHost
 
 from ._support import running_host, step
@@ -49,11 +50,8 @@ async def _batched(root: Path) -> None:
     async with running_host(root) as (host, lab):
         assert host.client is not None
         tags = [f"br.{i}" for i in range(20)]
-        group = EffectGroup(
-            key="reads:group:batch:0",
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[step(tag, gate=False, result=i) for i, tag in enumerate(tags)],
+        group = effect_group(
+            "reads:group:batch:0", [step(tag, gate=False, result=i) for i, tag in enumerate(tags)]
         )
         opener = await host.controller()
         await opener.open_effect_group(group)
@@ -70,11 +68,11 @@ async def _batched(root: Path) -> None:
         assert calls == Counter(query=2), calls  # one batch, plus the settled listing
         await reader.close_effect_group(handle)
 
-        race = EffectGroup(
-            key="reads:group:race:0",
-            wake=WakePolicy.FIRST,
-            disposition=LoserPolicy.CANCEL,
-            children=[step("br.win", gate=False), step("br.lose")],
+        race = effect_group(
+            "reads:group:race:0",
+            [step("br.win", gate=False), step("br.lose")],
+            WakePolicy.FIRST,
+            LoserPolicy.CANCEL,
         )
         assert isinstance(opener, TemporalEffectHost)
         calls = _counted(opener)
@@ -85,12 +83,7 @@ async def _batched(root: Path) -> None:
         assert calls == Counter(update=1), calls
 
         # a run whose update budget is spent: the read falls back to queries
-        spent = EffectGroup(
-            key="reads:group:spent:0",
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[step("br.late", result=1)],
-        )
+        spent = effect_group("reads:group:spent:0", [step("br.late", result=1)])
         handle = await opener.open_effect_group(spent)
         poller = TemporalEffectHost(host.client, host.task_queue, host.resolver())
 
@@ -117,12 +110,7 @@ def test_more_waiting_readers_than_in_flight_updates(tmp_path: Path) -> None:
 async def _crowded(root: Path) -> None:
     async with running_host(root) as (host, lab):
         assert host.client is not None
-        group = EffectGroup(
-            key="reads:group:crowd:0",
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.RUN_TO_COMPLETION,
-            children=[step("cr.late", result=1)],
-        )
+        group = effect_group("reads:group:crowd:0", [step("cr.late", result=1)])
         opener = await host.controller()
         handle = await opener.open_effect_group(group)
         refused: list[RPCStatusCode] = []

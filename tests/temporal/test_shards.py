@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import UpdateWorkflowExecutionLifecycleStage
 from temporalio.api.update.v1 import UpdateRef, WaitPolicy
@@ -36,11 +37,11 @@ _ADMITTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFE
 
 
 def _wide(count: int) -> EffectGroup:
-    return EffectGroup(
-        key=f"shards:plan:{count}",
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.CANCEL,
-        children=[step(f"p.{i}") for i in range(count)],
+    return effect_group(
+        f"shards:plan:{count}",
+        [step(f"p.{i}") for i in range(count)],
+        WakePolicy.ALL,
+        LoserPolicy.CANCEL,
     )
 
 
@@ -80,11 +81,11 @@ async def _sharded(root: Path) -> None:
     async with running_host(root) as (host, lab):
         assert host.client is not None
         tags = [f"sh.{i}" for i in range(7)]
-        group = EffectGroup(
-            key="shards:group:seven:0",
-            wake=WakePolicy.ALL,
-            disposition=LoserPolicy.CANCEL,
-            children=[step(tag, result=i) for i, tag in enumerate(tags)],
+        group = effect_group(
+            "shards:group:seven:0",
+            [step(tag, result=i) for i, tag in enumerate(tags)],
+            WakePolicy.ALL,
+            LoserPolicy.CANCEL,
         )
         ctl = TemporalEffectHost(host.client, host.task_queue, host.resolver(), shard_size=3)
         handle = await ctl.open_effect_group(group)

@@ -8,7 +8,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -16,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from group_support import group as effect_group
+from stubborn_tools import STUBBORN
+from stubborn_tools import registry as stubborn_registry
 from temporalio.client import Client
 
 from effecthost.conformance import Lab, conformance_resolver
@@ -25,8 +27,6 @@ from effecthost.contract import (
     EffectGroup,
     EffectKind,
     GroupExecutors,
-    LoserPolicy,
-    WakePolicy,
 )
 from effecthost.hosts._shutdown import DEFAULT_GRACE, FORCE_AFTER
 from effecthost.hosts.temporal import TemporalEffectHost
@@ -35,9 +35,6 @@ from effecthost.hosts.temporal.testing import DevServer, WorkerProcess
 from ._support import require_cli, step
 
 TESTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(TESTS))
-from stubborn_tools import STUBBORN  # noqa: E402
-from stubborn_tools import registry as stubborn_registry  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 TIMEOUT = 30.0
@@ -111,12 +108,7 @@ async def _terminate(worker: WorkerProcess, bound: float) -> int:
 
 
 def _group(name: str, *children: EffectEnvelope) -> EffectGroup:
-    return EffectGroup(
-        key=f"term:{name}:batch:0",
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=list(children),
-    )
+    return effect_group(f"term:{name}:batch:0", list(children))
 
 
 async def test_sigterm_stops_a_polling_worker(stack: Stack) -> None:

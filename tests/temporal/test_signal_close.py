@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import group as effect_group
 
 from effecthost.contract import (
     DispositionWidened,
@@ -58,11 +59,11 @@ async def _closed(ctl: TemporalEffectHost, handle: GroupHandle) -> None:
 
 
 def _race(key: str, *tags: str, disposition: LoserPolicy = LoserPolicy.CANCEL) -> EffectGroup:
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.FIRST,
-        disposition=disposition,
-        children=[step(tags[0], gate=False, result="W"), *(step(t) for t in tags[1:])],
+    return effect_group(
+        key,
+        [step(tags[0], gate=False, result="W"), *(step(t) for t in tags[1:])],
+        WakePolicy.FIRST,
+        disposition,
     )
 
 

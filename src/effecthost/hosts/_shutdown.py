@@ -4,6 +4,7 @@ is never worth more than exiting."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import threading
@@ -15,6 +16,16 @@ DEFAULT_GRACE = 5.0
 FORCE_AFTER = 2.0
 """Seconds past the grace after which a stopping process exits even though something
 (a tool's thread, a task ignoring cancellation) still holds it."""
+
+
+def add_grace_option(parser: argparse.ArgumentParser, running: str) -> None:
+    """``--grace``: the seconds ``running`` get to finish after SIGTERM/SIGINT."""
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE,
+        help=f"seconds {running} get to finish after SIGTERM/SIGINT",
+    )
 
 
 def exit_after(seconds: float) -> None:

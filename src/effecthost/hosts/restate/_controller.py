@@ -137,13 +137,7 @@ class RestateController(GroupObjectClient):
                 operation=operation,
                 tried_for=within,
             ) from None
-        if response.status_code >= 300:
-            raise EngineUnavailable(
-                f"Restate ingress refused {handler} of owner {self.incarnation!r}: "
-                f"HTTP {response.status_code} {response.text[:200]!r}",
-                group_key=group_key,
-                operation=operation,
-            )
+        _answered(response, f"{handler} of owner {self.incarnation!r}", group_key, operation)
 
     async def _hold_lease(self, group_key: str) -> None:
         """Make this incarnation live in the engine before it records itself as the
@@ -196,13 +190,7 @@ class RestateController(GroupObjectClient):
                 f"Restate ingress has no {GROUP}/{handler} (is the endpoint registered?): "
                 f"{response.text[:200]}"
             )
-        if response.status_code >= 300:
-            raise EngineUnavailable(
-                f"Restate ingress refused {operation} of group {group_key!r}: "
-                f"HTTP {response.status_code} {response.text[:200]!r}",
-                group_key=group_key,
-                operation=operation,
-            )
+        _answered(response, f"{operation} of group {group_key!r}", group_key, operation)
         return response.json() if response.content else None
 
     async def _bounded(
@@ -306,6 +294,16 @@ class RestateController(GroupObjectClient):
 
     def drain(self) -> GroupDrain:
         return _RestateDrain(self)
+
+
+def _answered(response: Any, what: str, group_key: str | None, operation: str) -> None:
+    """An ingress answer other than a success: ``EngineUnavailable`` naming ``what``."""
+    if response.status_code >= 300:
+        raise EngineUnavailable(
+            f"Restate ingress refused {what}: HTTP {response.status_code} {response.text[:200]!r}",
+            group_key=group_key,
+            operation=operation,
+        )
 
 
 def _text(value: str) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 from effecthost.contract import GroupExecutors
 from effecthost.hosts import require
-from effecthost.hosts._shutdown import DEFAULT_GRACE, Stopper
+from effecthost.hosts._shutdown import DEFAULT_GRACE, Stopper, add_grace_option
 
 
 def load_resolver(spec: str, args: list[str]) -> GroupExecutors:
@@ -133,12 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--key-dir", default=None, help="key directory: seal every outcome")
     parser.add_argument("--inline-threshold", type=int, default=None)
-    parser.add_argument(
-        "--grace",
-        type=float,
-        default=DEFAULT_GRACE,
-        help="seconds running invocations get to finish after SIGTERM/SIGINT",
-    )
+    add_grace_option(parser, "running invocations")
     options = parser.parse_args(argv)
     if options.payload_dir is None and (
         options.key_dir is not None or options.inline_threshold is not None

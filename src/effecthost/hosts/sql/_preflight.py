@@ -126,6 +126,23 @@ def _writable(path: Path, st: os.stat_result) -> bool:
     return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
 
 
+def _file_stat(path: Path) -> os.stat_result | None:
+    """The stat of ``path``, ``None`` when nothing is there; refused when it cannot be
+    reached or is not a regular file."""
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except PermissionError:
+        raise DatabaseRefused(
+            DatabaseProblem.UNREADABLE, f"{path}: permission denied (cannot reach the file)"
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a special file"
+        raise DatabaseRefused(DatabaseProblem.NOT_A_FILE, f"{path}: not a file ({kind})")
+    return st
+
+
 def check_sqlite_file(path: str | Path, *, write: bool, lock_timeout: float) -> None:
     """Refuse ``path`` unless it is an effecthost SQLite database of this schema version
     (and, with ``write``, one whose write lock this process gets within ``lock_timeout``
@@ -136,17 +153,9 @@ def check_sqlite_file(path: str | Path, *, write: bool, lock_timeout: float) -> 
         SchemaVersionError: the database records another schema version.
     """
     path = Path(path)
-    try:
-        st = path.stat()
-    except (FileNotFoundError, NotADirectoryError):
-        raise DatabaseRefused(DatabaseProblem.MISSING, f"{path}: no such file") from None
-    except PermissionError:
-        raise DatabaseRefused(
-            DatabaseProblem.UNREADABLE, f"{path}: permission denied (cannot reach the file)"
-        ) from None
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a special file"
-        raise DatabaseRefused(DatabaseProblem.NOT_A_FILE, f"{path}: not a file ({kind})")
+    st = _file_stat(path)
+    if st is None:
+        raise DatabaseRefused(DatabaseProblem.MISSING, f"{path}: no such file")
     if st.st_size == 0:
         raise DatabaseRefused(
             DatabaseProblem.EMPTY, f"{path}: empty file (0 bytes), not an effecthost database"
@@ -227,18 +236,8 @@ def check_creatable_sqlite_file(path: str | Path, *, lock_timeout: float) -> Non
         SchemaVersionError: the database records another schema version.
     """
     path = Path(path)
-    try:
-        st = path.stat()
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    except PermissionError:
-        raise DatabaseRefused(
-            DatabaseProblem.UNREADABLE, f"{path}: permission denied (cannot reach the file)"
-        ) from None
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a special file"
-        raise DatabaseRefused(DatabaseProblem.NOT_A_FILE, f"{path}: not a file ({kind})")
-    if st.st_size == 0:
+    st = _file_stat(path)
+    if st is None or st.st_size == 0:
         return
     if not os.access(path, os.R_OK):
         raise DatabaseRefused(

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
 
@@ -156,18 +157,16 @@ class DevServer:
         )
 
     async def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is not None:
-            await _terminate(process)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        await self._end(_terminate)
 
     async def kill(self) -> None:
         """SIGKILL: a crash, not a shutdown (the database file stays)."""
+        await self._end(_kill)
+
+    async def _end(self, end: Callable[[subprocess.Popen[bytes]], Awaitable[None]]) -> None:
         process, self.process = self.process, None
         if process is not None:
-            await _kill(process)
+            await end(process)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -261,20 +260,18 @@ class WorkerProcess:
 
     async def kill(self) -> None:
         """SIGKILL: a crash, not a shutdown."""
-        process, self.process = self.process, None
-        if process is not None:
-            await _kill(process)
-            await self._closed(process)
+        await self._end(_kill)
 
     async def terminate(self) -> None:
-        process, self.process = self.process, None
-        if process is not None:
-            await _terminate(process)
-            await self._closed(process)
+        await self._end(_terminate)
 
-    async def _closed(self, process: subprocess.Popen[bytes]) -> None:
-        """After the process exited: the drain reaches the pipe's end (a grandchild
+    async def _end(self, end: Callable[[subprocess.Popen[bytes]], Awaitable[None]]) -> None:
+        """Once the process exited: the drain reaches the pipe's end (a grandchild
         holding it open is not waited for), then the pipe is closed."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        await end(process)
         drain, self._drain = self._drain, None
         if drain is not None:
             await asyncio.to_thread(drain.join, 5)

@@ -25,7 +25,7 @@ from typing import Any
 
 from effecthost.contract import GroupExecutors
 from effecthost.hosts import require
-from effecthost.hosts._shutdown import DEFAULT_GRACE
+from effecthost.hosts._shutdown import DEFAULT_GRACE, add_grace_option
 from effecthost.payloads import (
     DEFAULT_INLINE_THRESHOLD,
     AesGcmSealer,
@@ -101,12 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--payload-dir", help="a FilesystemPayloadStore directory")
     parser.add_argument("--key-dir", help="a FileKeyStore directory (sealing and codec)")
     parser.add_argument("--inline-threshold", type=int, default=DEFAULT_INLINE_THRESHOLD)
-    parser.add_argument(
-        "--grace",
-        type=float,
-        default=DEFAULT_GRACE,
-        help="seconds running children get to finish after SIGTERM/SIGINT",
-    )
+    add_grace_option(parser, "running children")
     ns = parser.parse_args(argv)
     resolver = load_resolver(ns.resolver, ns.resolver_arg)
     payloads, keys = payload_settings(ns.payload_dir, ns.key_dir, ns.inline_threshold)

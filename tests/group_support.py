@@ -1,0 +1,29 @@
+"""Builders of the groups the tests open: a child of each kind and a group of them, with
+the defaults most tests want (an ``all`` group run to completion)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from effecthost.contract import EffectEnvelope, EffectGroup, EffectKind, LoserPolicy, WakePolicy
+
+
+def tool(replay_key: str, value: Any = None, name: str = "t") -> EffectEnvelope:
+    """A tool call child."""
+    return EffectEnvelope(replay_key=replay_key, kind=EffectKind.TOOL_CALL, name=name, input=value)
+
+
+def event(replay_key: str, name: str = "go", value: Any = None) -> EffectEnvelope:
+    """An ``await_event`` child waiting for event ``name``."""
+    return EffectEnvelope(
+        replay_key=replay_key, kind=EffectKind.AWAIT_EVENT, name=name, input=value
+    )
+
+
+def group(
+    key: str,
+    children: list[EffectEnvelope],
+    wake: WakePolicy = WakePolicy.ALL,
+    disposition: LoserPolicy = LoserPolicy.RUN_TO_COMPLETION,
+) -> EffectGroup:
+    return EffectGroup(key=key, wake=wake, disposition=disposition, children=children)
