@@ -234,6 +234,19 @@ def await_ranks(spans: list[Record], key: str) -> dict[int, int]:
     }
 
 
+def assert_child_ranks(spans: list[Record], key: str, width: int = WIDTH) -> None:
+    """Issue 23: every child span carries the rank its caller's await served it (ranks
+    1..width, one per position)."""
+    served = await_ranks(spans, key)
+    assert sorted(served.values()) == list(range(1, width + 1))
+    children = child_spans(spans, key)
+    assert len(children) == width
+    found = {
+        c.attributes["effecthost.position"]: c.attributes.get("effecthost.rank") for c in children
+    }
+    assert found == served, (found, served)
+
+
 registry = ToolRegistry({"work": work})
 """The resolver another process loads (``otel_support:registry``); importing it there
 instruments that process into the file :data:`SPANS_FILE` names."""

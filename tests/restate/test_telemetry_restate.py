@@ -9,7 +9,14 @@ from pathlib import Path
 
 import otel_support
 import pytest
-from otel_support import SPANS_FILE, await_ranks, collected, expected_shape, run_program, shape
+from otel_support import (
+    SPANS_FILE,
+    assert_child_ranks,
+    collected,
+    expected_shape,
+    run_program,
+    shape,
+)
 
 from effecthost.contract import group_key
 from effecthost.hosts.restate.testing import LocalRestate
@@ -24,7 +31,8 @@ async def test_issue23_one_trace_from_caller_through_endpoint(
 ) -> None:
     """Issue 23: on Restate the program gives the same span tree as on memory and SQL,
     the child spans recorded by the endpoint process; also for a wide group whose children
-    the endpoint's collectors start."""
+    the endpoint's collectors start. Each child span carries its rank: a traced child
+    settles by a call and reads its rank from the reply."""
     spans_file = tmp_path / "endpoint-spans.jsonl"
     monkeypatch.setenv(SPANS_FILE, str(spans_file))
     paths = [str(TESTS), os.environ.get("PYTHONPATH")]
@@ -41,6 +49,6 @@ async def test_issue23_one_trace_from_caller_through_endpoint(
                 await ctl.aclose()
             spans = seen.finished(spans_file)
             assert shape(spans, key) == expected_shape(width)
-            assert sorted(await_ranks(spans, key).values()) == list(range(1, width + 1))
+            assert_child_ranks(spans, key, width)
     finally:
         await local.stop()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from otel_support import (
     SPANS_FILE,
-    await_ranks,
+    assert_child_ranks,
     child_spans,
     collected,
     expected_shape,
@@ -59,7 +59,7 @@ async def _program(root: Path) -> None:
                     await host.aclose()
             spans = seen.finished()
             assert shape(spans, key) == expected_shape()
-            assert sorted(await_ranks(spans, key).values()) == [1, 2, 3]
+            assert_child_ranks(spans, key)
             children = child_spans(spans, key)
             assert all(c.attributes.get("effecthost.attempt") == 1 for c in children)
     finally:
@@ -73,7 +73,8 @@ def test_issue23_one_trace_across_a_worker_process(
     """Issue 23: the worker runs in its own process, its client connected without any
     interceptor: with telemetry on, the host and the worker add Temporal's tracing
     interceptor themselves, and the worker process's child spans (and their tools' spans)
-    hang under the caller's group span."""
+    hang under the caller's group span, each child span with the rank the worker's group
+    workflow assigned it."""
     require_cli()
     spans_file = tmp_path / "worker-spans.jsonl"
     monkeypatch.setenv(SPANS_FILE, str(spans_file))
@@ -105,5 +106,6 @@ async def _across(root: Path, spans_file: Path) -> None:
             spans = seen.finished(spans_file)
             assert shape(spans, key) == expected_shape()
             assert len(child_spans(seen.finished(), key)) == 0  # all of them from the worker
+            assert_child_ranks(spans, key)
     finally:
         await server.stop()

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -52,10 +53,11 @@ _via: contextvars.ContextVar[trace.SpanContext | None] = contextvars.ContextVar(
 )
 """The span that was current when :func:`attached` switched to a carried context (a drain
 pass's): a child span started under the carried context links to it."""
-_later: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "effecthost_otel_rank_later", default=False
+_later: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "effecthost_otel_rank_later", default=None
 )
-"""Set in a child's task by a host that reports the child's rank here (:func:`ranked`)."""
+"""Set in a child's task by a host that reports the child's rank here (:func:`ranked`): how
+long, in seconds, its span waits for it (``math.inf``: until :func:`ranked`)."""
 
 
 @dataclass
@@ -546,7 +548,7 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
         span = inst.tracer.start_span(CHILD_SPAN, context=parent, links=links, attributes=attrs)
         # the tool starts afresh: a group it opens itself gets its own spans
         inside, draining, carried = _in_call.set(False), _draining.set(False), _via.set(None)
-        reporting = _later.set(False)
+        reporting = _later.set(None)
         with trace.use_span(
             span, end_on_exit=False, record_exception=False, set_status_on_exception=False
         ):
@@ -578,20 +580,25 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
     return execute
 
 
-def _settled(span: trace.Span, membership: Any, later: bool = False) -> None:
+def _settled(span: trace.Span, membership: Any, later: float | None = None) -> None:
     """End a child's span at its settlement, or, when a caller of this process holds its
     group open or its host reports the rank here (``later``), keep it (with that end time)
     until the caller's await serves its rank or the host names it, so the span carries the
-    rank too; the group's close ends the ones never served."""
+    rank too; the group's close ends the ones never served, and a span whose host may not
+    learn the rank here (``later`` finite) ends without it after that many seconds."""
     ended = time.time_ns()
     if membership is not None:
         group = _by_key.get(membership.group_key)
-        if later or (group is not None and span.get_span_context().trace_id == group.trace_id):
+        if later is not None or (
+            group is not None and span.get_span_context().trace_id == group.trace_id
+        ):
             slot = (membership.group_key, membership.position)
             earlier = _unranked.pop(slot, None)
             if earlier is not None:
                 earlier[0].end(end_time=earlier[1])
             _unranked[slot] = (span, ended)
+            if later is not None and later != math.inf:
+                asyncio.get_running_loop().call_later(later, _expire, slot, span)
             while len(_unranked) > MAX_OPEN_SPANS:
                 old, at = _unranked.pop(next(iter(_unranked)))
                 old.end(end_time=at)
@@ -607,8 +614,14 @@ def _ranked(group_key: str, position: int, rank: int | None) -> None:
         entry[0].end(end_time=entry[1])
 
 
-def rank_later() -> None:
-    _later.set(True)
+def _expire(slot: tuple[str, int], span: trace.Span) -> None:
+    entry = _unranked.get(slot)
+    if entry is not None and entry[0] is span and _unranked.pop(slot, None) is entry:
+        span.end(end_time=entry[1])
+
+
+def rank_later(within: float | None = None) -> None:
+    _later.set(math.inf if within is None else within)
 
 
 def ranked(group_key: str, position: int, rank: int | None) -> None:
