@@ -3,6 +3,7 @@ telemetry test runs: a group of three tool calls whose tool opens a span of its 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -43,6 +44,12 @@ async def work(value: Any) -> Any:
     tracer = trace.get_tracer("tests.tool", tracer_provider=_provider)
     with tracer.start_as_current_span(TOOL_SPAN, attributes={"input": value}):
         return value
+
+
+async def block(value: Any) -> Any:
+    """A loser's tool: runs until its run is cancelled."""
+    await asyncio.Event().wait()
+    return value
 
 
 class Record(NamedTuple):
@@ -247,7 +254,7 @@ def assert_child_ranks(spans: list[Record], key: str, width: int = WIDTH) -> Non
     assert found == served, (found, served)
 
 
-registry = ToolRegistry({"work": work})
+registry = ToolRegistry({"work": work, "block": block})
 """The resolver another process loads (``otel_support:registry``); importing it there
 instruments that process into the file :data:`SPANS_FILE` names."""
 

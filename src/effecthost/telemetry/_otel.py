@@ -191,6 +191,8 @@ def uninstall() -> None:
         group.span.end()
     _by_key.clear()
     _end_unranked()
+    _running.clear()
+    _early.clear()
     _inst = None
 
 
@@ -549,6 +551,10 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
         # the tool starts afresh: a group it opens itself gets its own spans
         inside, draining, carried = _in_call.set(False), _draining.set(False), _via.set(None)
         reporting = _later.set(None)
+        slot = None
+        if later is not None and membership is not None:
+            slot = (membership.group_key, membership.position)
+            _running[slot] = _running.get(slot, 0) + 1
         with trace.use_span(
             span, end_on_exit=False, record_exception=False, set_status_on_exception=False
         ):
@@ -571,6 +577,8 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
                     {"effecthost.kind": kind, "effecthost.status": status},
                 )
                 _settled(span, membership, later)
+                if slot is not None:
+                    _ran(slot)
                 _later.reset(reporting)
                 _via.reset(carried)
                 _draining.reset(draining)
@@ -593,6 +601,12 @@ def _settled(span: trace.Span, membership: Any, later: float | None = None) -> N
             group is not None and span.get_span_context().trace_id == group.trace_id
         ):
             slot = (membership.group_key, membership.position)
+            if later is not None and slot in _early:
+                rank = _early.pop(slot)
+                if rank is not None:
+                    span.set_attribute("effecthost.rank", rank)
+                span.end(end_time=ended)
+                return
             earlier = _unranked.pop(slot, None)
             if earlier is not None:
                 earlier[0].end(end_time=earlier[1])
@@ -606,12 +620,28 @@ def _settled(span: trace.Span, membership: Any, later: float | None = None) -> N
     span.end(end_time=ended)
 
 
+_running: dict[tuple[str, int], int] = {}
+"""Children of this process whose host reports their rank here (``later``), still running:
+(group key, position) -> how many runs."""
+_early: dict[tuple[str, int], int | None] = {}
+"""Ranks named while their child still ran (a Restate loser whose settle was answered
+before its cancelled tool ended): its span ends with it when the run ends."""
+
+
 def _ranked(group_key: str, position: int, rank: int | None) -> None:
     entry = _unranked.pop((group_key, position), None)
     if entry is not None:
         if rank is not None:
             entry[0].set_attribute("effecthost.rank", rank)
         entry[0].end(end_time=entry[1])
+
+
+def _ran(slot: tuple[str, int]) -> None:
+    left = _running.pop(slot, 1) - 1
+    if left > 0:
+        _running[slot] = left
+    else:
+        _early.pop(slot, None)
 
 
 def _expire(slot: tuple[str, int], span: trace.Span) -> None:
@@ -625,8 +655,11 @@ def rank_later(within: float | None = None) -> None:
 
 
 def ranked(group_key: str, position: int, rank: int | None) -> None:
-    if _unranked:
+    slot = (group_key, position)
+    if slot in _unranked:
         _ranked(group_key, position, rank)
+    elif slot in _running:
+        _early[slot] = rank
 
 
 def _end_unranked(group_key: str | None = None) -> None:
