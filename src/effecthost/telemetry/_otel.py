@@ -613,9 +613,12 @@ def _settled(span: trace.Span, membership: Any, later: float | None = None) -> N
             _unranked[slot] = (span, ended)
             if later is not None and later != math.inf:
                 asyncio.get_running_loop().call_later(later, _expire, slot, span)
-            while len(_unranked) > MAX_OPEN_SPANS:
-                old, at = _unranked.pop(next(iter(_unranked)))
-                old.end(end_time=at)
+            if len(_unranked) > MAX_OPEN_SPANS:
+                # a snapshot: ``ranked`` may pop from another thread (a workflow's)
+                for oldest in list(_unranked)[: len(_unranked) - MAX_OPEN_SPANS]:
+                    dropped = _unranked.pop(oldest, None)
+                    if dropped is not None:
+                        dropped[0].end(end_time=dropped[1])
             return
     span.end(end_time=ended)
 
@@ -663,6 +666,7 @@ def ranked(group_key: str, position: int, rank: int | None) -> None:
 
 
 def _end_unranked(group_key: str | None = None) -> None:
-    for slot in [s for s in _unranked if group_key is None or s[0] == group_key]:
-        span, at = _unranked.pop(slot)
-        span.end(end_time=at)
+    for slot in [s for s in list(_unranked) if group_key is None or s[0] == group_key]:
+        entry = _unranked.pop(slot, None)
+        if entry is not None:
+            entry[0].end(end_time=entry[1])
