@@ -3,6 +3,7 @@ telemetry test runs: a group of three tool calls whose tool opens a span of its 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -43,6 +44,12 @@ async def work(value: Any) -> Any:
     tracer = trace.get_tracer("tests.tool", tracer_provider=_provider)
     with tracer.start_as_current_span(TOOL_SPAN, attributes={"input": value}):
         return value
+
+
+async def block(value: Any) -> Any:
+    """A loser's tool: runs until its run is cancelled."""
+    await asyncio.Event().wait()
+    return value
 
 
 class Record(NamedTuple):
@@ -234,7 +241,20 @@ def await_ranks(spans: list[Record], key: str) -> dict[int, int]:
     }
 
 
-registry = ToolRegistry({"work": work})
+def assert_child_ranks(spans: list[Record], key: str, width: int = WIDTH) -> None:
+    """Issue 23: every child span carries the rank its caller's await served it (ranks
+    1..width, one per position)."""
+    served = await_ranks(spans, key)
+    assert sorted(served.values()) == list(range(1, width + 1))
+    children = child_spans(spans, key)
+    assert len(children) == width
+    found = {
+        c.attributes["effecthost.position"]: c.attributes.get("effecthost.rank") for c in children
+    }
+    assert found == served, (found, served)
+
+
+registry = ToolRegistry({"work": work, "block": block})
 """The resolver another process loads (``otel_support:registry``); importing it there
 instruments that process into the file :data:`SPANS_FILE` names."""
 

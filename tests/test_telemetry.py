@@ -28,6 +28,8 @@ from effecthost.contract import (
     EffectExecutor,
     EffectGroup,
     EffectKind,
+    ExecutionInput,
+    GroupMembership,
     LoserPolicy,
     ToolRegistry,
     WakePolicy,
@@ -122,6 +124,69 @@ async def test_a_cancelled_loser_and_the_deciding_rank_are_on_the_spans() -> Non
         (span,) = [s for s in spans if s.name == "effecthost.group"]
         assert span.attributes["effecthost.group.deciding_rank"] == 1
         assert span.attributes["effecthost.group.deciding_position"] == 1
+
+
+def _member(key: str, position: int, name: str) -> EffectEnvelope:
+    envelope = EffectEnvelope(
+        replay_key=f"{key}:{position}", kind=EffectKind.TOOL_CALL, name=name, input=position
+    )
+    membership = GroupMembership(
+        group_key=key,
+        position=position,
+        wake=WakePolicy.ALL,
+        disposition=LoserPolicy.RUN_TO_COMPLETION,
+    )
+    return envelope.with_membership(membership)
+
+
+@pytest.mark.anyio
+async def test_a_rank_named_elsewhere_reaches_the_kept_child_span() -> None:
+    """Issue 23: the hooks an engine host uses when a child's rank is learned after its
+    run: a rank named from another thread (a Temporal workflow's) ends the kept span with
+    it; a rank named while the child still runs (a Restate loser's settle answered before
+    its cancelled tool ended) is put on its span when the run ends; a span whose rank is
+    never named here is exported without one after ``within`` seconds."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def held(value: Any) -> Any:
+        started.set()
+        await release.wait()
+        return value
+
+    tools = ToolRegistry({"work": work, "held": held})
+    key = "otel:hooks"
+
+    async def run(envelope: EffectEnvelope, within: float | None = None) -> None:
+        telemetry.rank_later(within)
+        executor = tools.resolve(envelope)
+        assert executor is not None
+        await executor.execute(ExecutionInput(envelope))
+
+    with collected() as seen:
+        await run(_member(key, 0, "work"))
+        assert child_spans(seen.finished(), key) == []  # kept for its rank
+        await asyncio.to_thread(telemetry.ranked, key, 0, 3)
+        (first,) = child_spans(seen.finished(), key)
+        assert first.attributes["effecthost.rank"] == 3
+
+        running = asyncio.create_task(run(_member(key, 1, "held")))
+        await started.wait()
+        telemetry.ranked(key, 1, 1)
+        release.set()
+        await running
+        second = child_spans(seen.finished(), key)[1]
+        assert second.attributes["effecthost.rank"] == 1
+
+        await run(_member(key, 2, "work"), within=0.01)
+        # the expiry is a timer of the loop: a bounded wait for it to fire
+        for _ in range(500):
+            if len(child_spans(seen.finished(), key)) == 3:
+                break
+            await asyncio.sleep(0.01)
+        third = child_spans(seen.finished(), key)[2]
+        assert "effecthost.rank" not in third.attributes
+        telemetry.ranked(key, 2, 2)  # too late: nothing is kept
+        assert len(child_spans(seen.finished(), key)) == 3
 
 
 def test_off_until_instrumented_and_off_again_after() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from otel_support import (
     SPANS_FILE,
-    await_ranks,
+    assert_child_ranks,
     child_spans,
     collected,
     expected_shape,
@@ -59,7 +59,7 @@ async def _program(root: Path) -> None:
                     await host.aclose()
             spans = seen.finished()
             assert shape(spans, key) == expected_shape()
-            assert sorted(await_ranks(spans, key).values()) == [1, 2, 3]
+            assert_child_ranks(spans, key)
             children = child_spans(spans, key)
             assert all(c.attributes.get("effecthost.attempt") == 1 for c in children)
     finally:
@@ -67,23 +67,25 @@ async def _program(root: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize(("width", "shard_size"), [(3, None), (5, 2)], ids=["run", "shards"])
 def test_issue23_one_trace_across_a_worker_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, width: int, shard_size: int | None
 ) -> None:
     """Issue 23: the worker runs in its own process, its client connected without any
     interceptor: with telemetry on, the host and the worker add Temporal's tracing
     interceptor themselves, and the worker process's child spans (and their tools' spans)
-    hang under the caller's group span."""
+    hang under the caller's group span, each child span with the rank the worker's group
+    workflow assigned it; also when shard workflows run the children."""
     require_cli()
     spans_file = tmp_path / "worker-spans.jsonl"
     monkeypatch.setenv(SPANS_FILE, str(spans_file))
     tests = str(Path(__file__).parents[1])
     paths = [tests, os.environ.get("PYTHONPATH")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
-    asyncio.run(_across(tmp_path, spans_file))
+    asyncio.run(_across(tmp_path, spans_file, width, shard_size))
 
 
-async def _across(root: Path, spans_file: Path) -> None:
+async def _across(root: Path, spans_file: Path, width: int, shard_size: int | None) -> None:
     server = DevServer(root / "temporal")
     client = await server.start()
     queue = f"otel-{uuid.uuid4().hex[:8]}"
@@ -94,16 +96,17 @@ async def _across(root: Path, spans_file: Path) -> None:
     try:
         with collected() as seen:
             await worker.start()
-            host = TemporalEffectHost(client, queue, registry)
+            host = TemporalEffectHost(client, queue, registry, shard_size=shard_size)
             try:
-                assert await run_program(host, key) == [0, 1, 2]
+                assert await run_program(host, key, width) == list(range(width))
             finally:
                 await host.aclose()
                 # stopped before its spans are read: an activity's own span ends after
                 # the settlement it recorded reached the caller
                 await worker.terminate()
             spans = seen.finished(spans_file)
-            assert shape(spans, key) == expected_shape()
+            assert shape(spans, key) == expected_shape(width)
             assert len(child_spans(seen.finished(), key)) == 0  # all of them from the worker
+            assert_child_ranks(spans, key, width)
     finally:
         await server.stop()

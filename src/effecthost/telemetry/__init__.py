@@ -130,16 +130,20 @@ def taken_over(stored: str | None) -> Iterator[None]:
         yield
 
 
-def rank_later() -> None:
+def rank_later(within: float | None = None) -> None:
     """Called in a child's task before its tool runs, by a host that learns the child's
-    rank in this process right after the run (the SQL tier's finalize): the child's span is
-    then kept, with its settlement as its end time, until :func:`ranked` names the rank."""
+    rank in this process after the run (the SQL tier's finalize, a Restate child's
+    ``settle`` reply): the child's span is then kept, with its settlement as its end time,
+    until :func:`ranked` names the rank. A host that may learn it elsewhere (a Temporal
+    worker whose group workflow runs in another worker) gives ``within``: after that many
+    seconds the span ends without a rank."""
     if _active is not None:
-        _active.rank_later()
+        _active.rank_later(within)
 
 
 def ranked(group_key: str, position: int, rank: int | None) -> None:
     """The rank the child at ``position`` of ``group_key`` got here (``None``: it got none
-    here, e.g. its lease was lost): ends the span :func:`rank_later` kept."""
+    here, e.g. its lease was lost): ends the span :func:`rank_later` kept. Safe from any
+    thread (a Temporal workflow's) and a no-op when no such span is kept here."""
     if _active is not None:
         _active.ranked(group_key, position, rank)

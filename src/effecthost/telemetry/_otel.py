@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -52,10 +53,11 @@ _via: contextvars.ContextVar[trace.SpanContext | None] = contextvars.ContextVar(
 )
 """The span that was current when :func:`attached` switched to a carried context (a drain
 pass's): a child span started under the carried context links to it."""
-_later: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "effecthost_otel_rank_later", default=False
+_later: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "effecthost_otel_rank_later", default=None
 )
-"""Set in a child's task by a host that reports the child's rank here (:func:`ranked`)."""
+"""Set in a child's task by a host that reports the child's rank here (:func:`ranked`): how
+long, in seconds, its span waits for it (``math.inf``: until :func:`ranked`)."""
 
 
 @dataclass
@@ -189,6 +191,8 @@ def uninstall() -> None:
         group.span.end()
     _by_key.clear()
     _end_unranked()
+    _running.clear()
+    _early.clear()
     _inst = None
 
 
@@ -546,7 +550,11 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
         span = inst.tracer.start_span(CHILD_SPAN, context=parent, links=links, attributes=attrs)
         # the tool starts afresh: a group it opens itself gets its own spans
         inside, draining, carried = _in_call.set(False), _draining.set(False), _via.set(None)
-        reporting = _later.set(False)
+        reporting = _later.set(None)
+        slot = None
+        if later is not None and membership is not None:
+            slot = (membership.group_key, membership.position)
+            _running[slot] = _running.get(slot, 0) + 1
         with trace.use_span(
             span, end_on_exit=False, record_exception=False, set_status_on_exception=False
         ):
@@ -569,6 +577,8 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
                     {"effecthost.kind": kind, "effecthost.status": status},
                 )
                 _settled(span, membership, later)
+                if slot is not None:
+                    _ran(slot)
                 _later.reset(reporting)
                 _via.reset(carried)
                 _draining.reset(draining)
@@ -578,25 +588,47 @@ def _wrap_execute(original: Callable[..., Any]) -> Callable[..., Any]:
     return execute
 
 
-def _settled(span: trace.Span, membership: Any, later: bool = False) -> None:
+def _settled(span: trace.Span, membership: Any, later: float | None = None) -> None:
     """End a child's span at its settlement, or, when a caller of this process holds its
     group open or its host reports the rank here (``later``), keep it (with that end time)
     until the caller's await serves its rank or the host names it, so the span carries the
-    rank too; the group's close ends the ones never served."""
+    rank too; the group's close ends the ones never served, and a span whose host may not
+    learn the rank here (``later`` finite) ends without it after that many seconds."""
     ended = time.time_ns()
     if membership is not None:
         group = _by_key.get(membership.group_key)
-        if later or (group is not None and span.get_span_context().trace_id == group.trace_id):
+        if later is not None or (
+            group is not None and span.get_span_context().trace_id == group.trace_id
+        ):
             slot = (membership.group_key, membership.position)
+            if later is not None and slot in _early:
+                rank = _early.pop(slot)
+                if rank is not None:
+                    span.set_attribute("effecthost.rank", rank)
+                span.end(end_time=ended)
+                return
             earlier = _unranked.pop(slot, None)
             if earlier is not None:
                 earlier[0].end(end_time=earlier[1])
             _unranked[slot] = (span, ended)
-            while len(_unranked) > MAX_OPEN_SPANS:
-                old, at = _unranked.pop(next(iter(_unranked)))
-                old.end(end_time=at)
+            if later is not None and later != math.inf:
+                asyncio.get_running_loop().call_later(later, _expire, slot, span)
+            if len(_unranked) > MAX_OPEN_SPANS:
+                # a snapshot: ``ranked`` may pop from another thread (a workflow's)
+                for oldest in list(_unranked)[: len(_unranked) - MAX_OPEN_SPANS]:
+                    dropped = _unranked.pop(oldest, None)
+                    if dropped is not None:
+                        dropped[0].end(end_time=dropped[1])
             return
     span.end(end_time=ended)
+
+
+_running: dict[tuple[str, int], int] = {}
+"""Children of this process whose host reports their rank here (``later``), still running:
+(group key, position) -> how many runs."""
+_early: dict[tuple[str, int], int | None] = {}
+"""Ranks named while their child still ran (a Restate loser whose settle was answered
+before its cancelled tool ended): its span ends with it when the run ends."""
 
 
 def _ranked(group_key: str, position: int, rank: int | None) -> None:
@@ -607,16 +639,34 @@ def _ranked(group_key: str, position: int, rank: int | None) -> None:
         entry[0].end(end_time=entry[1])
 
 
-def rank_later() -> None:
-    _later.set(True)
+def _ran(slot: tuple[str, int]) -> None:
+    left = _running.pop(slot, 1) - 1
+    if left > 0:
+        _running[slot] = left
+    else:
+        _early.pop(slot, None)
+
+
+def _expire(slot: tuple[str, int], span: trace.Span) -> None:
+    entry = _unranked.get(slot)
+    if entry is not None and entry[0] is span and _unranked.pop(slot, None) is entry:
+        span.end(end_time=entry[1])
+
+
+def rank_later(within: float | None = None) -> None:
+    _later.set(math.inf if within is None else within)
 
 
 def ranked(group_key: str, position: int, rank: int | None) -> None:
-    if _unranked:
+    slot = (group_key, position)
+    if slot in _unranked:
         _ranked(group_key, position, rank)
+    elif slot in _running:
+        _early[slot] = rank
 
 
 def _end_unranked(group_key: str | None = None) -> None:
-    for slot in [s for s in _unranked if group_key is None or s[0] == group_key]:
-        span, at = _unranked.pop(slot)
-        span.end(end_time=at)
+    for slot in [s for s in list(_unranked) if group_key is None or s[0] == group_key]:
+        entry = _unranked.pop(slot, None)
+        if entry is not None:
+            entry[0].end(end_time=entry[1])

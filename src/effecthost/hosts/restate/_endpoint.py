@@ -698,17 +698,23 @@ def build_services(
         return True
 
     @group.handler(state_preload=False)
-    async def settle(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
+    async def settle(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any] | None:
         """Rank authority: dedup, ``rank = counter + 1``, store the reference, wake — in
         one handler step (G-38). State is read lazily, all five keys in one round trip,
-        so a settle costs the same in a group of 10 or 10,000 children."""
-        await settle_batch(ctx, {"settlements": [req]})
+        so a settle costs the same in a group of 10 or 10,000 children. A settlement that
+        asks (``reply``: a traced child calls instead of sending) is answered with the
+        rank its child holds (``None``: none, e.g. its group retired)."""
+        ranks = await rank_batch(ctx, [req])
+        return {"rank": ranks[0]} if req.get("reply") else None
 
     @group.handler(state_preload=False)
     async def settle_batch(ctx: restate.ObjectContext, req: dict[str, Any]) -> None:
         """``settle`` for several settlements in one handler step, ranked in the order
         given (what the collector of a wide group saw finish, see ``collect``)."""
-        batch: list[dict[str, Any]] = req["settlements"]
+        await rank_batch(ctx, req["settlements"])
+
+    async def rank_batch(ctx: restate.ObjectContext, batch: list[dict[str, Any]]) -> list[Any]:
+        """What ``settle_batch`` records; the rank each settlement's child holds after it."""
         first, *others = dict.fromkeys(f"settled:{m['replay_key']}" for m in batch)
         # the reads and writes of a batch of one are those of ``settle`` before batches
         # existed, in the same order: a settle of that release cut off mid-step replays
@@ -721,15 +727,20 @@ def build_services(
             "tombstone": tombstone,
             "batched": len(batch) > 1,
         }
-        done = {k for k, m in zip([first, *others], [mark, *marks], strict=True) if m is not None}
+        held = {
+            k: m for k, m in zip([first, *others], [mark, *marks], strict=True) if m is not None
+        }
+        ranks: list[Any] = []
         for message in batch:
             name = f"settled:{message['replay_key']}"
-            if await record(ctx, state, message, name in done):
-                done.add(name)
+            if await record(ctx, state, message, name in held):
+                held[name] = state["counter"]
+            ranks.append(held.get(name))
         if state["batched"] and not state.get("retired") and state["counter"] != counter:
             ctx.set("counter", state["counter"])
         if state.get("waiters_dirty"):
             ctx.set("waiters", state["waiters"])
+        return ranks
 
     async def ranks_from(
         ctx: restate.ObjectContext | restate.ObjectSharedContext, rank: int, counter: int
@@ -1167,6 +1178,8 @@ def build_services(
 
         async def action() -> dict[str, Any]:
             with telemetry.attached(req.get("trace")):  # the child's span in the caller's trace
+                if req.get("trace"):
+                    telemetry.rank_later()  # the span waits for the rank ``settle`` replies
                 outcome = await guarded_tool(group_key, envelope, guard, rerun, invocation)
             if outcome == HELD:
                 # encoded now: once a cancel ends the hold the child awaits nothing more
@@ -1199,7 +1212,26 @@ def build_services(
 
         With a payload policy the tool runs and its outcome is encoded in the same
         ``ctx.run``, so the journal records only the stored form, never the plaintext of
-        a sealed outcome; the invocation's result is that stored form too."""
+        a sealed outcome; the invocation's result is that stored form too.
+
+        A child whose request carries its caller's trace context (issue 23) calls
+        ``settle`` instead of sending it, also in a wide group (its collector then has
+        nothing to settle for it), and its span ends with the rank the reply names. The
+        request decides, not this process's telemetry, so a replay issues what the
+        journal holds; without a trace context the messages are those of an untraced
+        release."""
+        if not req.get("trace"):
+            return await run_child(ctx, req, None)
+        rank: list[Any] = [None]
+        try:
+            return await run_child(ctx, req, rank)
+        finally:  # also when cut off: the span held for its rank ends
+            telemetry.ranked(req["group_key"], req["position"], rank[0])
+
+    async def run_child(
+        ctx: restate.Context, req: dict[str, Any], rank: list[Any] | None
+    ) -> dict[str, Any]:
+        """``run``; ``rank`` given: settle by a call and put the rank there."""
         envelope = EffectEnvelope.model_validate(req["envelope"])
         group_key, epoch, position = req["group_key"], req["epoch"], req["position"]
         rk = envelope.replay_key
@@ -1279,9 +1311,16 @@ def build_services(
             result = document
             if req.get("first_success") and outcome.status == "success":
                 message["won"] = True
-        if req.get("collect") and terminal is None:
+        if rank is not None:
+            try:
+                reply = await ctx.object_call(settle, group_key, {**message, "reply": True})
+                rank[0] = reply.get("rank") if isinstance(reply, dict) else None
+            except TerminalError:
+                pass  # a cancel cut the wait, not the settle: it was sent
+        elif req.get("collect") and terminal is None:
             return {"settlement": message}  # its group's collector settles it (``collect``)
-        ctx.object_send(settle, group_key, message)
+        else:
+            ctx.object_send(settle, group_key, message)
         if terminal is not None:
             raise terminal
         return result

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+from effecthost import telemetry
 from effecthost.contract import (
     EffectEnvelope,
     EffectKind,
@@ -52,6 +53,11 @@ from ._workflow import EffectGroupWorkflow, EffectShardWorkflow  # noqa: E402
 HOLD_POLL = 0.5
 """Seconds between a held child's questions to its group (R-13): bounds how late a
 caller's await of a missing rank starts it."""
+
+RANK_WAIT = 30.0
+"""Seconds a traced child's span, ended, waits in this process for the rank its group's
+workflow assigns (issue 23): the workflow task that assigns it names it here when it runs
+in this process; when it runs in another worker the span is exported without a rank."""
 
 HEARTBEAT_EVERY = 0.5
 """Seconds between heartbeats of a running child; a cancel reaches a child only
@@ -125,6 +131,8 @@ class ChildActivities:
         try:
             if info.attempt > 1:
                 await self._stay_down(info)
+            # the group's workflow names the rank, in this process if its task runs here
+            telemetry.rank_later(within=RANK_WAIT)
             outcome = await executor.execute(ExecutionInput(envelope, attempt=info.attempt))
         finally:
             beat.cancel()

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from effecthost import telemetry
 from effecthost.contract import EffectHostError, kit
 from effecthost.hosts import require
 
@@ -416,14 +417,16 @@ class EffectGroupWorkflow:
     def _settle(self, position: int, outcome: Json) -> None:
         if self._ledger.settle(position) is None:
             return  # the position holds a rank already: a duplicate takes none
-        assign_rank(
-            self._settled,
-            {
-                "position": position,
-                "replay_key": self._children[position]["envelope"]["replay_key"],
-                "outcome": outcome,
-            },
-        )
+        settlement: Json = {
+            "position": position,
+            "replay_key": self._children[position]["envelope"]["replay_key"],
+            "outcome": outcome,
+        }
+        assign_rank(self._settled, settlement)
+        if telemetry.instrumented() and not workflow.unsafe.is_replaying():
+            # the child's span, kept by this process if its activity ran here, ends with
+            # its rank (issue 23); no command, so a replay (which skips it) agrees
+            telemetry.ranked(self._key, position, settlement["rank"])
         self._show_progress()
 
     def _cancel_unsettled(self) -> list[str]:
