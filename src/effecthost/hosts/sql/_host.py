@@ -111,6 +111,7 @@ up to the maximum (R-12)."""
 _T = TypeVar("_T")
 
 _CANCEL = LoserPolicy.CANCEL.value
+_UNREAD: Any = object()  # no commit marker was read for a waiter (SqlEffectHost._mark)
 READ_AHEAD = 64
 """Ranks a waiter reads in one range scan; the committed ones past its own are kept for
 the next call on that group (dropped when the group closes)."""
@@ -221,6 +222,7 @@ class SqlEffectHost(WiredController):
         self._written: dict[str, dict[str, tuple[str, Outcome]]] = {}
         self._changed: dict[str, list[asyncio.Future[None]]] = {}  # waiters per group
         self._watcher: asyncio.Task[None] | None = None  # other processes' commits (SQLite)
+        self._markers: dict[asyncio.Future[None], int | None] = {}  # read before a waiter's read
         # groups this host created whose every child it runs under its own fresh lease,
         # and of which nothing has committed since: rank 1 cannot be recorded yet
         self._fresh: dict[str, GroupRow] = {}
@@ -354,18 +356,17 @@ class SqlEffectHost(WiredController):
     # -- wake-ups -------------------------------------------------------------------------
 
     def _waiter(self, group_key: str) -> asyncio.Future[None]:
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._changed.setdefault(group_key, []).append(waiter)
-        interval = self.store.change_poll
-        if interval is not None and self._watcher is None and not self._closed:
-            # the first marker is read now, before the waiter's read: a commit after that
-            # read changes a later marker
-            marker = self.store.commit_marker()
-            self._watcher = loop.create_task(
-                self._watch(marker, interval), name="effecthost-sql-watch"
-            )
         return waiter
+
+    def _mark(self, waiter: asyncio.Future[None]) -> None:
+        """For a store whose other processes cannot notify, when no watcher runs: its
+        commit marker, read before ``waiter``'s read, for the watcher :meth:`_sleep` starts
+        if that waiter parks (a commit after the read changes a later marker). A running
+        watcher already compares against an earlier one."""
+        if self.store.change_poll is not None and self._watcher is None and not self._closed:
+            self._markers[waiter] = self.store.commit_marker()
 
     async def _watch(self, marker: int | None, interval: float) -> None:
         """While a waiter is parked, wake every waiter when the store's commit marker
@@ -1100,6 +1101,7 @@ class SqlEffectHost(WiredController):
                     await self._sleep(waiter)
                     self._fresh.pop(handle.group_key, None)
                     continue
+                self._mark(waiter)
                 # rank n is sequence n: dense, commit-ordered sequences (see the module doc)
                 read = await self._read_rank(handle.group_key, rank)
                 if read is None:
@@ -1116,6 +1118,7 @@ class SqlEffectHost(WiredController):
                         continue
                 await self._sleep(waiter)
             finally:
+                self._markers.pop(waiter, None)
                 self._forget(handle.group_key, waiter)
 
     async def _serve(self, handle: GroupHandle, rank: int, read: RankRead) -> Settlement:
@@ -1169,8 +1172,22 @@ class SqlEffectHost(WiredController):
 
     async def _sleep(self, waiter: asyncio.Future[None]) -> None:
         """Until a commit of the group here (or a notification) wakes ``waiter``, at most
-        the poll bound (cross-process commits on SQLite; lost notifications)."""
+        the poll bound (cross-process commits on SQLite; lost notifications). A marker
+        :meth:`_mark` read for the waiter starts the watcher of other processes' commits
+        when none runs; without one only this process wakes the waiter (a group nothing
+        but this host's own leases can settle)."""
+        marker = self._markers.pop(waiter, _UNREAD)
         if not waiter.done():
+            interval = self.store.change_poll
+            if (
+                marker is not _UNREAD
+                and interval is not None
+                and self._watcher is None
+                and not self._closed
+            ):
+                self._watcher = asyncio.get_running_loop().create_task(
+                    self._watch(marker, interval), name="effecthost-sql-watch"
+                )
             bound = self.poll_interval * (10 if self.store.wakes_across_processes else 1)
             timer = asyncio.get_running_loop().call_later(bound, _wake, waiter)
             try:
