@@ -42,7 +42,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -413,8 +413,11 @@ class SqlEffectHost(WiredController):
     ) -> _T:
         """``call(retried)``, tried again with backoff while the database cannot be reached,
         up to :attr:`outage_bound`; then ``EngineUnavailable``. A driver error never
-        leaves: a refused value is ``InvalidEnvelope`` (the callers' own wrapping), an
-        outage is retried. ``retried`` tells the call an earlier try may have committed."""
+        leaves. A value the database itself refuses (a NUL byte, an unencodable string, a
+        key too long to index) is a typed refusal naming the group only (the driver's
+        error, which may quote the value, is dropped; each store operation is one
+        transaction, so it wrote nothing); an outage is retried. ``retried`` tells the
+        call an earlier try may have committed."""
         loop = asyncio.get_running_loop()
         began = loop.time()
         delay = OUTAGE_FIRST_DELAY
@@ -479,24 +482,23 @@ class SqlEffectHost(WiredController):
 
         stamp = Sent()
         before = time.monotonic()
-        with self._refusing_input(group.key):
-            try:
-                opened = await self.store.open_group(
-                    group.key,
-                    group.wake.value,
-                    group.disposition.value,
-                    group.child_count,
-                    specs,
-                    self.owner,
-                    self.lease_ttl,
-                    resolve_all,
-                    reopen=fence,
-                    sent=stamp,
-                )
-            except ReplayKeyTaken as taken:
-                raise kit.replay_key_taken(
-                    group.key, taken.position, taken.replay_key, taken.holder
-                ) from None
+        try:
+            opened = await self.store.open_group(
+                group.key,
+                group.wake.value,
+                group.disposition.value,
+                group.child_count,
+                specs,
+                self.owner,
+                self.lease_ttl,
+                resolve_all,
+                reopen=fence,
+                sent=stamp,
+            )
+        except ReplayKeyTaken as taken:
+            raise kit.replay_key_taken(
+                group.key, taken.position, taken.replay_key, taken.holder
+            ) from None
         record = opened.group
         if record is None or record.state == "closed":  # a closed key stays closed (R-4)
             raise kit.group_closed(group.key)
@@ -560,17 +562,6 @@ class SqlEffectHost(WiredController):
                     self._dispatch(
                         envelope, executor, row.fence, row.attempt, sent, row.envelope_hash
                     )
-
-    @contextlib.contextmanager
-    def _refusing_input(self, group_key: str) -> Iterator[None]:
-        """A value the database itself refuses (a NUL byte, an unencodable string, a key
-        too long to index) is a typed refusal naming the group only; the driver's error,
-        which may quote the value, is dropped. Such a refusal wrote nothing: each store
-        operation is one transaction."""
-        try:
-            yield
-        except self.store.input_errors as exc:
-            raise _refused(group_key, exc) from None
 
     def _check_sizes(self, group: EffectGroup) -> list[bytes]:
         """Every child's canonical bytes (encoded once per open), each within the limit."""
@@ -1264,11 +1255,9 @@ class SqlEffectHost(WiredController):
     ) -> None:
         disposition = coerce_disposition(require_handle(handle).group_key, disposition)
 
-        async def close(retried: bool) -> None:
-            with self._refusing_input(handle.group_key):
-                await self._close(handle, disposition, retried)
-
-        await self._bounded("close", handle.group_key, close)
+        await self._bounded(
+            "close", handle.group_key, lambda retried: self._close(handle, disposition, retried)
+        )
 
     async def _close(
         self, handle: GroupHandle, disposition: LoserPolicy | None, retried: bool = False
@@ -1351,11 +1340,11 @@ class SqlEffectHost(WiredController):
         """Durably settle the unsettled ``await_event`` children named ``name`` (G-51):
         works whether or not the process that opened the group is alive."""
 
-        async def deliver(_retried: bool) -> int:
-            with self._refusing_input(group_key):
-                return await self._deliver_event(group_key, name, payload)
-
-        return await self._bounded("deliver_event", group_key, deliver)
+        return await self._bounded(
+            "deliver_event",
+            group_key,
+            lambda _retried: self._deliver_event(group_key, name, payload),
+        )
 
     async def _deliver_event(self, group_key: str, name: str, payload: Any) -> int:
         self._require_wired(group_key)
