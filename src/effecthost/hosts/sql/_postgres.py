@@ -625,6 +625,7 @@ class _Connections:
         self._lent: set[Any] = set()
         self._open = 0  # idle, lent or connecting
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._connects: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._unusable = (
             asyncpg.InterfaceError,
@@ -654,8 +655,24 @@ class _Connections:
                 self._open -= 1
             if self._open < self._size:
                 self._open += 1
+                # a connect is never interrupted half-way (asyncpg would leave a failed
+                # future of its handshake behind): a caller that goes away leaves the
+                # connection to the pool once it is made
+                task = asyncio.get_running_loop().create_task(self._connect())
+                self._connects.add(task)
+                task.add_done_callback(self._connects.discard)
                 try:
-                    conn = await self._connect()
+                    conn = await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    if task.done() and not task.cancelled() and task.exception() is None:
+                        self._lent.add(task.result())
+                        self._give(task.result(), None)
+                    elif not task.done():
+                        task.add_done_callback(self._connected)
+                    else:
+                        self._open -= 1
+                        self._wake()
+                    raise
                 except BaseException:
                     self._open -= 1
                     self._wake()
@@ -670,6 +687,15 @@ class _Connections:
                 if waiter.done() and not waiter.cancelled():
                     self._wake()  # woken, then cancelled: the turn passes on
                 raise
+
+    def _connected(self, task: asyncio.Task[Any]) -> None:
+        """A connect whose caller went away: the connection joins the idle ones."""
+        if task.cancelled() or task.exception() is not None:
+            self._open -= 1
+            self._wake()
+            return
+        self._lent.add(task.result())
+        self._give(task.result(), None)
 
     def _give(self, conn: Any, exc: BaseException | None) -> None:
         self._lent.discard(conn)
@@ -733,8 +759,11 @@ class _Connections:
         return await self._call("execute", query, *args)  # type: ignore[no-any-return]
 
     async def close(self) -> None:
-        """Close the idle connections; terminate those lent (their bodies then fail)."""
+        """Close the idle connections; terminate those lent (their bodies then fail) and
+        those being made, once made."""
         self._closed = True
+        if self._connects:
+            await asyncio.wait(list(self._connects), timeout=5)
         idle, self._idle = self._idle, []
         for conn in list(self._lent):
             conn.terminate()
