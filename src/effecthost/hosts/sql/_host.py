@@ -42,7 +42,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -112,6 +112,7 @@ up to the maximum (R-12)."""
 _T = TypeVar("_T")
 
 _CANCEL = LoserPolicy.CANCEL.value
+_UNREAD: Any = object()  # no commit marker was read for a waiter (SqlEffectHost._mark)
 READ_AHEAD = 64
 """Ranks a waiter reads in one range scan; the committed ones past its own are kept for
 the next call on that group (dropped when the group closes)."""
@@ -222,6 +223,7 @@ class SqlEffectHost(WiredController):
         self._written: dict[str, dict[str, tuple[str, Outcome]]] = {}
         self._changed: dict[str, list[asyncio.Future[None]]] = {}  # waiters per group
         self._watcher: asyncio.Task[None] | None = None  # other processes' commits (SQLite)
+        self._markers: dict[asyncio.Future[None], int | None] = {}  # read before a waiter's read
         # groups this host created whose every child it runs under its own fresh lease,
         # and of which nothing has committed since: rank 1 cannot be recorded yet
         self._fresh: dict[str, GroupRow] = {}
@@ -355,18 +357,17 @@ class SqlEffectHost(WiredController):
     # -- wake-ups -------------------------------------------------------------------------
 
     def _waiter(self, group_key: str) -> asyncio.Future[None]:
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._changed.setdefault(group_key, []).append(waiter)
-        interval = self.store.change_poll
-        if interval is not None and self._watcher is None and not self._closed:
-            # the first marker is read now, before the waiter's read: a commit after that
-            # read changes a later marker
-            marker = self.store.commit_marker()
-            self._watcher = loop.create_task(
-                self._watch(marker, interval), name="effecthost-sql-watch"
-            )
         return waiter
+
+    def _mark(self, waiter: asyncio.Future[None]) -> None:
+        """For a store whose other processes cannot notify, when no watcher runs: its
+        commit marker, read before ``waiter``'s read, for the watcher :meth:`_sleep` starts
+        if that waiter parks (a commit after the read changes a later marker). A running
+        watcher already compares against an earlier one."""
+        if self.store.change_poll is not None and self._watcher is None and not self._closed:
+            self._markers[waiter] = self.store.commit_marker()
 
     async def _watch(self, marker: int | None, interval: float) -> None:
         """While a waiter is parked, wake every waiter when the store's commit marker
@@ -413,8 +414,11 @@ class SqlEffectHost(WiredController):
     ) -> _T:
         """``call(retried)``, tried again with backoff while the database cannot be reached,
         up to :attr:`outage_bound`; then ``EngineUnavailable``. A driver error never
-        leaves: a refused value is ``InvalidEnvelope`` (the callers' own wrapping), an
-        outage is retried. ``retried`` tells the call an earlier try may have committed."""
+        leaves. A value the database itself refuses (a NUL byte, an unencodable string, a
+        key too long to index) is a typed refusal naming the group only (the driver's
+        error, which may quote the value, is dropped; each store operation is one
+        transaction, so it wrote nothing); an outage is retried. ``retried`` tells the
+        call an earlier try may have committed."""
         loop = asyncio.get_running_loop()
         began = loop.time()
         delay = OUTAGE_FIRST_DELAY
@@ -479,25 +483,24 @@ class SqlEffectHost(WiredController):
 
         stamp = Sent()
         before = time.monotonic()
-        with self._refusing_input(group.key):
-            try:
-                opened = await self.store.open_group(
-                    group.key,
-                    group.wake.value,
-                    group.disposition.value,
-                    group.child_count,
-                    specs,
-                    self.owner,
-                    self.lease_ttl,
-                    resolve_all,
-                    reopen=fence,
-                    sent=stamp,
-                    trace_context=telemetry.group_context(),  # None while telemetry is off
-                )
-            except ReplayKeyTaken as taken:
-                raise kit.replay_key_taken(
-                    group.key, taken.position, taken.replay_key, taken.holder
-                ) from None
+        try:
+            opened = await self.store.open_group(
+                group.key,
+                group.wake.value,
+                group.disposition.value,
+                group.child_count,
+                specs,
+                self.owner,
+                self.lease_ttl,
+                resolve_all,
+                reopen=fence,
+                sent=stamp,
+                trace_context=telemetry.group_context(),  # None while telemetry is off
+            )
+        except ReplayKeyTaken as taken:
+            raise kit.replay_key_taken(
+                group.key, taken.position, taken.replay_key, taken.holder
+            ) from None
         record = opened.group
         if record is None or record.state == "closed":  # a closed key stays closed (R-4)
             raise kit.group_closed(group.key)
@@ -561,17 +564,6 @@ class SqlEffectHost(WiredController):
                     self._dispatch(
                         envelope, executor, row.fence, row.attempt, sent, row.envelope_hash
                     )
-
-    @contextlib.contextmanager
-    def _refusing_input(self, group_key: str) -> Iterator[None]:
-        """A value the database itself refuses (a NUL byte, an unencodable string, a key
-        too long to index) is a typed refusal naming the group only; the driver's error,
-        which may quote the value, is dropped. Such a refusal wrote nothing: each store
-        operation is one transaction."""
-        try:
-            yield
-        except self.store.input_errors as exc:
-            raise _refused(group_key, exc) from None
 
     def _check_sizes(self, group: EffectGroup) -> list[bytes]:
         """Every child's canonical bytes (encoded once per open), each within the limit."""
@@ -1105,6 +1097,7 @@ class SqlEffectHost(WiredController):
                     await self._sleep(waiter)
                     self._fresh.pop(handle.group_key, None)
                     continue
+                self._mark(waiter)
                 # rank n is sequence n: dense, commit-ordered sequences (see the module doc)
                 read = await self._read_rank(handle.group_key, rank)
                 if read is None:
@@ -1121,6 +1114,7 @@ class SqlEffectHost(WiredController):
                         continue
                 await self._sleep(waiter)
             finally:
+                self._markers.pop(waiter, None)
                 self._forget(handle.group_key, waiter)
 
     async def _serve(self, handle: GroupHandle, rank: int, read: RankRead) -> Settlement:
@@ -1174,8 +1168,22 @@ class SqlEffectHost(WiredController):
 
     async def _sleep(self, waiter: asyncio.Future[None]) -> None:
         """Until a commit of the group here (or a notification) wakes ``waiter``, at most
-        the poll bound (cross-process commits on SQLite; lost notifications)."""
+        the poll bound (cross-process commits on SQLite; lost notifications). A marker
+        :meth:`_mark` read for the waiter starts the watcher of other processes' commits
+        when none runs; without one only this process wakes the waiter (a group nothing
+        but this host's own leases can settle)."""
+        marker = self._markers.pop(waiter, _UNREAD)
         if not waiter.done():
+            interval = self.store.change_poll
+            if (
+                marker is not _UNREAD
+                and interval is not None
+                and self._watcher is None
+                and not self._closed
+            ):
+                self._watcher = asyncio.get_running_loop().create_task(
+                    self._watch(marker, interval), name="effecthost-sql-watch"
+                )
             bound = self.poll_interval * (10 if self.store.wakes_across_processes else 1)
             timer = asyncio.get_running_loop().call_later(bound, _wake, waiter)
             try:
@@ -1252,11 +1260,9 @@ class SqlEffectHost(WiredController):
     ) -> None:
         disposition = coerce_disposition(require_handle(handle).group_key, disposition)
 
-        async def close(retried: bool) -> None:
-            with self._refusing_input(handle.group_key):
-                await self._close(handle, disposition, retried)
-
-        await self._bounded("close", handle.group_key, close)
+        await self._bounded(
+            "close", handle.group_key, lambda retried: self._close(handle, disposition, retried)
+        )
 
     async def _close(
         self, handle: GroupHandle, disposition: LoserPolicy | None, retried: bool = False
@@ -1339,11 +1345,11 @@ class SqlEffectHost(WiredController):
         """Durably settle the unsettled ``await_event`` children named ``name`` (G-51):
         works whether or not the process that opened the group is alive."""
 
-        async def deliver(_retried: bool) -> int:
-            with self._refusing_input(group_key):
-                return await self._deliver_event(group_key, name, payload)
-
-        return await self._bounded("deliver_event", group_key, deliver)
+        return await self._bounded(
+            "deliver_event",
+            group_key,
+            lambda _retried: self._deliver_event(group_key, name, payload),
+        )
 
     async def _deliver_event(self, group_key: str, name: str, payload: Any) -> int:
         self._require_wired(group_key)

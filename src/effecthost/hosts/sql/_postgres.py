@@ -18,13 +18,14 @@ planned per call for a large one).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import importlib
 import logging
 import random
 import re
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 from effecthost.hosts import require
@@ -602,10 +603,184 @@ def _function_body(statement: str) -> str:
     return statement.split("$$")[1]
 
 
-async def _keep_session(_conn: Any) -> None:
-    """Pool release without the reset query (a round trip per release): this store's
-    statements leave no session state behind (no ``SET``, ``LISTEN``, session advisory
-    lock or cursor); an open transaction is still rolled back by the pool."""
+class _Connections:
+    """The store's connections, lent one statement or one transaction at a time: a pool
+    without asyncpg's per-call costs (a task and a reset per release, a timeout scope per
+    acquire: more CPU than the statement itself). At most ``size`` are open; the first is
+    connected by :meth:`start`, the others when needed.
+
+    A connection is lent again only when it comes back idle: the body ended normally or
+    by an error of the statement (the server refused it, or this code's own), and no
+    transaction is left open. One that comes back after a cancellation, a timeout or a
+    dropped socket is in an unknown state (a statement may still run on it) and is
+    terminated; the next acquire connects anew. This store's statements leave no session
+    state behind (no ``SET``, ``LISTEN``, session advisory lock or cursor), so nothing is
+    reset between loans."""
+
+    def __init__(self, asyncpg: Any, connect: Callable[[], Coroutine[Any, Any, Any]], size: int):
+        self._asyncpg = asyncpg
+        self._connect = connect
+        self._size = max(1, size)
+        self._idle: list[Any] = []
+        self._lent: set[Any] = set()
+        self._open = 0  # idle, lent or connecting
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._connects: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self._unusable = (
+            asyncpg.InterfaceError,
+            asyncpg.exceptions.InternalClientError,
+            OSError,
+            TimeoutError,
+        )
+
+    async def start(self) -> None:
+        self._open += 1
+        try:
+            conn = await self._connect()
+        except BaseException:
+            self._open -= 1
+            raise
+        self._idle.append(conn)
+
+    async def _take(self) -> Any:
+        while True:
+            if self._closed:
+                raise self._asyncpg.InterfaceError("the store's connections are closed")
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.is_closed():
+                    self._lent.add(conn)
+                    return conn
+                self._open -= 1
+            if self._open < self._size:
+                self._open += 1
+                # a connect is never interrupted half-way (asyncpg would leave a failed
+                # future of its handshake behind): a caller that goes away leaves the
+                # connection to the pool once it is made
+                task = asyncio.get_running_loop().create_task(self._connect())
+                self._connects.add(task)
+                task.add_done_callback(self._connects.discard)
+                try:
+                    conn = await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    if task.done() and not task.cancelled() and task.exception() is None:
+                        self._lent.add(task.result())
+                        self._give(task.result(), None)
+                    elif not task.done():
+                        task.add_done_callback(self._connected)
+                    else:
+                        self._open -= 1
+                        self._wake()
+                    raise
+                except BaseException:
+                    self._open -= 1
+                    self._wake()
+                    raise
+                self._lent.add(conn)
+                return conn
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # woken, then cancelled: the turn passes on
+                raise
+
+    def _connected(self, task: asyncio.Task[Any]) -> None:
+        """A connect whose caller went away: the connection joins the idle ones."""
+        if task.cancelled() or task.exception() is not None:
+            self._open -= 1
+            self._wake()
+            return
+        self._lent.add(task.result())
+        self._give(task.result(), None)
+
+    def _give(self, conn: Any, exc: BaseException | None) -> None:
+        self._lent.discard(conn)
+        reusable = (
+            not self._closed
+            and not conn.is_closed()
+            and (
+                exc is None or (isinstance(exc, Exception) and not isinstance(exc, self._unusable))
+            )
+            and not conn.is_in_transaction()
+        )
+        if reusable:
+            self._idle.append(conn)
+        else:
+            self._open -= 1
+            if not conn.is_closed():
+                conn.terminate()
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Any]:
+        conn = await self._take()
+        try:
+            yield conn
+        except BaseException as exc:
+            self._give(conn, exc)
+            raise
+        self._give(conn, None)
+
+    async def _call(self, method: str, query: str, *args: Any) -> Any:
+        if self._idle and not self._closed and not self._idle[-1].is_closed():
+            conn = self._idle.pop()  # the common case, without a coroutine of its own
+            self._lent.add(conn)
+        else:
+            conn = await self._take()
+        try:
+            result = await getattr(conn, method)(query, *args)
+        except BaseException as exc:
+            self._give(conn, exc)
+            raise
+        self._give(conn, None)
+        return result
+
+    async def fetch(self, query: str, *args: Any) -> list[Any]:
+        return await self._call("fetch", query, *args)  # type: ignore[no-any-return]
+
+    async def fetchrow(self, query: str, *args: Any) -> Any:
+        return await self._call("fetchrow", query, *args)
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        return await self._call("fetchval", query, *args)
+
+    async def execute(self, query: str, *args: Any) -> str:
+        return await self._call("execute", query, *args)  # type: ignore[no-any-return]
+
+    async def close(self) -> None:
+        """Close the idle connections; terminate those lent (their bodies then fail) and
+        those being made, once made."""
+        self._closed = True
+        if self._connects:
+            await asyncio.wait(list(self._connects), timeout=5)
+        idle, self._idle = self._idle, []
+        for conn in list(self._lent):
+            conn.terminate()
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)  # it finds the connections closed
+        for conn in idle:
+            try:
+                await asyncio.wait_for(conn.close(), 5)
+            except (TimeoutError, Exception):
+                conn.terminate()
+
+    def terminate(self) -> None:
+        self._closed = True
+        for conn in [*self._idle, *self._lent]:
+            conn.terminate()
+        self._idle = []
 
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
@@ -635,7 +810,7 @@ class PostgresStore(SqlStore):
         self.channel = f"effecthost_{schema}"
         self.pool_size = pool_size
         self.fault = fault
-        self._pool: Any = None
+        self._pool: Any = None  # a _Connections once started
         self.open_at_finalize: set[str] = set()
         self._listener: Any = None
         self._callback: Callable[[str, str], None] | None = None
@@ -703,13 +878,13 @@ class PostgresStore(SqlStore):
                 await self._check_schema(admin)
         finally:
             await admin.close()
-        self._pool = await asyncpg.create_pool(
-            self.dsn,
-            min_size=1,
-            max_size=self.pool_size,
-            server_settings=settings,
-            reset=_keep_session,
+        pool = _Connections(
+            asyncpg,
+            functools.partial(asyncpg.connect, self.dsn, server_settings=settings),
+            self.pool_size,
         )
+        await pool.start()
+        self._pool = pool
 
     async def _schema(self, conn: Any) -> None:
         async with conn.transaction():
@@ -863,10 +1038,7 @@ class PostgresStore(SqlStore):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(listener.close(), 5)
         if pool is not None:
-            try:
-                await asyncio.wait_for(pool.close(), 5)
-            except (TimeoutError, Exception):
-                pool.terminate()
+            await pool.close()
 
     # -- reads --------------------------------------------------------------------------
 
