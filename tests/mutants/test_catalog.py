@@ -11,6 +11,7 @@ import file_mutants  # noqa: F401  (registers the file-host mutants)
 import library_mutants  # noqa: F401  (registers the library mutants)
 import memory_mutants  # noqa: F401  (registers the memory mutants)
 import pytest
+import refusal_mutants  # noqa: F401  (registers the refusal and limit mutants)
 import sql_mutants  # noqa: F401  (registers the SQLite mutants)
 from catalog import (
     CATALOG,

@@ -9,6 +9,7 @@ from . import (
     lifecycle,
     owners,
     payloads,
+    refusals,
     retiring,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "lifecycle",
     "owners",
     "payloads",
+    "refusals",
     "retiring",
 ]

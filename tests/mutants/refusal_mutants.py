@@ -1,0 +1,97 @@
+"""Broken memory hosts whose refusals drop an id they are about (§7), and whose byte
+limits leak (R-8): each is the right error type, so only a check reading the ids or the
+limits kills it. Registered in the catalog like ``memory_mutants.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from catalog import mutant
+
+from effecthost.contract import (
+    EffectGroup,
+    EffectGroupUnsupported,
+    GroupClosed,
+    GroupHandle,
+    HandleMismatch,
+    ReplayMismatch,
+    Settlement,
+    UnknownGroup,
+)
+from effecthost.hosts.memory import MemoryEffectHost
+from effecthost.hosts.memory._host import _Group
+
+# -- §7: refusals name their ids ------------------------------------------------------------
+
+
+@mutant("G-07", select="unwired_refusal_names")
+class UnwiredRefusalNamesNoGroupHost(MemoryEffectHost):
+    """G-07: an unwired controller refuses every group method with
+    ``EffectGroupUnsupported``, but says only that no resolver is registered: the error
+    carries no group key."""
+
+    def _require_wired(self, group_key: str) -> Any:
+        try:
+            return super()._require_wired(group_key)
+        except EffectGroupUnsupported as exc:
+            raise EffectGroupUnsupported(str(exc)) from None
+
+
+@mutant("G-20", select="handle_refusal_names")
+class HandleMismatchNamesNoGroupHost(MemoryEffectHost):
+    """G-20: a mismatched handle is refused with ``HandleMismatch`` that carries no group
+    key (the message describes the shapes only)."""
+
+    def _lookup(self, handle: GroupHandle) -> _Group:
+        try:
+            return super()._lookup(handle)
+        except HandleMismatch as exc:
+            raise HandleMismatch(str(exc)) from None
+
+
+@mutant("G-22", select="unknown_key_names")
+class OrderOfAnUnknownKeyNamesNothingHost(MemoryEffectHost):
+    """G-22: ``settlement_order`` of an unknown key is ``UnknownGroup`` without the key."""
+
+    async def settlement_order(self, group_key: str) -> list[int]:
+        try:
+            return await super().settlement_order(group_key)
+        except UnknownGroup as exc:
+            raise UnknownGroup(str(exc)) from None
+
+
+@mutant("R-5", select="unknown_group_names")
+class EventToAnUnknownKeyNamesNothingHost(MemoryEffectHost):
+    """R-5: ``deliver_event`` to an unknown key is ``UnknownGroup`` without the key."""
+
+    async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
+        try:
+            return await super().deliver_event(group_key, name, payload)
+        except UnknownGroup as exc:
+            raise UnknownGroup(str(exc)) from None
+
+
+@mutant("R-4", select="told_which_group")
+class ClosedWaiterNamesNoGroupHost(MemoryEffectHost):
+    """R-4: an await refused because its group is closed raises ``GroupClosed`` without
+    the group key."""
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        try:
+            return await super().await_next_settlement(handle)
+        except GroupClosed as exc:
+            raise GroupClosed(str(exc)) from None
+
+
+@mutant("R-6", select="taken_replay_key_is_refused")
+class TakenReplayKeyWithoutPositionHost(MemoryEffectHost):
+    """R-6: a replay key another group holds is refused with ``ReplayMismatch`` naming
+    both groups and the key, but not where the child sits in the refused group."""
+
+    def _check_replay_keys(self, group: EffectGroup) -> None:
+        try:
+            super()._check_replay_keys(group)
+        except ReplayMismatch as exc:
+            raise ReplayMismatch(
+                str(exc), group_key=exc.group_key, replay_key=exc.replay_key
+            ) from None
