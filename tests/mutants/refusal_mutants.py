@@ -6,20 +6,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from catalog import mutant
+from catalog import CATALOG, MUTANT_TIMEOUT, Mutant, mutant
 
+from effecthost.conformance import FactoryEnv, HostUnderTest, conformance_resolver
 from effecthost.contract import (
     EffectGroup,
     EffectGroupUnsupported,
     GroupClosed,
     GroupHandle,
     HandleMismatch,
+    Outcome,
     ReplayMismatch,
     Settlement,
     UnknownGroup,
+    canonical_json,
 )
 from effecthost.hosts.memory import MemoryEffectHost
-from effecthost.hosts.memory._host import _Group
+from effecthost.hosts.memory._host import _Child, _Group
+from effecthost.hosts.memory.testing import PAYLOAD_LIMIT, LimitedMemoryHostUnderTest
 
 # -- §7: refusals name their ids ------------------------------------------------------------
 
@@ -95,3 +99,56 @@ class TakenReplayKeyWithoutPositionHost(MemoryEffectHost):
             raise ReplayMismatch(
                 str(exc), group_key=exc.group_key, replay_key=exc.replay_key
             ) from None
+
+
+# -- §7, R-8: the host's own byte limit ------------------------------------------------------
+
+
+def limited_mutant(breaks: str, *, select: str) -> Any:
+    """Register a memory-host mutant built, as the shipped memory ``factory`` builds the
+    reference host, with the byte limit it declares (``payload_limit``)."""
+
+    def register(cls: type[MemoryEffectHost]) -> type[MemoryEffectHost]:
+        def factory(env: FactoryEnv) -> HostUnderTest:
+            under_test = LimitedMemoryHostUnderTest(
+                cls(conformance_resolver(env.lab_path), max_payload_bytes=PAYLOAD_LIMIT),
+                cls(max_payload_bytes=PAYLOAD_LIMIT),
+            )
+            under_test.timeout = MUTANT_TIMEOUT
+            return under_test
+
+        factory.__name__ = f"{cls.__name__}_factory"
+        doc = " ".join((cls.__doc__ or "").split())
+        CATALOG.append(Mutant(cls.__name__, breaks, doc, factory, "memory", select))
+        return cls
+
+    return register
+
+
+@limited_mutant("G-10", select="input_over_the_hosts_limit")
+class SizesOnlyTheFirstChildHost(MemoryEffectHost):
+    """G-10 (§7): the open measures the first child's input against the byte limit and
+    takes the rest as fitting, so an oversized input at another position is recorded."""
+
+    def _check_sizes(self, group: EffectGroup) -> None:
+        super()._check_sizes(group.model_copy(update={"children": group.children[:1]}))
+
+
+@limited_mutant("R-8", select="result_over_the_hosts_limit")
+class RecordsOversizedResultsHost(MemoryEffectHost):
+    """R-8: a tool result over the host's byte limit is recorded as it is, not as the
+    child's ``PayloadTooLarge`` failure."""
+
+    def _bounded(self, record: _Group, child: _Child, outcome: Outcome) -> Outcome:
+        return outcome
+
+
+@limited_mutant("R-5", select="event_over_the_hosts_limit")
+class RefusesOversizedEventsUntypedHost(MemoryEffectHost):
+    """R-5 (§7): an event over the byte limit is refused, but as a ``ValueError`` of the
+    host's own, not the typed ``PayloadTooLarge``."""
+
+    async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
+        if len(canonical_json(payload)) > self._max_payload_bytes:
+            raise ValueError(f"event {name!r} is too large")
+        return await super().deliver_event(group_key, name, payload)
