@@ -13,6 +13,7 @@ from effecthost.contract import (
     EffectGroup,
     EffectGroupUnsupported,
     GroupClosed,
+    GroupDrain,
     GroupHandle,
     HandleMismatch,
     Outcome,
@@ -152,3 +153,18 @@ class RefusesOversizedEventsUntypedHost(MemoryEffectHost):
         if len(canonical_json(payload)) > self._max_payload_bytes:
             raise ValueError(f"event {name!r} is too large")
         return await super().deliver_event(group_key, name, payload)
+
+
+# -- G-34: one drain pass over what a crash left -----------------------------------------------
+
+
+@mutant("G-34", harness="durable", select="sorts_what_a_crash_left")
+class DrainsAReopenedDecidedGroupHost(MemoryEffectHost):
+    """G-34 (R-1, R-13): a drain pass takes every group with unfinished children for an
+    orphan, also a decided one its caller has just reopened, and cancels its losers
+    under the live caller."""
+
+    def drain(self) -> GroupDrain:
+        for record in self._groups.values():
+            record.held = False
+        return super().drain()
