@@ -12,12 +12,14 @@ from effecthost.conformance import FactoryEnv, HostUnderTest, conformance_resolv
 from effecthost.contract import (
     EffectGroup,
     EffectGroupUnsupported,
+    EffectKind,
     GroupClosed,
     GroupDrain,
     GroupHandle,
     HandleMismatch,
     Outcome,
     ReplayMismatch,
+    SealedPayloadUnreadable,
     Settlement,
     UnknownGroup,
     canonical_json,
@@ -168,3 +170,38 @@ class DrainsAReopenedDecidedGroupHost(MemoryEffectHost):
         for record in self._groups.values():
             record.held = False
         return super().drain()
+
+
+@mutant("G-49", harness="sealed", select="refused_naming_its_slot")
+class UnreadableRankNamesOnlyTheGroupHost(MemoryEffectHost):
+    """G-49 (§7): a rank a reader cannot open is refused with ``SealedPayloadUnreadable``
+    naming the group key only, not which child or rank."""
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        try:
+            return await super().await_next_settlement(handle)
+        except SealedPayloadUnreadable as exc:
+            raise SealedPayloadUnreadable(str(exc), group_key=exc.group_key) from None
+
+
+# -- R-5, R-11: an event and a closed group -----------------------------------------------------
+
+
+@mutant("R-5", select="reaches_no_wait_a_close_cancelled")
+class CountsCancelledWaitsHost(MemoryEffectHost):
+    """R-5: ``deliver_event`` counts every wait of the name that no event reached yet,
+    also one a ``CANCEL`` close has already settled as cancelled."""
+
+    async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
+        reached = await super().deliver_event(group_key, name, payload)
+        record = self._groups.get(group_key)
+        if record is not None:
+            reached += sum(
+                1
+                for child in record.children
+                if child.envelope.kind == EffectKind.AWAIT_EVENT
+                and child.envelope.name == name
+                and child.state == "settled"
+                and child.event is None
+            )
+        return reached

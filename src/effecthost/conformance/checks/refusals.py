@@ -16,6 +16,7 @@ from effecthost.contract import (
     GroupClosed,
     HandleMismatch,
     ReplayMismatch,
+    SealedPayloadUnreadable,
     UnknownGroup,
     WakePolicy,
 )
@@ -151,3 +152,25 @@ async def check_a_taken_replay_key_is_refused_at_its_position(t: CheckContext) -
         names={"group_key": other.key, "replay_key": t.tag("shared"), "position": 2},
     )
     t.expect(other.key not in await ctl.open_group_keys(), "the refused group is listed")
+
+
+@check("G-49", requires=("sealing",))
+async def check_an_unopenable_rank_is_refused_naming_its_slot(t: CheckContext) -> None:
+    """G-49 (§7): the ``SealedPayloadUnreadable`` of a rank a reader cannot open carries
+    the group key, the replay key of the child holding that rank and the rank asked for,
+    so an operator can find the record without being shown it."""
+    ctl = await t.ctl()
+    group = t.group("g", [t.step("first", gate=False, result="one"), t.step("second")])
+    handle = await t.open(ctl, group)
+    await t.next_is(ctl, handle, "first")
+    t.release("second")
+    await t.eventually(
+        lambda: ctl.settlement_order(group.key), lambda o: len(o) == 2, "both children to rank"
+    )
+    reader = await t.host.reader(keys="none")
+    await t.refuses(
+        SealedPayloadUnreadable,
+        reader.await_next_settlement(handle.copy_cursor()),
+        "rank 2 read with no key store",
+        names={"group_key": group.key, "replay_key": t.tag("second"), "rank": 2},
+    )
