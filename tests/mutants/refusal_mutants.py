@@ -10,9 +10,11 @@ from catalog import CATALOG, MUTANT_TIMEOUT, Mutant, mutant
 
 from effecthost.conformance import FactoryEnv, HostUnderTest, conformance_resolver
 from effecthost.contract import (
+    EffectExecutor,
     EffectGroup,
     EffectGroupUnsupported,
     EffectKind,
+    ExecutionInput,
     GroupClosed,
     GroupDrain,
     GroupHandle,
@@ -205,3 +207,29 @@ class CountsCancelledWaitsHost(MemoryEffectHost):
                 and child.event is None
             )
         return reached
+
+
+# -- G-09: the attempt a tool is told ----------------------------------------------------------
+
+
+class _FirstAttempt(EffectExecutor):
+    """Runs ``inner`` telling it it is attempt 1, whatever the host counted."""
+
+    def __init__(self, inner: EffectExecutor) -> None:
+        super().__init__()
+        self._inner = inner
+
+    async def execute(self, call: ExecutionInput) -> Outcome:
+        return await self._inner.execute(ExecutionInput(call.envelope, 1))
+
+    async def run(self, call: ExecutionInput) -> Any:  # pragma: no cover - execute is whole
+        raise NotImplementedError
+
+
+@mutant("G-09", harness="durable", select="later_attempt")
+class EveryRunIsAttemptOneHost(MemoryEffectHost):
+    """G-09: a child run again after a crash is told it is attempt 1, like its first
+    run, so a tool cannot tell a re-run from a first run."""
+
+    def _dispatch(self, record: _Group, child: _Child, executor: EffectExecutor) -> None:
+        super()._dispatch(record, child, _FirstAttempt(executor))

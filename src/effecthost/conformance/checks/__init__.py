@@ -1,6 +1,7 @@
 """The registered checks; importing this package registers them all."""
 
 from . import (
+    attempts,
     closing,
     combinators,
     decided,
@@ -17,6 +18,7 @@ from . import (
 )
 
 __all__ = [
+    "attempts",
     "closing",
     "combinators",
     "decided",
