@@ -47,8 +47,8 @@ class HostCapabilities:
             canonical JSON) to more is refused at the open with ``PayloadTooLarge`` and
             nothing is recorded, one of exactly the limit is accepted; a tool result whose
             outcome is over it settles as the child's ``PayloadTooLarge`` failure; an event
-            payload over it is refused with ``PayloadTooLarge`` and settles nothing (§7,
-            R-8).
+            payload encoding to more is refused with ``PayloadTooLarge`` and settles
+            nothing, one of exactly the limit is delivered (§7, R-8).
     """
 
     restart: bool = False

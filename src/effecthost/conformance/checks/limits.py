@@ -111,7 +111,7 @@ async def check_an_event_over_the_hosts_limit_is_refused_and_settles_nothing(
 ) -> None:
     """Ruling R-5 and §7: an event payload larger than the host's byte limit is
     ``PayloadTooLarge`` carrying the group key and settles nothing; the wait it was sent
-    to stays pending and a small event then settles it."""
+    to stays pending, and an event of exactly the limit then reaches and settles it."""
     limit = _limit(t)
     ctl = await t.ctl()
     group = t.group("g", [t.event("e", "ping")], wake=WakePolicy.FIRST)
@@ -123,6 +123,8 @@ async def check_an_event_over_the_hosts_limit_is_refused_and_settles_nothing(
         names={"group_key": group.key},
     )
     t.expect(await ctl.settlement_order(group.key) == [], "a refused event settled the wait")
-    t.expect(await ctl.deliver_event(group.key, "ping", "small") == 1, "the wait was not pending")
-    settlement = await t.next_is(ctl, handle, "e")
-    t.expect(settlement.outcome.value == "small", f"the wait settled with {settlement.outcome!r}")
+    edge = "q" * (limit - len(canonical_json("")))
+    assert len(canonical_json(edge)) == limit
+    reached = await t.within(ctl.deliver_event(group.key, "ping", edge), "an event of the limit")
+    t.expect(reached == 1, f"an event of exactly the limit reached {reached} waits, not 1")
+    await t.next_is(ctl, handle, "e")  # its outcome wraps the value: over the limit itself
