@@ -19,6 +19,7 @@ from effecthost.contract import (
     GroupDrain,
     GroupHandle,
     HandleMismatch,
+    InvalidEnvelope,
     Outcome,
     ReplayMismatch,
     SealedPayloadUnreadable,
@@ -233,3 +234,15 @@ class EveryRunIsAttemptOneHost(MemoryEffectHost):
 
     def _dispatch(self, record: _Group, child: _Child, executor: EffectExecutor) -> None:
         super()._dispatch(record, child, _FirstAttempt(executor))
+
+
+@mutant("G-26", select="close_with_no_disposition")
+class BadDispositionNamesNoGroupHost(MemoryEffectHost):
+    """G-26 (§7): a close with a disposition that is no loser policy is refused with
+    ``InvalidEnvelope`` that does not say which group's close it was."""
+
+    async def close_effect_group(self, handle: GroupHandle, disposition: Any = None) -> None:
+        try:
+            await super().close_effect_group(handle, disposition)
+        except InvalidEnvelope as exc:
+            raise InvalidEnvelope(str(exc)) from None

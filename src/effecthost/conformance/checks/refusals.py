@@ -15,6 +15,7 @@ from effecthost.contract import (
     EffectGroupUnsupported,
     GroupClosed,
     HandleMismatch,
+    InvalidEnvelope,
     ReplayMismatch,
     SealedPayloadUnreadable,
     UnknownGroup,
@@ -174,3 +175,22 @@ async def check_an_unopenable_rank_is_refused_naming_its_slot(t: CheckContext) -
         "rank 2 read with no key store",
         names={"group_key": group.key, "replay_key": t.tag("second"), "rank": 2},
     )
+
+
+@check("G-26")
+async def check_a_close_with_no_disposition_names_its_group(t: CheckContext) -> None:
+    """G-26 (§7, bad input): a close asking for a disposition that is no loser policy is
+    ``InvalidEnvelope`` carrying the group key, and closes nothing: the group stays open
+    and is served."""
+    ctl = await t.ctl()
+    group = t.group("g", [t.step("a")])
+    handle = await t.open(ctl, group)
+    await t.refuses(
+        InvalidEnvelope,
+        ctl.close_effect_group(handle, "sideways"),  # type: ignore[arg-type]
+        "a close with no loser policy",
+        names={"group_key": group.key},
+    )
+    t.expect(group.key in await ctl.open_group_keys(), "a refused close closed the group")
+    t.release("a")
+    await t.next_is(ctl, handle, "a")
