@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "conformance.md"
 
 SHIPPED = (
-    ("effecthost.hosts.memory.testing:factory", "MemoryHostUnderTest"),
+    ("effecthost.hosts.memory.testing:factory", "LimitedMemoryHostUnderTest"),
     ("effecthost.hosts.memory.testing:adversarial_factory", "MemoryHostUnderTest"),
     ("effecthost.hosts.memory.testing:sealed_factory", "SealedMemoryHostUnderTest"),
     (
@@ -68,6 +68,7 @@ def _catalog() -> tuple[list[object], list[object]]:
     import file_mutants  # noqa: F401
     import library_mutants  # noqa: F401
     import memory_mutants  # noqa: F401
+    import refusal_mutants  # noqa: F401
     import sql_mutants  # noqa: F401
     from catalog import CATALOG
     from tier_mutants import TIER_MUTANTS

@@ -11,6 +11,7 @@ import file_mutants  # noqa: F401  (registers the file-host mutants)
 import library_mutants  # noqa: F401  (registers the library mutants)
 import memory_mutants  # noqa: F401  (registers the memory mutants)
 import pytest
+import refusal_mutants  # noqa: F401  (registers the refusal and limit mutants)
 import sql_mutants  # noqa: F401  (registers the SQLite mutants)
 from catalog import (
     CATALOG,
@@ -76,6 +77,7 @@ async def test_the_correct_host_passes_the_whole_suite_on_the_durable_harness() 
         "payload_refs",
         "sealing",
         "second_incarnation",
+        "payload_limit",
     }
 
 

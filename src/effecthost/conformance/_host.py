@@ -42,6 +42,13 @@ class HostCapabilities:
             the same recorded state as the wired controller (as another process of the
             deployment would be): its drain sees the wired controller's groups and must
             judge their owner live (R-1).
+        payload_limit: the host is configured with a byte limit below the contract's
+            (:attr:`HostUnderTest.max_payload_bytes`): a child whose input encodes (as
+            canonical JSON) to more is refused at the open with ``PayloadTooLarge`` and
+            nothing is recorded, one of exactly the limit is accepted; a tool result whose
+            outcome is over it settles as the child's ``PayloadTooLarge`` failure; an event
+            payload encoding to more is refused with ``PayloadTooLarge`` and settles
+            nothing, one of exactly the limit is delivered (§7, R-8).
     """
 
     restart: bool = False
@@ -51,6 +58,7 @@ class HostCapabilities:
     sealing: bool = False
     waiter_probe: bool = False
     second_incarnation: bool = False
+    payload_limit: bool = False
 
     def declared(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name)]
@@ -82,6 +90,8 @@ class HostUnderTest(ABC):
     capabilities: HostCapabilities = HostCapabilities()
     timeout: float = 10.0
     """Seconds a check may wait for one settlement before failing."""
+    max_payload_bytes: int | None = None
+    """The byte limit the host was built with, when it declares ``payload_limit``."""
 
     @abstractmethod
     async def controller(self, *, wired: bool = True) -> EffectController:

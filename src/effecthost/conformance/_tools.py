@@ -38,6 +38,7 @@ def step_input(
     error: str | None = None,
     hold_cancel: bool = False,
     over_limits: bool = False,
+    result_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Input of a ``conformance.step`` child.
 
@@ -45,11 +46,14 @@ def step_input(
     ``ToolError`` of that type. ``hold_cancel``: on cancellation, report ``cancelled`` and
     hold until gate ``{tag}/release`` opens, so a check can prove a close did not wait.
     ``over_limits``: return an integer past the signed 64-bit range (R-8), a result no
-    input could carry.
+    input could carry. ``result_bytes``: return a string of that many bytes, a result
+    larger than the input that asks for it.
     """
     spec = {"tag": tag, "gate": gate, "result": result, "error": error, "hold_cancel": hold_cancel}
     if over_limits:
         spec["over_limits"] = True
+    if result_bytes is not None:
+        spec["result_bytes"] = result_bytes
     return spec
 
 
@@ -83,6 +87,8 @@ class StepExecutor(EffectExecutor):
             )
         if spec.get("over_limits"):
             return {"n": 2**63}
+        if spec.get("result_bytes") is not None:
+            return "r" * int(spec["result_bytes"])
         return spec.get("result")
 
 

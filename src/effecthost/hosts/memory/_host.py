@@ -8,7 +8,6 @@ against) override the small hooks marked *hook* below; everything else is the ru
 from __future__ import annotations
 
 import asyncio
-import bisect
 import copy
 from collections import Counter
 from dataclasses import dataclass, field
@@ -352,11 +351,7 @@ class MemoryEffectHost(WiredController):
                 self._payloads, record.key, child.replay_key, outcome, position=child.position
             )
         child.state = "settled"
-        settled = record.settled
-        if settled and (settled[-1].seq or 0) > child.seq:
-            bisect.insort(settled, child, key=lambda c: c.seq or 0)
-        else:
-            settled.append(child)  # sequences grow: the usual place is the end
+        record.settled.append(child)  # sequences only grow (G-17): the newest is the last
         self._notify(record)
         self._maybe_retire(record)
         return True

@@ -23,6 +23,10 @@ from effecthost.payloads import (
 from ._adversarial import AdversarialMemoryHost
 from ._host import MemoryEffectHost, _Child
 
+PAYLOAD_LIMIT = 256 * 1024
+"""The byte limit the shipped memory ``factory`` builds the host with (below the contract's,
+above the payload checks' 64 KiB outcomes), so the ``payload_limit`` checks run."""
+
 
 class MemoryHostUnderTest(HostUnderTest):
     """Memory declares no restart: nothing of it survives its process."""
@@ -94,9 +98,17 @@ class SealedMemoryHostUnderTest(MemoryHostUnderTest):
         self._keys.destroy(default_scope(group_key))
 
 
+class LimitedMemoryHostUnderTest(MemoryHostUnderTest):
+    """The reference host built with :data:`PAYLOAD_LIMIT`."""
+
+    capabilities = HostCapabilities(waiter_probe=True, payload_limit=True)
+    max_payload_bytes = PAYLOAD_LIMIT
+
+
 def factory(env: FactoryEnv) -> MemoryHostUnderTest:
-    return MemoryHostUnderTest(
-        MemoryEffectHost(conformance_resolver(env.lab_path)), MemoryEffectHost()
+    return LimitedMemoryHostUnderTest(
+        MemoryEffectHost(conformance_resolver(env.lab_path), max_payload_bytes=PAYLOAD_LIMIT),
+        MemoryEffectHost(max_payload_bytes=PAYLOAD_LIMIT),
     )
 
 
