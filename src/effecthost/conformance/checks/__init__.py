@@ -1,9 +1,12 @@
 """The registered checks; importing this package registers them all."""
 
 from . import (
+    building,
+    cancellation,
     closing,
     combinators,
     decided,
+    failures,
     identity,
     kinds,
     lifecycle,
@@ -13,9 +16,12 @@ from . import (
 )
 
 __all__ = [
+    "building",
+    "cancellation",
     "closing",
     "combinators",
     "decided",
+    "failures",
     "identity",
     "kinds",
     "lifecycle",

@@ -1,0 +1,209 @@
+"""How the combinators build a group from calls: its key (G-05), its identity across
+releases and call forms (G-03), and the byte limit of a whole group (R-8)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from effecthost.combinators import (
+    Call,
+    Scope,
+    all_,
+    build_group,
+    next_group_key,
+    sleep,
+    tool,
+    wait_event,
+)
+from effecthost.contract import (
+    EffectController,
+    EffectGroup,
+    GroupHandle,
+    InvalidEnvelope,
+    LoserPolicy,
+    OccurrenceCounter,
+    PayloadTooLarge,
+    WakePolicy,
+    group_key,
+    limits,
+)
+
+from .._context import CheckContext
+from .._registry import check
+
+GOLDEN_KEY = "golden:group:a64bd419a709508b41f3cdda:0"
+"""The key every release builds for :func:`_golden_calls` in scope ``golden``: a batch id
+is a content hash of the calls (G-05), and a caller restarted on another release rebuilds
+its group's key from its saved scope, so the hash of the same calls never changes."""
+
+
+def _golden_calls() -> list[Call]:
+    return [
+        tool("search", {"q": "näive", "n": [1, 2.5, None]}),
+        sleep(1.5),
+        wait_event("approved"),
+    ]
+
+
+class _Name(str):
+    """A caller's own string type for a tool's name."""
+
+
+class _Counted(EffectController):
+    """Delegates to a host and counts the groups opened through it."""
+
+    def __init__(self, inner: EffectController) -> None:
+        self.inner = inner
+        self.opened: list[EffectGroup] = []
+
+    def supports_effect_groups(self) -> bool:
+        return self.inner.supports_effect_groups()
+
+    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        self.opened.append(group)
+        return await self.inner.open_effect_group(group)
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Any:
+        return await self.inner.await_next_settlement(handle)
+
+    async def close_effect_group(
+        self, handle: GroupHandle, disposition: LoserPolicy | None = None
+    ) -> None:
+        await self.inner.close_effect_group(handle, disposition)
+
+
+@check("G-05")
+async def check_group_keys_are_foretold_and_refused_alike(t: CheckContext) -> None:
+    """G-05: ``next_group_key`` names the key ``build_group`` gives the same calls next —
+    also for a batch already reached (occurrence 1) — and each batch counts its own
+    occurrences, whatever form its calls come in (a caller's subclass of ``Call`` takes
+    the general path). The key helper refuses an empty scope id, an empty batch id and a
+    negative occurrence with ``InvalidEnvelope`` naming the ids it was given. A saved
+    counter may hold any count from 0 to 2**63-1, 0 included. The same calls give the
+    same key on every release (a checked-in key)."""
+    for scope_id, batch, occurrence in (("", "b", 0), ("s", "", 0), ("", "", 0)):
+        try:
+            group_key(scope_id, batch, occurrence)
+        except InvalidEnvelope:
+            pass
+        else:
+            raise AssertionError(f"group_key({scope_id!r}, {batch!r}, {occurrence}) was built")
+    try:
+        group_key(t.tag("scope"), t.tag("batch"), -1)
+    except InvalidEnvelope as refused:
+        named = repr(t.tag("scope")) in refused.message and repr(t.tag("batch")) in refused.message
+        t.expect(named, f"the refusal of a negative occurrence names no ids: {refused}")
+    else:
+        raise AssertionError("group_key accepted a negative occurrence")
+
+    class Form(Call):
+        pass
+
+    for form in (Call, Form):
+        scope = Scope(scope_id=t.tag(form.__name__))
+        a = [form(kind="tool_call", name="a", input={"n": 1})]
+        b = [form(kind="tool_call", name="b", input=None)]
+        keys = []
+        for calls in (a, b, a, b):
+            foretold = next_group_key(scope, calls)
+            built = build_group(scope, calls, WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION)
+            t.expect(foretold == built.key, f"next_group_key said {foretold}, built {built.key}")
+            keys.append(built.key.rsplit(":", 1)[1])
+        t.expect(keys == ["0", "0", "1", "1"], f"{form.__name__} calls got occurrences {keys}")
+
+    zero = OccurrenceCounter.from_json('{"counts": {"b": 0}}')
+    t.expect(zero.next("b") == 0, "a saved count of 0 did not continue at occurrence 0")
+    scope = Scope.from_json('{"scope_id": "s", "counter": {"counts": {"b": 0}}}')
+    t.expect(scope.counter.counts == {"b": 0}, f"a saved scope read back {scope.counter}")
+
+    golden = build_group(
+        Scope(scope_id="golden"), _golden_calls(), WakePolicy.FIRST, LoserPolicy.CANCEL
+    )
+    t.expect(golden.key == GOLDEN_KEY, f"the golden calls got key {golden.key}")
+
+
+@check("G-03")
+async def check_a_tool_call_is_the_same_whatever_its_name_type(t: CheckContext) -> None:
+    """``tool(name, input)`` builds the same call, and so the same group (key, children,
+    hashes), for a name given as a caller's own ``str`` subclass as for a plain string; a
+    name that is not a string at all is bad input, refused with the contract's typed
+    ``InvalidEnvelope`` (SPEC §7), never a validation library's own error."""
+    plain = tool("search", {"q": [1, "two"]})
+    subclassed = tool(_Name("search"), {"q": [1, "two"]})
+    t.expect(subclassed == plain, f"tool() with a str subclass built {subclassed!r}")
+    groups = [
+        build_group(Scope(scope_id=t.scope), [call], WakePolicy.FIRST, LoserPolicy.CANCEL)
+        for call in (plain, subclassed)
+    ]
+    shapes = [(g.key, [c.envelope_hash() for c in g.children]) for g in groups]
+    t.expect(shapes[0] == shapes[1], f"the two name forms built {shapes}")
+    for bad in (5, None, ["search"]):
+        try:
+            tool(bad, None)  # type: ignore[arg-type]
+        except InvalidEnvelope:
+            pass
+        except Exception as other:
+            raise AssertionError(f"tool({bad!r}) raised {type(other).__name__}") from None
+        else:
+            raise AssertionError(f"tool({bad!r}) built a call")
+    try:
+        Scope(scope_id="")
+    except InvalidEnvelope:
+        pass
+    except Exception as other:
+        raise AssertionError(f"Scope(scope_id='') raised {type(other).__name__}") from None
+    else:
+        raise AssertionError("a scope with an empty id was built")
+
+
+def _names(t: CheckContext, refused: PayloadTooLarge, ids: dict[str, Any], what: str) -> None:
+    found = {name: getattr(refused, name) for name in ids}
+    t.expect(found == ids, f"{what} refused a group over the byte limit naming {found}")
+
+
+def _padded(t: CheckContext, widths: list[int]) -> list[Call]:
+    return [tool(t.tag("pad"), {"pad": "p" * width}) for width in widths]
+
+
+def _size(group: EffectGroup) -> int:
+    return sum(len(child.canonical_bytes()) for child in group.children)
+
+
+@check("G-03", "G-04")
+async def check_a_group_over_the_byte_limit_is_refused_before_any_host(t: CheckContext) -> None:
+    """Ruling R-8: one limits policy, the same on every tier, also for a whole group: its
+    children's canonical envelopes together may take ``MAX_GROUP_BYTES`` (16 MiB) and no
+    more, however small each child is. A group exactly at the limit is built; one byte
+    more is ``PayloadTooLarge`` naming the group key it would have had and the child
+    that crossed the limit (position, replay key), and a combinator given those calls
+    refuses them before touching a host: nothing is opened or recorded."""
+    wide = 1_000_000  # 16 children of about 1 MB, then one to reach the limit
+    widths = [wide] * 16 + [1]
+    probe = build_group(
+        Scope(scope_id=t.scope), _padded(t, widths), WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION
+    )
+    widths[-1] += limits.MAX_GROUP_BYTES - _size(probe)  # the key's length does not change
+    scope = Scope(scope_id=t.scope)
+    at_limit = build_group(scope, _padded(t, widths), WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION)
+    t.expect(
+        _size(at_limit) == limits.MAX_GROUP_BYTES,
+        f"the group meant to be at the limit is {_size(at_limit)} bytes",
+    )
+    widths[-1] += 1
+    calls = _padded(t, widths)
+    key = next_group_key(scope, calls)
+    expected = {"group_key": key, "position": 16, "replay_key": f"{key}:16"}
+    try:
+        build_group(scope, calls, WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION)
+    except PayloadTooLarge as refused:
+        _names(t, refused, expected, "build_group")
+    else:
+        raise AssertionError(f"a group of {limits.MAX_GROUP_BYTES + 1} bytes was built")
+    counted = _Counted(await t.ctl())
+    over = await t.refuses(
+        PayloadTooLarge, all_(counted, Scope(scope_id=t.scope), calls), "all_ over the limit"
+    )
+    _names(t, over, expected, "all_")
+    t.expect(not counted.opened, "all_ opened a group over the byte limit")
+    ctl = await t.ctl()
+    t.expect(key not in await ctl.open_group_keys(), "a group over the byte limit is recorded")
