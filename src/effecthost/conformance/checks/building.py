@@ -25,7 +25,6 @@ from effecthost.contract import (
     PayloadTooLarge,
     WakePolicy,
     group_key,
-    limits,
 )
 
 from .._context import CheckContext
@@ -156,54 +155,30 @@ async def check_a_tool_call_is_the_same_whatever_its_name_type(t: CheckContext) 
         raise AssertionError("a scope with an empty id was built")
 
 
-def _names(t: CheckContext, refused: PayloadTooLarge, ids: dict[str, Any], what: str) -> None:
-    found = {name: getattr(refused, name) for name in ids}
-    t.expect(found == ids, f"{what} refused a group over the byte limit naming {found}")
-
-
-def _padded(t: CheckContext, widths: list[int]) -> list[Call]:
-    return [tool(t.tag("pad"), {"pad": "p" * width}) for width in widths]
-
-
-def _size(group: EffectGroup) -> int:
-    return sum(len(child.canonical_bytes()) for child in group.children)
+CHUNK = "p" * 4000
+"""A string short enough for ``build_group``'s fast path (the common value); 42 of them
+make an input of 168 kB, whose upper bound (six bytes a character) is within
+``MAX_JSON_BYTES``, so the fast path takes it too."""
 
 
 @check("G-03", "G-04")
 async def check_a_group_over_the_byte_limit_is_refused_before_any_host(t: CheckContext) -> None:
     """Ruling R-8: one limits policy, the same on every tier, also for a whole group: its
     children's canonical envelopes together may take ``MAX_GROUP_BYTES`` (16 MiB) and no
-    more, however small each child is. A group exactly at the limit is built; one byte
-    more is ``PayloadTooLarge`` naming the group key it would have had and the child
-    that crossed the limit (position, replay key), and a combinator given those calls
-    refuses them before touching a host: nothing is opened or recorded."""
-    wide = 1_000_000  # 16 children of about 1 MB, then one to reach the limit
-    widths = [wide] * 16 + [1]
-    probe = build_group(
-        Scope(scope_id=t.scope), _padded(t, widths), WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION
-    )
-    widths[-1] += limits.MAX_GROUP_BYTES - _size(probe)  # the key's length does not change
-    scope = Scope(scope_id=t.scope)
-    at_limit = build_group(scope, _padded(t, widths), WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION)
-    t.expect(
-        _size(at_limit) == limits.MAX_GROUP_BYTES,
-        f"the group meant to be at the limit is {_size(at_limit)} bytes",
-    )
-    widths[-1] += 1
-    calls = _padded(t, widths)
-    key = next_group_key(scope, calls)
-    expected = {"group_key": key, "position": 16, "replay_key": f"{key}:16"}
-    try:
-        build_group(scope, calls, WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION)
-    except PayloadTooLarge as refused:
-        _names(t, refused, expected, "build_group")
-    else:
-        raise AssertionError(f"a group of {limits.MAX_GROUP_BYTES + 1} bytes was built")
+    more, however small each child is. A hundred children of 168 kB each (each within
+    every limit; 99 of them fit) are ``PayloadTooLarge`` naming the group key they would
+    have had and the child that crossed the limit (position 99 and its replay key); a
+    combinator given them refuses before touching a host: nothing is opened or
+    recorded."""
+    calls = [tool(t.tag("pad"), {"pad": [CHUNK] * 42})] * 100
+    key = next_group_key(Scope(scope_id=t.scope), calls)
     counted = _Counted(await t.ctl())
-    over = await t.refuses(
+    refused = await t.refuses(
         PayloadTooLarge, all_(counted, Scope(scope_id=t.scope), calls), "all_ over the limit"
     )
-    _names(t, over, expected, "all_")
+    found = {name: getattr(refused, name) for name in ("group_key", "position", "replay_key")}
+    expected = {"group_key": key, "position": 99, "replay_key": f"{key}:99"}
+    t.expect(found == expected, f"the refusal of a group over the byte limit names {found}")
     t.expect(not counted.opened, "all_ opened a group over the byte limit")
     ctl = await t.ctl()
     t.expect(key not in await ctl.open_group_keys(), "a group over the byte limit is recorded")
