@@ -391,3 +391,19 @@ def cancellation_returned_as_a_value(mp: pytest.MonkeyPatch) -> None:
         return settlement.outcome.value
 
     mp.setattr(combinators, "_value", value)
+
+
+@library_mutant("G-04", select="empty_calls")
+def empty_race_refused_without_a_message(mp: pytest.MonkeyPatch) -> None:
+    """G-04: ``race([])`` is refused with a bare ``EmptyGroup()``: typed, but it says
+    nothing of what was refused."""
+    original = combinators.race
+
+    async def race(
+        controller: EffectController, scope: Any, calls: Sequence[Any], **kw: Any
+    ) -> Any:
+        if not calls:
+            raise combinators.EmptyGroup(None)  # type: ignore[arg-type]
+        return await original(controller, scope, calls, **kw)
+
+    _everywhere(mp, combinators, "race", race)

@@ -9,8 +9,10 @@ from effecthost.combinators import (
     Call,
     Scope,
     all_,
+    any_,
     build_group,
     next_group_key,
+    race,
     sleep,
     tool,
     wait_event,
@@ -18,6 +20,7 @@ from effecthost.combinators import (
 from effecthost.contract import (
     EffectController,
     EffectGroup,
+    EmptyGroup,
     GroupHandle,
     InvalidEnvelope,
     LoserPolicy,
@@ -182,3 +185,28 @@ async def check_a_group_over_the_byte_limit_is_refused_before_any_host(t: CheckC
     t.expect(not counted.opened, "all_ opened a group over the byte limit")
     ctl = await t.ctl()
     t.expect(key not in await ctl.open_group_keys(), "a group over the byte limit is recorded")
+
+
+@check("G-04")
+async def check_empty_calls_are_refused_with_a_message(t: CheckContext) -> None:
+    """G-04 with SPEC §7 (a clear typed error): ``race([])``, ``any([])`` and
+    ``build_group`` with no calls are ``EmptyGroup`` whose ``message`` is text saying
+    what was refused (there is no group, so no id to name), and no host is touched."""
+    ctl = _Counted(await t.ctl())
+    scope = Scope(scope_id=t.scope)
+    refusals = [
+        await t.refuses(EmptyGroup, race(ctl, scope, []), "race([])"),
+        await t.refuses(EmptyGroup, any_(ctl, scope, []), "any([])"),
+    ]
+    try:
+        build_group(scope, [], WakePolicy.ALL, LoserPolicy.RUN_TO_COMPLETION)
+    except EmptyGroup as refused:
+        refusals.append(refused)
+    else:
+        raise AssertionError("build_group built a group of no calls")
+    messages = [refused.message for refused in refusals]
+    t.expect(
+        all(isinstance(m, str) and m for m in messages),
+        f"the refusals of empty calls say {messages}",
+    )
+    t.expect(not ctl.opened, "a refusal of empty calls opened a group")
