@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from effecthost.contract import (
     EffectController,
@@ -45,6 +45,7 @@ from effecthost.contract._keys import SAVED_LIMIT, counter_of
 from effecthost.contract._types import (
     _build,
     _membership,
+    _Model,
     _normalized,
     _plain_text,
     _text_of_string,
@@ -113,8 +114,9 @@ class DeadlineExceeded(EffectHostError):
     code = RuntimeErrorCode.DEADLINE_EXCEEDED
 
 
-class Call(BaseModel):
-    """One child to run: a tool call, a sleep or an event wait."""
+class Call(_Model):
+    """One child to run: a tool call, a sleep or an event wait. Bad fields are
+    ``InvalidEnvelope`` (SPEC §7), as for every contract model."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -144,7 +146,7 @@ def wait_event(name: str) -> Call:
     return Call(kind=EffectKind.AWAIT_EVENT, name=name, input=None)
 
 
-class Scope(BaseModel):
+class Scope(_Model):
     """Where group keys come from: a scope id and its occurrence counter (G-05).
 
     Part of the caller's continuation: save it (``to_json``) with the handle cursors, so

@@ -124,7 +124,7 @@ def library_mutant(
     def register(
         patch: Callable[[pytest.MonkeyPatch], None],
     ) -> Callable[[pytest.MonkeyPatch], None]:
-        build = {"memory": _memory, "sealed": _sealed}[harness]
+        build = {"memory": _memory, "sealed": _sealed, "durable": _durable}[harness]
 
         def factory(env: FactoryEnv) -> HostUnderTest:
             return build(MemoryEffectHost, env)

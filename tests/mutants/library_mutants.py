@@ -9,8 +9,11 @@ id and the mistake); ``@library_mutant(id)`` registers it in the catalog.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import sys
+import types
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -255,3 +258,152 @@ def aad_without_position(mp: pytest.MonkeyPatch) -> None:
         return original(envelope_ids, group_key, replay_key, None)
 
     mp.setattr(sealing_module, "associated_data", associated_data)
+
+
+# -- R-9, further cancellations -------------------------------------------------------------
+
+
+@library_mutant("R-9", select="cancellation_during_the_close")
+def close_given_up_at_a_second_cancellation(mp: pytest.MonkeyPatch) -> None:
+    """R-9: the close after an outer cancellation is shielded from that cancellation but
+    not from the next one: a caller cancelled again while the close runs stops waiting
+    for it, and the close is cancelled with it, so the group stays open."""
+
+    async def close(controller: EffectController, handle: GroupHandle) -> None:
+        await controller.close_effect_group(handle)
+
+    mp.setattr(combinators, "_close_shielded", close)
+
+
+@library_mutant("R-9", select="cancellation_during_the_open")
+def open_given_up_at_a_second_cancellation(mp: pytest.MonkeyPatch) -> None:
+    """R-9: a cancellation during the open waits for the open once, but a second one
+    abandons it: the open records the group afterwards and nobody closes it."""
+
+    async def settle(opening: asyncio.Future[GroupHandle]) -> bool:
+        try:
+            await asyncio.shield(opening)
+        except BaseException:
+            return False
+        return True
+
+    mp.setattr(combinators, "_settle_shielded", settle)
+
+
+@library_mutant("R-9", select="open_refused_during")
+def closes_after_a_refused_open(mp: pytest.MonkeyPatch) -> None:
+    """R-9: after a cancellation during the open, the group is closed once the open has
+    finished, whether it recorded the group or was refused, so a refused open closes the
+    group another caller holds under that key."""
+    original = combinators._settle_shielded
+
+    async def settle(opening: asyncio.Future[GroupHandle]) -> bool:
+        await original(opening)
+        return opening.done() and not opening.cancelled()
+
+    mp.setattr(combinators, "_settle_shielded", settle)
+
+
+@library_mutant("R-9", select="its_own_way")
+def closes_only_on_a_cancelled_error(mp: pytest.MonkeyPatch) -> None:
+    """R-9: the combinator closes its group only when the body ends with
+    ``CancelledError``; an engine client that reports the cancelled request as an error
+    of its own leaves the group open with its losers running."""
+    mp.setattr(combinators, "_being_cancelled", lambda: False)
+
+
+@library_mutant("R-9", select="failed_close_after")
+def failed_close_not_logged(mp: pytest.MonkeyPatch) -> None:
+    """R-9: a close after an outer cancellation that fails is swallowed without a word,
+    so nobody learns that the group was left open."""
+
+    async def close(controller: EffectController, handle: GroupHandle) -> None:
+        closing = asyncio.ensure_future(controller.close_effect_group(handle))
+        while not closing.done():
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(closing)
+
+    mp.setattr(combinators, "_close_shielded", close)
+
+
+# -- G-03, G-05, R-8: building a group from calls ---------------------------------------------
+
+
+@library_mutant("G-05", select="foretold_and_refused")
+def next_key_ignores_the_counter(mp: pytest.MonkeyPatch) -> None:
+    """G-05: ``next_group_key`` always answers occurrence 0, so for a batch already
+    reached it names a key the combinator will not use (an event sent there is lost)."""
+
+    def next_group_key(scope: Any, calls: Sequence[Any]) -> str:
+        from effecthost.contract import batch_id, group_key
+
+        return group_key(scope.scope_id, batch_id([c.document() for c in calls]), 0)
+
+    _everywhere(mp, combinators, "next_group_key", next_group_key)
+
+
+@library_mutant("G-03", select="whatever_its_name_type")
+def calls_refused_with_validation_errors(mp: pytest.MonkeyPatch) -> None:
+    """G-03 (SPEC §7): ``Call`` is a plain pydantic model, so ``tool(5)`` raises pydantic's
+    ``ValidationError`` rather than the contract's ``InvalidEnvelope``."""
+    from pydantic import BaseModel
+
+    def init(self: Any, /, **data: Any) -> None:
+        BaseModel.__init__(self, **data)
+
+    mp.setattr(combinators.Call, "__init__", init)
+
+
+@library_mutant("R-8", select="byte_limit")
+def group_size_unchecked_on_the_fast_path(mp: pytest.MonkeyPatch) -> None:
+    """R-8: ``build_group``'s fast path checks each child against the limits but not the
+    group's total size, so a hundred children of 168 kB make a group every tier must
+    refuse."""
+    loose = types.SimpleNamespace(**vars(limits))
+    loose.MAX_GROUP_BYTES = 2**62
+    mp.setattr(combinators, "limits", loose)
+
+
+# -- G-24: what a combinator's failure carries ------------------------------------------------
+
+
+@library_mutant("G-24", select="name_their_group")
+def aggregate_in_rank_order(mp: pytest.MonkeyPatch) -> None:
+    """G-24: ``AllEffectsFailed`` keeps its failures in the order they ranked, not in
+    position order."""
+    original = combinators.AllEffectsFailed.__init__
+
+    def init(self: Any, failures: Sequence[Any], group_key: str) -> None:
+        original(self, failures, group_key)
+        self.failures = list(failures)
+
+    mp.setattr(combinators.AllEffectsFailed, "__init__", init)
+
+
+@library_mutant("G-24", harness="durable", select="surfaces_as_a_cancellation")
+def cancellation_returned_as_a_value(mp: pytest.MonkeyPatch) -> None:
+    """G-24: a combinator treats only an error as a failure, so a first settlement that
+    is a cancellation comes back from ``race`` as the value ``None``."""
+
+    def value(settlement: Any, key: str) -> Any:
+        if settlement.outcome.error is not None:
+            raise combinators.EffectFailed(settlement, key)
+        return settlement.outcome.value
+
+    mp.setattr(combinators, "_value", value)
+
+
+@library_mutant("G-04", select="empty_calls")
+def empty_race_refused_without_a_message(mp: pytest.MonkeyPatch) -> None:
+    """G-04: ``race([])`` is refused with a bare ``EmptyGroup()``: typed, but it says
+    nothing of what was refused."""
+    original = combinators.race
+
+    async def race(
+        controller: EffectController, scope: Any, calls: Sequence[Any], **kw: Any
+    ) -> Any:
+        if not calls:
+            raise combinators.EmptyGroup(None)  # type: ignore[arg-type]
+        return await original(controller, scope, calls, **kw)
+
+    _everywhere(mp, combinators, "race", race)

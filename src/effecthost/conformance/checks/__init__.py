@@ -2,11 +2,14 @@
 
 from . import (
     attempts,
+    building,
+    cancellation,
     closing,
     combinators,
     decided,
     drains,
     events,
+    failures,
     identity,
     kinds,
     lifecycle,
@@ -19,11 +22,14 @@ from . import (
 
 __all__ = [
     "attempts",
+    "building",
+    "cancellation",
     "closing",
     "combinators",
     "decided",
     "drains",
     "events",
+    "failures",
     "identity",
     "kinds",
     "lifecycle",

@@ -1,0 +1,121 @@
+"""What a combinator's failure carries (G-24): the ids of the group and of the child that
+failed, for a tool's error and for a cancellation, as attributes and in the message."""
+
+from __future__ import annotations
+
+import asyncio
+
+from effecthost.combinators import (
+    AllEffectsFailed,
+    EffectFailed,
+    Scope,
+    any_,
+    build_group,
+    next_group_key,
+    race,
+    tool,
+)
+from effecthost.contract import LoserPolicy, UnknownGroup, WakePolicy
+
+from .._context import CheckContext
+from .._registry import check
+from .._tools import STEP, step_input
+
+
+def _carries(t: CheckContext, failure: EffectFailed, key: str, position: int, rank: int) -> None:
+    """``failure`` names its group, child, position and rank, as attributes and message."""
+    ids = (failure.group_key, failure.replay_key, failure.position, failure.rank)
+    expected = (key, f"{key}:{position}", position, rank)
+    t.expect(ids == expected, f"the failure carries {ids}, not {expected}")
+    t.expect(
+        repr(key) in failure.message and repr(f"{key}:{position}") in failure.message,
+        f"the failure's message names neither its group nor its child: {failure.message!r}",
+    )
+
+
+@check("G-24")
+async def check_combinator_failures_name_their_group_and_child(t: CheckContext) -> None:
+    """G-24 with SPEC §7 (errors carry ids): the failure ``race`` raises for its first
+    settlement names the group key, the child's replay key, position and rank; when
+    every child of ``any`` fails, the aggregate names the group (as ``group_key`` and in
+    its message) and holds every failure in position order — also when they ranked in
+    the other order — each naming the group and its child."""
+    ctl = await t.ctl()
+    scope = Scope(scope_id=t.scope)
+    calls = [
+        tool(STEP, step_input(t.tag("slow"))),
+        tool(STEP, step_input(t.tag("bad"), gate=False, error="Nope")),
+    ]
+    key = next_group_key(scope, calls)
+    try:
+        await t.within(race(ctl, scope, calls), "race()")
+    except EffectFailed as failure:
+        _carries(t, failure, key, 1, 1)
+    else:
+        raise AssertionError("race did not raise its first settlement's failure")
+    t.release("slow")
+
+    calls = [
+        tool(STEP, step_input(t.tag("late"), error="Late")),
+        tool(STEP, step_input(t.tag("early"), gate=False, error="Early")),
+    ]
+    key = next_group_key(scope, calls)
+    task = asyncio.ensure_future(any_(ctl, scope, calls))
+
+    async def order() -> list[int]:
+        try:
+            return await ctl.settlement_order(key)
+        except UnknownGroup:  # not opened yet
+            return []
+
+    await t.eventually(order, lambda found: found[:1] == [1], "the early failure's rank")
+    t.release("late")
+    try:
+        await t.within(task, "any() of failures")
+    except AllEffectsFailed as aggregate:
+        t.expect(aggregate.group_key == key, f"the aggregate names group {aggregate.group_key}")
+        t.expect(repr(key) in aggregate.message, f"its message {aggregate.message!r}")
+        found = [(f.position, f.error.type) for f in aggregate.failures]
+        t.expect(found == [(0, "Late"), (1, "Early")], f"its failures are {found}")
+        for each in aggregate.failures:
+            assert each.position is not None
+            _carries(t, each, key, each.position, 2 - each.position)
+    else:
+        raise AssertionError("any() of failures did not raise")
+
+
+@check("G-24", "G-29", requires=("restart",))
+async def check_a_cancelled_first_settlement_surfaces_as_a_cancellation(t: CheckContext) -> None:
+    """G-24: ``race`` raises its first settlement's failure, also when that settlement is
+    a cancellation. A ``race`` declaring ``CANCEL`` opened its group and its process died
+    with both children running; the drain applied the declared ``CANCEL`` (G-29). Its
+    caller, restarted with the saved scope, runs the race again: it raises
+    ``EffectFailed`` for rank 1 naming the group, the child and its position, whose
+    ``error`` is of type ``Cancelled`` (docs/contract.md) with a message, and whose
+    settlement says ``cancelled``."""
+    ctl = await t.ctl()
+    scope = Scope(scope_id=t.scope)
+    saved = scope.to_json()
+    calls = [tool(STEP, step_input(t.tag("a"))), tool(STEP, step_input(t.tag("b")))]
+    group = build_group(scope, calls, WakePolicy.FIRST, LoserPolicy.CANCEL)  # what race opens
+    await t.open(ctl, group)
+    await t.started("a")
+    await t.started("b")
+    await t.restart()
+    ctl = await t.ctl()
+    await t.within(ctl.drain().run_pass(), "a drain pass")
+    try:
+        await t.within(
+            race(ctl, Scope.from_json(saved), calls, disposition=LoserPolicy.CANCEL),
+            "the restarted race",
+        )
+    except EffectFailed as failure:
+        assert failure.position is not None
+        _carries(t, failure, group.key, failure.position, 1)
+        error = (failure.error.type, bool(failure.error.message))
+        t.expect(error == ("Cancelled", True), f"a cancelled child surfaced as {failure.error}")
+        status = failure.settlement.outcome.status
+        t.expect(status == "cancelled", f"the cancelled child's settlement says {status}")
+    else:
+        raise AssertionError("the race over cancelled children returned a value")
+    t.expect(t.count("finished", "a") + t.count("finished", "b") == 0, "a child ran on")
