@@ -44,6 +44,7 @@ from ._controller import (
 from ._errors import (
     CursorExhausted,
     DispositionWidened,
+    EffectHostError,
     EngineUnavailable,
     GroupClosed,
     GroupShapeMismatch,
@@ -1144,13 +1145,32 @@ class TaskChildren(KitController):
                 await self.settle(key, position, None, Outcome.cancelled())
 
     async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
-        """R-5: settle the group's unsettled waits for ``name``; 0 for a retired group."""
+        """R-5: settle the group's unsettled waits for ``name``; 0 for a retired group.
+
+        Raises:
+            EngineUnavailable: a wait's settlement write still failed after
+                :attr:`settle_attempts` tries (R-12); the waits settled before it stay
+                settled, so delivering again is safe.
+        """
         self.require_wired(group_key)
         value = normalize_json(payload, what=f"event {name!r}", group_key=group_key)
         if await self.find_group(group_key) is None:
             raise unknown_group(group_key)
+        began = time.monotonic()
         reached = 0
         for position, envelope in await self.unsettled(group_key):
             if envelope["kind"] == EffectKind.AWAIT_EVENT and envelope["name"] == name:
-                reached += await self.settle(group_key, position, None, Outcome.success(value))
+                try:
+                    settled = await self.settle(group_key, position, None, Outcome.success(value))
+                except EffectHostError:
+                    raise
+                except Exception as exc:  # the engine's own error never leaves (R-12)
+                    raise EngineUnavailable(
+                        f"group {group_key!r}: event {name!r} not delivered, its settlement "
+                        f"write failed {self.settle_attempts} times",
+                        group_key=group_key,
+                        operation="deliver_event",
+                        tried_for=time.monotonic() - began,
+                    ) from exc
+                reached += settled
         return reached
