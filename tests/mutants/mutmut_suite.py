@@ -64,7 +64,11 @@ class InProcessFileHostUnderTest(HostUnderTest):
     """The example file host, each incarnation a pair of host objects in this process."""
 
     capabilities = HostCapabilities(
-        restart=True, durable_timers=True, waiter_probe=True, transient_faults=True
+        restart=True,
+        durable_timers=True,
+        waiter_probe=True,
+        second_incarnation=True,  # the unwired host holds an owner lock of its own
+        transient_faults=True,
     )
     timeout = 1.0
 

@@ -10,6 +10,7 @@ from . import (
     lifecycle,
     owners,
     payloads,
+    resuming,
     retiring,
 )
 
@@ -23,5 +24,6 @@ __all__ = [
     "lifecycle",
     "owners",
     "payloads",
+    "resuming",
     "retiring",
 ]

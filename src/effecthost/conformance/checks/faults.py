@@ -136,6 +136,7 @@ async def check_an_open_that_loses_its_race_runs_again(t: CheckContext) -> None:
             UnknownGroup,
             ctl.settlement_order(lost.key),
             "the order of a group whose open gave up",
+            names={"group_key": lost.key},
         )
         again = await t.open(ctl, lost)
         await t.next_is(ctl, again, "c")

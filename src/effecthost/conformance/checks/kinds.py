@@ -317,7 +317,11 @@ async def check_replay_keys_are_unique_across_groups(t: CheckContext) -> None:
         ReplayMismatch,
         ctl.open_effect_group(other),
         "a replay key of another group",
-        names={"group_key": other.key, "replay_key": other.children[1].replay_key},
+        names={
+            "group_key": other.key,
+            "replay_key": other.children[1].replay_key,
+            "position": 1,
+        },
     )
     t.expect(other.key not in await ctl.open_group_keys(), "the refused group is listed")
     t.expect(t.count("started", "own") == 0, "a child of the refused group ran")
