@@ -20,7 +20,9 @@ def test_conformance_suite_passes_on_temporal() -> None:
     print(report.table())
     failed = [f"{r.check.node_name}: {r.reason}" for r in report.by_status("failed")]
     assert not failed, "\n".join(failed)
-    assert report.missing_capabilities() <= {"payload_refs", "sealing"}, report.table()
+    assert report.missing_capabilities() <= {"payload_refs", "sealing", "transient_faults"}, (
+        report.table()
+    )
 
 
 @pytest.mark.timeout(420)

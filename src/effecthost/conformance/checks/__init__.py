@@ -12,6 +12,7 @@ from . import (
     payloads,
     resuming,
     retiring,
+    waiters,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "payloads",
     "resuming",
     "retiring",
+    "waiters",
 ]
