@@ -604,6 +604,19 @@ class ProbeAlwaysParkedFileHost(FileHost):
         return True
 
 
+class IgnoresAnUnknownDispositionFileHost(FileHost):
+    """G-26: a close whose disposition is no ``LoserPolicy`` value is taken as ``None``
+    (keep the one in force) instead of being refused, so a typo closes the group."""
+
+    async def close_effect_group(
+        self, handle: GroupHandle, disposition: LoserPolicy | None = None
+    ) -> None:
+        values = {m.value for m in LoserPolicy}
+        if isinstance(disposition, str) and disposition not in values:
+            disposition = None
+        await super().close_effect_group(handle, disposition)
+
+
 def _register_faults() -> None:
     if "pytest" not in sys.modules:
         return
@@ -617,6 +630,7 @@ def _register_faults() -> None:
         (AnyDecidedByRankOneOnlyFileHost, "R-13", "decided_any", False),
         (HoldsRunToCompletionRaceLosersFileHost, "R-13", "run_on_after_a_crash", False),
         (ProbeAlwaysParkedFileHost, "G-19", "waiter_probe_reports", False),
+        (IgnoresAnUnknownDispositionFileHost, "G-26", "reads_the_disposition", False),
     ):
         file_mutant(cls.__name__, breaks, cls.__doc__ or "", select=select, faults=faults)
 

@@ -76,6 +76,7 @@ async def test_the_correct_host_passes_the_whole_suite_on_the_durable_harness() 
         "payload_refs",
         "sealing",
         "second_incarnation",
+        "transient_faults",
     }
 
 

@@ -181,7 +181,8 @@ class RemoteController(EffectController):
     async def close_effect_group(
         self, handle: GroupHandle, disposition: LoserPolicy | None = None
     ) -> None:
-        value = None if disposition is None else LoserPolicy(disposition).value
+        # a string goes as it is: the host coerces it, and refuses what is no value (G-26)
+        value = disposition.value if isinstance(disposition, LoserPolicy) else disposition
         await self._call("close", handle=handle.model_dump(mode="json"), disposition=value)
 
     async def open_group_keys(self) -> list[str]:
