@@ -82,13 +82,14 @@ async def test_an_optimistic_guard_reruns_the_step_and_starts_only_once() -> Non
 
 async def test_a_guard_that_never_holds_becomes_engine_unavailable() -> None:
     """R-12: a run of conflicts longer than ``guard_attempts`` is ``EngineUnavailable``
-    naming the group and the operation, never a hang."""
+    naming the group, the operation and how long it tried, never a hang."""
     tools, _gates = gated_tools("a")
     host = OptimisticHost(tools, conflicts=10**6)
     host.guard_attempts = 5
     with pytest.raises(EngineUnavailable) as raised:
         await host.open_effect_group(group("g", "a"))
     assert raised.value.group_key == "g" and raised.value.operation == "open"
+    assert 0 < raised.value.tried_for < 60
     assert host.steps == 5 and host.started == []
 
 

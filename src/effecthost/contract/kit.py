@@ -759,7 +759,8 @@ class KitController(WiredController):
         way; a host runs its own atomic steps on a key through it too (a settlement, a
         drain pass's write), so one optimistic guard and one retry contract serve all of
         them. ``operation`` names the step in the :class:`EngineUnavailable` raised after
-        :attr:`guard_attempts` conflicts."""
+        :attr:`guard_attempts` conflicts, with how long it tried (R-12)."""
+        began = time.monotonic()
         for _attempt in range(self.guard_attempts):
             deferred: list[Callable[[], object]] = []
             token = _DEFERRED.set(deferred)
@@ -777,6 +778,7 @@ class KitController(WiredController):
             f"group {key!r}: {operation} lost {self.guard_attempts} optimistic races in a row",
             group_key=key,
             operation=operation,
+            tried_for=time.monotonic() - began,
         )
 
     # -- hooks -------------------------------------------------------------------------

@@ -36,12 +36,18 @@ async def faults(t: CheckContext, operation: FaultedStep) -> AsyncIterator[int]:
 
 
 def gave_up(t: CheckContext, error: EngineUnavailable, key: str, operation: str) -> None:
-    """An ``EngineUnavailable`` names the group and the call that gave up (R-12)."""
+    """An ``EngineUnavailable`` names the group, the call that gave up and how long it
+    tried (R-12)."""
     t.expect(
         error.operation == operation,
         f"the EngineUnavailable of a failed {operation} names operation {error.operation!r}",
     )
     t.expect(key in str(error), f"the EngineUnavailable of a failed {operation} names no group")
+    tried = error.tried_for
+    t.expect(
+        isinstance(tried, float | int) and 0 < tried < 3600,
+        f"the EngineUnavailable of a failed {operation} says it tried for {tried!r} seconds",
+    )
 
 
 @check("G-15", requires=("transient_faults",))

@@ -247,7 +247,10 @@ async def check_an_event_reaches_one_group(t: CheckContext) -> None:
     t.expect(settlement.outcome.value == 2, "an event of another group settled this wait")
     never = f"{t.scope}:group:never:0"
     await t.refuses(
-        UnknownGroup, ctl.deliver_event(never, "ping", INPUT_MARKER), "an event to no group"
+        UnknownGroup,
+        ctl.deliver_event(never, "ping", INPUT_MARKER),
+        "an event to no group",
+        names={"group_key": never},
     )
     closed = t.group("closed", [t.event("late", "ping")])
     handle = await t.open(ctl, closed)
