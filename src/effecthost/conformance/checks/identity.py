@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
@@ -363,12 +364,13 @@ async def check_unwired_controller_refuses_every_group_method(t: CheckContext) -
         raise AssertionError("validate_deployment accepted an unwired controller")
     group = t.group("g", [t.step("a", gate=False)])
     names = {"group_key": group.key}
-    for what, call in (
-        ("open", bare.open_effect_group(group)),
-        ("await", bare.await_next_settlement(group.handle())),
-        ("close", bare.close_effect_group(group.handle())),
-    ):
-        await t.refuses(EffectGroupUnsupported, call, what, names=names)
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "open": lambda: bare.open_effect_group(group),
+        "await": lambda: bare.await_next_settlement(group.handle()),
+        "close": lambda: bare.close_effect_group(group.handle()),
+    }
+    for what, call in calls.items():
+        await t.refuses(EffectGroupUnsupported, call(), what, names=names)
     t.expect(group.key not in await wired.open_group_keys(), "an unwired open was recorded")
     t.expect(t.count("started", "a") == 0, "an unwired open ran a child")
 
