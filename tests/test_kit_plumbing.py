@@ -15,10 +15,13 @@ import pytest
 from test_kit_controller import DictHost, gated_tools, group
 
 from effecthost.contract import (
+    EffectEnvelope,
+    EffectGroup,
     EngineUnavailable,
     LoserPolicy,
     ReplayMismatch,
     ToolRegistry,
+    WakePolicy,
 )
 from effecthost.contract.kit import (
     DrainChild,
@@ -79,13 +82,14 @@ async def test_an_optimistic_guard_reruns_the_step_and_starts_only_once() -> Non
 
 async def test_a_guard_that_never_holds_becomes_engine_unavailable() -> None:
     """R-12: a run of conflicts longer than ``guard_attempts`` is ``EngineUnavailable``
-    naming the group and the operation, never a hang."""
+    naming the group, the operation and how long it tried, never a hang."""
     tools, _gates = gated_tools("a")
     host = OptimisticHost(tools, conflicts=10**6)
     host.guard_attempts = 5
     with pytest.raises(EngineUnavailable) as raised:
         await host.open_effect_group(group("g", "a"))
     assert raised.value.group_key == "g" and raised.value.operation == "open"
+    assert 0 < raised.value.tried_for < 60
     assert host.steps == 5 and host.started == []
 
 
@@ -250,6 +254,38 @@ async def test_a_write_that_never_lands_leaves_the_child_to_the_drain(
     report = await host.drain().run_pass()
     assert report.resumed == (("g", "g/a"),)
     assert (await asyncio.wait_for(host.await_next_settlement(handle), 30)).position == 0
+
+
+async def test_a_delivery_whose_writes_all_fail_is_engine_unavailable(
+    file_host: Any, tmp_path: Path
+) -> None:
+    """R-12: an event delivery whose settlement write fails on every attempt raises
+    ``EngineUnavailable`` naming the group and ``deliver_event``, not the driver's error;
+    nothing is recorded, and delivering again once the engine is back settles the wait."""
+    broken = True
+
+    class Down(file_host):  # type: ignore[misc, valid-type]
+        async def settle_child(self, *args: Any) -> bool:
+            if broken:
+                raise ConnectionError("engine down")
+            return bool(await super().settle_child(*args))
+
+    host = Down(tmp_path, ToolRegistry())
+    host.settle_attempts = 2
+    opened = EffectGroup(
+        key="g",
+        wake=WakePolicy.ALL,
+        disposition=RTC,
+        children=[EffectEnvelope(replay_key="g/w", kind="await_event", name="go", input=None)],
+    )
+    handle = await host.open_effect_group(opened)
+    with pytest.raises(EngineUnavailable) as raised:
+        await host.deliver_event("g", "go", 1)
+    assert (raised.value.group_key, raised.value.operation) == ("g", "deliver_event")
+    assert await host.settlement_order("g") == []
+    broken = False
+    assert await host.deliver_event("g", "go", 1) == 1
+    assert (await asyncio.wait_for(host.await_next_settlement(handle), 30)).outcome.value == 1
 
 
 async def test_a_reopen_does_not_restart_a_live_owners_children(

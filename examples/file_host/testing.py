@@ -15,12 +15,14 @@ from effecthost.conformance import (
     ProcessHostUnderTest,
 )
 
+from .faults import FaultyFileHost
 from .host import FileHost
 
 
 def build(deployment: Deployment) -> FileHost:
-    """Called in the deployment process, once per controller the suite asks for."""
-    return FileHost(deployment.work_dir / "records", deployment.resolver)
+    """Called in the deployment process, once per controller the suite asks for; the
+    host with a fault hook, so the suite can make its writes fail (R-12)."""
+    return FaultyFileHost(deployment.work_dir / "records", deployment.resolver)
 
 
 def factory(env: FactoryEnv) -> ProcessHostUnderTest:
@@ -28,7 +30,11 @@ def factory(env: FactoryEnv) -> ProcessHostUnderTest:
         env,
         "examples.file_host.testing:build",
         capabilities=HostCapabilities(
-            restart=True, durable_timers=True, waiter_probe=True, second_incarnation=True
+            restart=True,
+            durable_timers=True,
+            waiter_probe=True,
+            second_incarnation=True,
+            transient_faults=True,
         ),
     )
 

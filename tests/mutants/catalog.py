@@ -165,10 +165,13 @@ FILE_TIMEOUT = 3.0
 and its ``wait_for_change`` polls the directory once a second."""
 
 
-def file_mutant(name: str, breaks: str, doc: str, *, select: str | None) -> None:
+def file_mutant(
+    name: str, breaks: str, doc: str, *, select: str | None, faults: bool = False
+) -> None:
     """Register a file-host mutant: class ``name`` of ``file_mutants.py``, a broken
     :class:`examples.file_host.host.FileHost`, run in its own deployment process as the
-    example's factory runs the correct one (``restart`` is a SIGKILL)."""
+    example's factory runs the correct one (``restart`` is a SIGKILL). ``faults``: it is
+    a :class:`examples.file_host.faults.FaultyFileHost` and declares ``transient_faults``."""
     from effecthost.conformance import ProcessHostUnderTest
 
     def factory(env: FactoryEnv) -> HostUnderTest:
@@ -176,7 +179,11 @@ def file_mutant(name: str, breaks: str, doc: str, *, select: str | None) -> None
             env,
             "file_mutants:build",
             capabilities=HostCapabilities(
-                restart=True, durable_timers=True, waiter_probe=True, second_incarnation=True
+                restart=True,
+                durable_timers=True,
+                waiter_probe=True,
+                second_incarnation=True,
+                transient_faults=faults,
             ),
             timeout=FILE_TIMEOUT,
             config={"cls": name},

@@ -23,6 +23,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import examples.file_host.host as file_host  # noqa: E402
+from examples.file_host.faults import FaultyFileHost  # noqa: E402
 from examples.file_host.host import FileDrain, FileHost, known  # noqa: E402
 from examples.file_host.store import Record  # noqa: E402
 
@@ -38,11 +39,12 @@ from effecthost.contract import (  # noqa: E402
     Settlement,
     Tombstone,
     UnknownGroup,
+    WakePolicy,
     kit,
     normalize_json,
     sleep_seconds,
 )
-from effecthost.contract.kit import check_cursor, check_handle  # noqa: E402
+from effecthost.contract.kit import Retry, check_cursor, check_handle  # noqa: E402
 
 
 def build(deployment: Deployment) -> FileHost:
@@ -505,3 +507,132 @@ def _register_r13() -> None:
 
 
 _register_r13()
+
+
+# -- transient faults (R-12), and R-13 beyond the race ----------------------------------------
+
+
+class GivesUpOnAFailedSettlementFileHost(FaultyFileHost):
+    """R-12: a settlement whose write fails is dropped, not retried (a pool exhausted for a
+    moment loses the outcome), so the caller waits for ever on a child that finished."""
+
+    async def settle(self, key: str, position: int, attempt: int | None, outcome: Outcome) -> bool:
+        try:
+            ranked = await self.settle_child(key, position, attempt, outcome)
+        except Exception:
+            return False
+        if ranked:
+            self.notify()
+        return ranked
+
+
+class TakesALostRaceForDoneFileHost(FaultyFileHost):
+    """R-12: a step whose optimistic guard reports a conflict is taken for one that ran (its
+    result read as nothing), so an open that lost a race refuses with a host bug and a close
+    that lost one returns having closed nothing."""
+
+    async def guarded(self, key: str, operation: str, step: Any) -> Any:
+        try:
+            async with self.guard(key):
+                return await step()
+        except Retry:
+            return None
+
+
+class KeepsALostStepsWritesFileHost(FaultyFileHost):
+    """R-12: the guard reports a lost race only after the step wrote, and keeps what it
+    wrote (a transaction that commits before checking what it watched), so the retried
+    close finds the group already closed and is a no-op: its ``CANCEL`` never reaches the
+    losers."""
+
+    @contextlib.asynccontextmanager
+    async def guard(self, key: str) -> AsyncIterator[None]:
+        with self.store.locked():
+            yield
+        if self._strikes("guard"):
+            raise Retry(f"conflict on {key!r} after the write")
+
+
+class AnyDecidedByItsFirstRankFileHost(FileHost):
+    """R-13: an ``any`` is taken for decided once rank 1 exists, a failure included (the
+    race's rule), so after a crash its reopen holds the losers down although no success
+    holds a rank."""
+
+    async def resume_group(self, group: EffectGroup, *, restart: bool = True) -> None:
+        record = self.store.read(group.key)
+        if group.wake is WakePolicy.FIRST_SUCCESS and record and record["ranks"]:
+            restart = False
+        await super().resume_group(group, restart=restart)
+
+
+class AnyDecidedByRankOneOnlyFileHost(FileHost):
+    """R-13: an ``any`` is judged by rank 1 alone, so one whose success came after a
+    failure is taken for undecided and its reopen starts the losers again."""
+
+    async def resume_group(self, group: EffectGroup, *, restart: bool = True) -> None:
+        record = self.store.read(group.key)
+        if group.wake is WakePolicy.FIRST_SUCCESS and record and record["ranks"]:
+            first = record["children"][record["ranks"][0]]["outcome"]["status"]
+            restart = first != "success"
+        await super().resume_group(group, restart=restart)
+
+
+def _race_decided(record: Record) -> bool:
+    """A race with rank 1 is decided, whatever its disposition (the mutant's rule)."""
+    return not record["closed"] and record["wake"] == "first" and bool(record["ranks"])
+
+
+class HoldsRunToCompletionRaceLosersFileHost(FileHost):
+    """R-13 (G-28): a ``race`` is taken for decided once rank 1 exists whatever its
+    disposition, so after a crash the reopen and the drain hold its ``RUN_TO_COMPLETION``
+    losers down and they never finish."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        file_host.decided = _race_decided  # the drain's rule, in this deployment process
+
+    async def resume_group(self, group: EffectGroup, *, restart: bool = True) -> None:
+        record = self.store.read(group.key)
+        await super().resume_group(group, restart=restart and not _race_decided(record or {}))
+
+
+class ProbeAlwaysParkedFileHost(FileHost):
+    """G-19: the waiter probe answers yes whatever waits, so the cancelled-await check
+    would cancel an await that never parked."""
+
+    async def awaiting(self, group_key: str, rank: int) -> bool:
+        return True
+
+
+class IgnoresAnUnknownDispositionFileHost(FileHost):
+    """G-26: a close whose disposition is no ``LoserPolicy`` value is taken as ``None``
+    (keep the one in force) instead of being refused, so a typo closes the group."""
+
+    async def close_effect_group(
+        self, handle: GroupHandle, disposition: LoserPolicy | None = None
+    ) -> None:
+        values = {m.value for m in LoserPolicy}
+        if isinstance(disposition, str) and disposition not in values:
+            disposition = None
+        await super().close_effect_group(handle, disposition)
+
+
+def _register_faults() -> None:
+    if "pytest" not in sys.modules:
+        return
+    from catalog import file_mutant
+
+    for cls, breaks, select, faults in (
+        (GivesUpOnAFailedSettlementFileHost, "R-12", "settlement_write_that_fails", True),
+        (TakesALostRaceForDoneFileHost, "R-12", "an_open_that_loses", True),
+        (KeepsALostStepsWritesFileHost, "R-12", "a_close_that_loses", True),
+        (AnyDecidedByItsFirstRankFileHost, "R-13", "resumes_an_undecided", False),
+        (AnyDecidedByRankOneOnlyFileHost, "R-13", "decided_any", False),
+        (HoldsRunToCompletionRaceLosersFileHost, "R-13", "run_on_after_a_crash", False),
+        (ProbeAlwaysParkedFileHost, "G-19", "waiter_probe_reports", False),
+        (IgnoresAnUnknownDispositionFileHost, "G-26", "reads_the_disposition", False),
+    ):
+        file_mutant(cls.__name__, breaks, cls.__doc__ or "", select=select, faults=faults)
+
+
+_register_faults()

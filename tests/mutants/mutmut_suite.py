@@ -36,6 +36,7 @@ from effecthost.conformance import (
     all_checks,
     conformance_resolver,
 )
+from effecthost.conformance._host import FaultedStep
 from effecthost.conformance._registry import Check
 from effecthost.conformance._runner import SuiteRun
 from effecthost.contract import EffectController
@@ -44,6 +45,7 @@ from effecthost.hosts.memory.testing import adversarial_factory, factory, sealed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the examples package
 
+from examples.file_host.faults import FaultyFileHost
 from examples.file_host.host import FileHost
 from examples.file_host.store import FileStore, Record
 
@@ -61,7 +63,13 @@ class _UnsyncedStore(FileStore):
 class InProcessFileHostUnderTest(HostUnderTest):
     """The example file host, each incarnation a pair of host objects in this process."""
 
-    capabilities = HostCapabilities(restart=True, durable_timers=True, waiter_probe=True)
+    capabilities = HostCapabilities(
+        restart=True,
+        durable_timers=True,
+        waiter_probe=True,
+        second_incarnation=True,  # the unwired host holds an owner lock of its own
+        transient_faults=True,
+    )
     timeout = 1.0
 
     def __init__(self, env: FactoryEnv) -> None:
@@ -69,10 +77,10 @@ class InProcessFileHostUnderTest(HostUnderTest):
         self._root = env.work_dir / "records"
         self._wired, self._unwired = self._incarnation()
 
-    def _incarnation(self) -> tuple[FileHost, FileHost]:
+    def _incarnation(self) -> tuple[FaultyFileHost, FileHost]:
         resolver = conformance_resolver(self._env.lab_path)
         self._lab_client = resolver._lab = _MortalLabClient(self._env.lab_path)
-        hosts = (FileHost(self._root, resolver), FileHost(self._root, None))
+        hosts = (FaultyFileHost(self._root, resolver), FileHost(self._root, None))
         for host in hosts:
             host.poll_seconds = 0.05  # another object's write is seen by polling
             host.store.__class__ = _UnsyncedStore
@@ -83,6 +91,9 @@ class InProcessFileHostUnderTest(HostUnderTest):
 
     async def awaiting(self, group_key: str, rank: int) -> bool:
         return await self._wired.awaiting(group_key, rank)
+
+    async def inject_faults(self, operation: FaultedStep, count: int) -> int:
+        return self._wired.inject_faults(operation, count)
 
     async def _die(self) -> None:
         for host in (self._wired, self._unwired):

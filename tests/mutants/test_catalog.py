@@ -78,6 +78,7 @@ async def test_the_correct_host_passes_the_whole_suite_on_the_durable_harness() 
         "sealing",
         "second_incarnation",
         "payload_limit",
+        "transient_faults",
     }
 
 

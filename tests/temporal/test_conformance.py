@@ -20,9 +20,12 @@ def test_conformance_suite_passes_on_temporal() -> None:
     print(report.table())
     failed = [f"{r.check.node_name}: {r.reason}" for r in report.by_status("failed")]
     assert not failed, "\n".join(failed)
-    assert report.missing_capabilities() <= {"payload_refs", "sealing", "payload_limit"}, (
-        report.table()
-    )
+    assert report.missing_capabilities() <= {
+        "payload_refs",
+        "sealing",
+        "payload_limit",
+        "transient_faults",
+    }, report.table()
 
 
 @pytest.mark.timeout(420)

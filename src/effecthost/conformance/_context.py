@@ -239,7 +239,8 @@ class CheckContext:
     ) -> E:
         """``action`` must raise ``error`` (a typed :class:`EffectHostError`) whose message
         and attributes name ids only: none carries the input of a step (:data:`INPUT_MARKER`).
-        ``names``: the ids the error must carry as attributes (``group_key``, ...)."""
+        ``names``: the ids the error must carry as attributes (``group_key``, ...); its
+        message must name the group key among them (SPEC §7: an error names its ids)."""
         try:
             await asyncio.wait_for(action, self.timeout)
         except error as exc:
@@ -251,6 +252,11 @@ class CheckContext:
                         f"{what}: the {type(exc).__name__} carries {field}={found!r}, not "
                         f"{expected!r} (an error carries the ids it is about)"
                     ) from None
+            key = (names or {}).get("group_key")
+            if isinstance(key, str) and key not in str(exc):
+                raise CheckFailed(
+                    f"{what}: the {type(exc).__name__}'s message does not name group {key!r}: {exc}"
+                ) from None
             return exc
         except TimeoutError:
             raise CheckFailed(f"{what}: expected {error.__name__}, but it hung") from None

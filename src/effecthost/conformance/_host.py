@@ -12,6 +12,9 @@ from effecthost.contract import EffectController, EffectGroup
 if TYPE_CHECKING:
     from effecthost.payloads import StoredOutcome
 
+FaultedStep = Literal["settle", "guard"]
+"""The steps :meth:`HostUnderTest.inject_faults` can make fail."""
+
 KeySetting = Literal["none", "wrong", "right"]
 """The key stores :meth:`HostUnderTest.reader` configures a reader with."""
 
@@ -49,6 +52,10 @@ class HostCapabilities:
             outcome is over it settles as the child's ``PayloadTooLarge`` failure; an event
             payload encoding to more is refused with ``PayloadTooLarge`` and settles
             nothing, one of exactly the limit is delivered (§7, R-8).
+        transient_faults: :meth:`HostUnderTest.inject_faults` makes the host's next writes
+            fail as a transient outage or a lost optimistic race would (R-12), so a check
+            can see that the host retries them up to its bound and then gives up without
+            losing or doubling anything.
     """
 
     restart: bool = False
@@ -59,6 +66,7 @@ class HostCapabilities:
     waiter_probe: bool = False
     second_incarnation: bool = False
     payload_limit: bool = False
+    transient_faults: bool = False
 
     def declared(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name)]
@@ -139,6 +147,15 @@ class HostUnderTest(ABC):
         inside the host right now (past every read that precedes the wait). Only called
         when ``capabilities.waiter_probe``."""
         raise NotImplementedError(f"{type(self).__name__} declares no waiter probe")
+
+    async def inject_faults(self, operation: FaultedStep, count: int) -> int:
+        """Make the next ``count`` attempts of ``operation`` in the wired controller fail
+        transiently, replacing any faults still pending for it, and return the host's bound:
+        how many attempts of one such step it makes before it gives up. ``"settle"``: the
+        write that settles a child fails (an outage). ``"guard"``: the atomic step of an
+        open or a close loses its race (an optimistic engine's conflict) before it
+        writes anything. Only called when ``capabilities.transient_faults``."""
+        raise NotImplementedError(f"{type(self).__name__} declares no transient faults")
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, nothing to stop by default
         """Stop whatever the factory started."""

@@ -11,6 +11,7 @@ The builder is a ``"module:function"`` called in the deployment process with a
 :class:`Deployment`; it returns the controller (a ``WiredController`` subclass, say) for
 ``deployment.resolver`` — the conformance resolver, or ``None`` for the unwired host. A
 controller with an ``awaiting(group_key, rank)`` method answers the waiter probe; one
+with ``inject_faults(operation, count)`` (returning its bound) the fault hook; one
 with ``aclose()`` is closed when the process is asked to stop (never on a restart); one
 with an ``owner`` attribute (its incarnation's id, R-1) is listed in
 :attr:`ProcessHostUnderTest.owners` until the next restart.
@@ -46,6 +47,7 @@ from effecthost.contract import (
     EffectExecutor,
     EffectGroup,
     EffectHostError,
+    EngineUnavailable,
     ExecutionInput,
     GroupDrain,
     GroupExecutors,
@@ -56,7 +58,7 @@ from effecthost.contract import (
     Settlement,
 )
 
-from ._host import FactoryEnv, HostCapabilities, HostUnderTest
+from ._host import FactoryEnv, FaultedStep, HostCapabilities, HostUnderTest
 from ._lab import LabClient, mark_killed
 from ._tools import conformance_resolver
 
@@ -88,7 +90,10 @@ class RemoteError(RuntimeError):
 
 def _error_to_wire(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, EffectHostError):
-        return {"type": type(exc).__name__, "message": str(exc.args[0]), "ids": exc.ids()}
+        wire = {"type": type(exc).__name__, "message": str(exc.args[0]), "ids": exc.ids()}
+        if isinstance(exc, EngineUnavailable):  # which call gave up, and after how long
+            wire["outage"] = {"operation": exc.operation, "tried_for": exc.tried_for}
+        return wire
     return {"type": "RemoteError", "message": f"{type(exc).__name__}: {exc}", "ids": {}}
 
 
@@ -101,6 +106,8 @@ def _error_from_wire(wire: Mapping[str, Any]) -> Exception:
     ids = dict(wire["ids"])
     for name in ("group_key", "replay_key", "position", "rank"):
         setattr(error, name, ids.get(name))
+    for name, value in dict(wire.get("outage") or {}).items():
+        setattr(error, name, value)
     return error
 
 
@@ -174,7 +181,8 @@ class RemoteController(EffectController):
     async def close_effect_group(
         self, handle: GroupHandle, disposition: LoserPolicy | None = None
     ) -> None:
-        # Anything else goes as it is: the host refuses a bad disposition itself (typed).
+        # Anything else goes as it is: the host coerces a string and refuses what is no
+        # value itself, typed (G-26).
         value = disposition.value if isinstance(disposition, LoserPolicy) else disposition
         await self._call("close", handle=handle.model_dump(mode="json"), disposition=value)
 
@@ -297,6 +305,12 @@ class ProcessHostUnderTest(HostUnderTest):
         socket_path = str(self._config["socket"])
         return bool(await _call(socket_path, "awaiting", "wired", group_key=group_key, rank=rank))
 
+    async def inject_faults(self, operation: FaultedStep, count: int) -> int:
+        await self._controller("wired")
+        socket_path = str(self._config["socket"])
+        args = {"operation": operation, "count": count}
+        return int(await _call(socket_path, "inject_faults", "wired", **args))
+
     def _kill(self) -> int | None:
         proc, self._proc = self._proc, None
         self._controllers.clear()
@@ -375,6 +389,8 @@ class _Server:
         if op == "awaiting":
             probe = getattr(host, "awaiting", None)
             return bool(probe is not None and await probe(args["group_key"], args["rank"]))
+        if op == "inject_faults":
+            return int(host.inject_faults(args["operation"], args["count"]))
         if op == "open":
             group = EffectGroup.model_validate(args["group"])
             return (await host.open_effect_group(group)).model_dump(mode="json")

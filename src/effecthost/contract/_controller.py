@@ -406,7 +406,8 @@ class WiredController(EffectController):
         """
         if self._resolver is None:
             raise EffectGroupUnsupported(
-                f"{type(self).__name__} has no GroupExecutors resolver registered",
+                f"{type(self).__name__} has no GroupExecutors resolver registered "
+                f"(group {group_key!r})",
                 group_key=group_key,
             )
         return self._resolver

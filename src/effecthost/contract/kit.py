@@ -44,6 +44,7 @@ from ._controller import (
 from ._errors import (
     CursorExhausted,
     DispositionWidened,
+    EffectHostError,
     EngineUnavailable,
     GroupClosed,
     GroupShapeMismatch,
@@ -758,7 +759,8 @@ class KitController(WiredController):
         way; a host runs its own atomic steps on a key through it too (a settlement, a
         drain pass's write), so one optimistic guard and one retry contract serve all of
         them. ``operation`` names the step in the :class:`EngineUnavailable` raised after
-        :attr:`guard_attempts` conflicts."""
+        :attr:`guard_attempts` conflicts, with how long it tried (R-12)."""
+        began = time.monotonic()
         for _attempt in range(self.guard_attempts):
             deferred: list[Callable[[], object]] = []
             token = _DEFERRED.set(deferred)
@@ -776,6 +778,7 @@ class KitController(WiredController):
             f"group {key!r}: {operation} lost {self.guard_attempts} optimistic races in a row",
             group_key=key,
             operation=operation,
+            tried_for=time.monotonic() - began,
         )
 
     # -- hooks -------------------------------------------------------------------------
@@ -1144,13 +1147,32 @@ class TaskChildren(KitController):
                 await self.settle(key, position, None, Outcome.cancelled())
 
     async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
-        """R-5: settle the group's unsettled waits for ``name``; 0 for a retired group."""
+        """R-5: settle the group's unsettled waits for ``name``; 0 for a retired group.
+
+        Raises:
+            EngineUnavailable: a wait's settlement write still failed after
+                :attr:`settle_attempts` tries (R-12); the waits settled before it stay
+                settled, so delivering again is safe.
+        """
         self.require_wired(group_key)
         value = normalize_json(payload, what=f"event {name!r}", group_key=group_key)
         if await self.find_group(group_key) is None:
             raise unknown_group(group_key)
+        began = time.monotonic()
         reached = 0
         for position, envelope in await self.unsettled(group_key):
             if envelope["kind"] == EffectKind.AWAIT_EVENT and envelope["name"] == name:
-                reached += await self.settle(group_key, position, None, Outcome.success(value))
+                try:
+                    settled = await self.settle(group_key, position, None, Outcome.success(value))
+                except EffectHostError:
+                    raise
+                except Exception as exc:  # the engine's own error never leaves (R-12)
+                    raise EngineUnavailable(
+                        f"group {group_key!r}: event {name!r} not delivered, its settlement "
+                        f"write failed {self.settle_attempts} times",
+                        group_key=group_key,
+                        operation="deliver_event",
+                        tried_for=time.monotonic() - began,
+                    ) from exc
+                reached += settled
         return reached

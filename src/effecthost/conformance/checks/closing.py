@@ -111,12 +111,12 @@ async def check_close_only_narrows(t: CheckContext) -> None:
     ctl = await t.ctl()
     strict = await t.open(ctl, t.group("strict", [t.step("s")], disposition=LoserPolicy.CANCEL))
     await t.started("s")
-    error = await t.refuses(
+    await t.refuses(
         DispositionWidened,
         ctl.close_effect_group(strict, LoserPolicy.RUN_TO_COMPLETION),
         "widening CANCEL",
+        names={"group_key": strict.group_key},
     )
-    t.expect(error.group_key == strict.group_key, "refusal must name the group")
     t.expect(strict.group_key in await ctl.open_group_keys(), "a refused close closed the group")
     t.expect(t.count("cancelled", "s") == 0, "a refused close cancelled a child")
     await ctl.close_effect_group(strict)
@@ -223,6 +223,7 @@ async def check_a_closed_groups_replay_keys_stay_claimed_until_it_retires(
             ReplayMismatch,
             ctl.open_effect_group(thief),
             f"reusing replay key {label!r} of a closed group whose loser still runs",
+            names={"group_key": thief.key, "replay_key": t.tag(label), "position": 1},
         )
         t.expect(
             closed.key in str(error),
@@ -268,7 +269,12 @@ async def check_drain_applies_a_declared_cancel(t: CheckContext) -> None:
     await t.started("b")
     await t.restart()
     ctl = await t.ctl()
-    await ctl.drain().run_pass()
+    report = await t.within(ctl.drain().run_pass(), "a drain pass")
+    cancelled = {(group.key, t.tag(x)) for x in ("a", "b")}
+    t.expect(
+        cancelled <= set(report.cancelled),
+        f"the drain pass must report the children it cancelled: {report}",
+    )
     reopened = await t.open(ctl, group)
     restored = GroupHandle.from_json(saved)
     t.expect(reopened.consumed == 0, "reopen must return consumed=0")
@@ -447,12 +453,16 @@ async def check_refusals_come_in_the_ruled_order(t: CheckContext) -> None:
     await t.next(ctl, handle)
     liar = handle.model_copy(update={"wake": WakePolicy.FIRST})
     await t.refuses(
-        HandleMismatch, ctl.await_next_settlement(liar), "an exhausted, mismatched handle"
+        HandleMismatch,
+        ctl.await_next_settlement(liar),
+        "an exhausted, mismatched handle",
+        names={"group_key": group.key},
     )
     await t.refuses(
         HandleMismatch,
         ctl.close_effect_group(liar, LoserPolicy.RUN_TO_COMPLETION),
         "a widening close with a mismatched handle",
+        names={"group_key": group.key},
     )
     await ctl.close_effect_group(handle)
     running = t.group("h", [t.step("b")])
@@ -461,7 +471,10 @@ async def check_refusals_come_in_the_ruled_order(t: CheckContext) -> None:
     await ctl.close_effect_group(other)
     for cursor in (other.model_copy(update={"wake": WakePolicy.FIRST}), handle):
         await t.refuses(
-            GroupClosed, ctl.await_next_settlement(cursor), "an await of a closed group"
+            GroupClosed,
+            ctl.await_next_settlement(cursor),
+            "an await of a closed group",
+            names={"group_key": cursor.group_key},
         )
     t.release("b")
     await t.finished("b")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
@@ -93,12 +94,21 @@ async def check_wake_and_disposition_are_in_every_child_hash(t: CheckContext) ->
     handle = await t.open(ctl, group)
     drifted = t.group("g", [t.step("a"), t.step("b")], wake=WakePolicy.FIRST)
     await t.refuses(EffectHostError, ctl.open_effect_group(drifted), "reopen with drifted wake")
-    for changed in (
-        t.group("g", [t.step("a", result="other"), t.step("b")]),
-        t.group("g", [t.step("a"), t.step("b", result="other")]),
+    for position, changed in enumerate(
+        (
+            t.group("g", [t.step("a", result="other"), t.step("b")]),
+            t.group("g", [t.step("a"), t.step("b", result="other")]),
+        )
     ):
         await t.refuses(
-            ReplayMismatch, ctl.open_effect_group(changed), "reopen with a changed child"
+            ReplayMismatch,
+            ctl.open_effect_group(changed),
+            "reopen with a changed child",
+            names={
+                "group_key": group.key,
+                "replay_key": changed.children[position].replay_key,
+                "position": position,
+            },
         )
     t.release("a", "b")
     first = await t.next(ctl, handle)
@@ -353,9 +363,14 @@ async def check_unwired_controller_refuses_every_group_method(t: CheckContext) -
     else:
         raise AssertionError("validate_deployment accepted an unwired controller")
     group = t.group("g", [t.step("a", gate=False)])
-    await t.refuses(EffectGroupUnsupported, bare.open_effect_group(group), "open")
-    await t.refuses(EffectGroupUnsupported, bare.await_next_settlement(group.handle()), "await")
-    await t.refuses(EffectGroupUnsupported, bare.close_effect_group(group.handle()), "close")
+    names = {"group_key": group.key}
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "open": lambda: bare.open_effect_group(group),
+        "await": lambda: bare.await_next_settlement(group.handle()),
+        "close": lambda: bare.close_effect_group(group.handle()),
+    }
+    for what, call in calls.items():
+        await t.refuses(EffectGroupUnsupported, call(), what, names=names)
     t.expect(group.key not in await wired.open_group_keys(), "an unwired open was recorded")
     t.expect(t.count("started", "a") == 0, "an unwired open ran a child")
 
@@ -373,10 +388,12 @@ async def check_reopen_is_fenced_on_shape(t: CheckContext) -> None:
         "disposition": t.group("g", [t.step("a"), t.step("b")], disposition=LoserPolicy.CANCEL),
     }
     for what, group in reshaped.items():
-        error = await t.refuses(
-            GroupShapeMismatch, ctl.open_effect_group(group), f"reopen with another {what}"
+        await t.refuses(
+            GroupShapeMismatch,
+            ctl.open_effect_group(group),
+            f"reopen with another {what}",
+            names={"group_key": group.key},
         )
-        t.expect(error.group_key == group.key, "refusal must name the group key")
     again = await ctl.open_effect_group(t.group("g", [t.step("a"), t.step("b")]))
     t.expect(again.consumed == 0 and again.child_count == 2, "same-shape reopen failed")
     t.expect(t.count("started", "c") == 0, "a refused reopen dispatched a child")

@@ -247,7 +247,10 @@ async def check_an_event_reaches_one_group(t: CheckContext) -> None:
     t.expect(settlement.outcome.value == 2, "an event of another group settled this wait")
     never = f"{t.scope}:group:never:0"
     await t.refuses(
-        UnknownGroup, ctl.deliver_event(never, "ping", INPUT_MARKER), "an event to no group"
+        UnknownGroup,
+        ctl.deliver_event(never, "ping", INPUT_MARKER),
+        "an event to no group",
+        names={"group_key": never},
     )
     closed = t.group("closed", [t.event("late", "ping")])
     handle = await t.open(ctl, closed)
@@ -317,7 +320,11 @@ async def check_replay_keys_are_unique_across_groups(t: CheckContext) -> None:
         ReplayMismatch,
         ctl.open_effect_group(other),
         "a replay key of another group",
-        names={"group_key": other.key, "replay_key": other.children[1].replay_key},
+        names={
+            "group_key": other.key,
+            "replay_key": other.children[1].replay_key,
+            "position": 1,
+        },
     )
     t.expect(other.key not in await ctl.open_group_keys(), "the refused group is listed")
     t.expect(t.count("started", "own") == 0, "a child of the refused group ran")

@@ -7,6 +7,7 @@ from typing import Any
 
 from effecthost.contract import (
     CursorExhausted,
+    DrainReport,
     ExecutionInput,
     ExecutorConsumed,
     GroupClosed,
@@ -128,12 +129,24 @@ async def check_reopen_with_a_miss_dispatches_what_it_can(t: CheckContext) -> No
     )
     for error in report.no_executor:
         t.ids_only(error, "a drain's report of a resolver miss")
+    names_its_ids(t, report, group.key)
     t.expect(group.key in await ctl.open_group_keys(), "the group must stay visible")
     await t.started("a", 2)
     again = [e.data.get("executor") for e in t.lab.of(t.tag("a")) if e.kind == "started"]
     t.expect(again[-1] != first_executor, "a retry must resolve a fresh executor")
     t.release("a")
     await t.next_is(ctl, handle, "a")
+
+
+def names_its_ids(t: CheckContext, report: DrainReport, key: str) -> None:
+    """Each ``NoExecutor`` entry of group ``key`` names its group and replay key in its
+    message, as every error does (SPEC §7)."""
+    for error in report.no_executor:
+        if error.group_key == key:
+            t.expect(
+                key in str(error) and str(error.replay_key) in str(error),
+                f"a NoExecutor entry's message does not name its ids: {error}",
+            )
 
 
 @check("G-12")
@@ -166,6 +179,7 @@ async def check_unwired_drain_reports_every_unfinished_child(t: CheckContext) ->
     )
     for error in report.no_executor:
         t.ids_only(error, "an unwired drain's report")
+    names_its_ids(t, report, group.key)
     t.expect(not report.cancelled and not report.resumed, "an unwired drain acted")
 
 
@@ -356,12 +370,18 @@ async def check_both_sides_of_the_cursor_are_fenced(t: CheckContext) -> None:
     }
     for what, update in liars.items():
         liar = handle.model_copy(update={**update, "consumed": 0})
-        await t.refuses(HandleMismatch, ctl.await_next_settlement(liar), f"an await with {what}")
+        await t.refuses(
+            HandleMismatch,
+            ctl.await_next_settlement(liar),
+            f"an await with {what}",
+            names={"group_key": group.key},
+        )
         t.expect(liar.consumed == 0, "a refused handle was advanced")
         await t.refuses(
             HandleMismatch,
             ctl.close_effect_group(liar, LoserPolicy.CANCEL),
             f"a close with {what}",
+            names={"group_key": group.key},
         )
     t.expect(group.key in await ctl.open_group_keys(), "a refused close closed the group")
     foreign = handle.model_copy(update={"group_key": f"{t.scope}:group:never:0"})
@@ -372,8 +392,12 @@ async def check_both_sides_of_the_cursor_are_fenced(t: CheckContext) -> None:
         names={"group_key": foreign.group_key},
     )
     await t.next(ctl, handle)
-    error = await t.refuses(CursorExhausted, ctl.await_next_settlement(handle), "past the end")
-    t.expect(error.group_key == group.key, "CursorExhausted must name the group")
+    await t.refuses(
+        CursorExhausted,
+        ctl.await_next_settlement(handle),
+        "past the end",
+        names={"group_key": group.key, "rank": 3},
+    )
     t.expect(handle.consumed == 2, "an exhausted handle was moved")
     t.expect(await t.next(ctl, group.handle()) == first, "refusals changed the record")
 

@@ -366,21 +366,26 @@ class TemporalHostUnderTest(HostUnderTest):
 
     async def awaiting(self, group_key: str, rank: int) -> bool:
         """Whether a waiting read of ``rank`` is accepted by the group workflow (its
-        handler runs): an accepted ``await_ranks:<rank - 1>`` update in the run's history,
-        found by name since every read has an update id of its own."""
+        handler runs) and has not completed: an accepted ``await_ranks:<rank - 1>`` update
+        in the run's history, found by name since every read has an update id of its own,
+        with no completion of that update id after it."""
         assert self.client is not None
         name = f"{AWAIT_RANKS_UPDATE}{rank - 1}"
+        waiting: set[str] = set()
         try:
             async for event in self.client.get_workflow_handle(group_key).fetch_history_events():
                 if event.HasField("workflow_execution_update_accepted_event_attributes"):
                     accepted = event.workflow_execution_update_accepted_event_attributes
                     if accepted.accepted_request.input.name == name:
-                        return True
+                        waiting.add(accepted.accepted_request.meta.update_id)
+                elif event.HasField("workflow_execution_update_completed_event_attributes"):
+                    completed = event.workflow_execution_update_completed_event_attributes
+                    waiting.discard(completed.meta.update_id)
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 return False
             raise
-        return False
+        return bool(waiting)
 
     async def aclose(self) -> None:
         for controller in self._controllers.values():
