@@ -179,3 +179,32 @@ async def _server_restart(root: Path) -> None:
             result = await asyncio.wait_for(host.client.get_workflow_handle(key).result(), 60)
             ranks = result["ranks"]
             assert len(ranks) == width and len(set(ranks)) == width, result
+
+
+@pytest.mark.anyio
+async def test_an_update_the_server_rejected_as_unprocessed_is_sent_again() -> None:
+    """R-12: a restarted worker can end a workflow task without taking an update up (the
+    server then rejects it as ``UnprocessedUpdate``); nothing was applied, so the call is
+    sent again instead of leaking an untyped ``RuntimeError`` out of an open or a close."""
+    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.exceptions import ApplicationError
+
+    from effecthost.hosts.temporal._controller import _call
+
+    calls = 0
+
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise WorkflowUpdateFailedError(
+                ApplicationError(
+                    "Workflow Update is rejected because it wasn't processed by worker.",
+                    type="UnprocessedUpdate",
+                    non_retryable=True,
+                )
+            )
+        return "applied"
+
+    assert await _call(flaky) == "applied"
+    assert calls == 3

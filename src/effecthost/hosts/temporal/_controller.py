@@ -240,6 +240,13 @@ async def _call(call: Callable[[], Awaitable[T]]) -> T:
             if exc.status == RPCStatusCode.CANCELLED and _cancelling():
                 raise asyncio.CancelledError from None
             last = f"{exc.status.name}: {exc.message}"
+        except WorkflowUpdateFailedError as exc:
+            # A workflow task that ended without taking the update up (a worker restarting,
+            # an evicted run): the server rejected it unapplied, so it is sent again.
+            cause = exc.cause
+            if not (isinstance(cause, ApplicationError) and cause.type == "UnprocessedUpdate"):
+                raise
+            last = "the update was not taken up by a worker"
         pause = delay if left is None else min(delay, max(0.0, left))
         await asyncio.sleep(pause)  # the server or the worker is away: back off
         delay = min(delay * 2, MAX_BACKOFF)
