@@ -38,6 +38,8 @@ from effecthost.contract import (
     EmptyGroup,
     GroupHandle,
     LoserPolicy,
+    Outcome,
+    Settlement,
     ToolError,
     ToolRegistry,
     UnknownGroup,
@@ -303,6 +305,31 @@ async def test_g52_wait_event_or_deadline_returns_the_event_and_cancels_the_time
     assert await within(select) == ("event", {"by": "ops"})
     await within(asyncio.gather(*host._tasks.values()))
     assert await host.deliver_event(key, "approval") == 0
+
+
+class TimerCancelledFirst(WatchedHost):
+    """Serves its groups' timer arm as rank 1, cancelled: what a host that applied a
+    ``CANCEL`` to both arms (a drain after a crash) may rank first, in any order."""
+
+    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
+        group = self.groups[-1]
+        return Settlement(
+            rank=1, position=1, replay_key=f"{group.key}:1", outcome=Outcome.cancelled()
+        )
+
+
+async def test_g52_a_cancelled_timer_is_no_deadline(lab: Lab, scope: Scope) -> None:
+    """G-52, G-24: ``("deadline", None)`` means the timer fired; a timer arm that was
+    cancelled (no deadline passed) surfaces as ``EffectFailed``, as a cancelled event arm
+    does."""
+    host = TimerCancelledFirst(lab.registry)
+    try:
+        with pytest.raises(EffectFailed) as failed:
+            await within(wait_event_or_deadline(host, scope, "approval", 3600))
+        assert failed.value.error.type == "Cancelled"
+        assert failed.value.position == 1
+    finally:
+        await host.aclose()
 
 
 async def test_g52_wait_event_or_deadline_reports_the_deadline(

@@ -495,8 +495,12 @@ async def wait_event_or_deadline(
     controller: EffectController, scope: Scope, name: str, seconds: float
 ) -> tuple[str, Any]:
     """The signal/deadline select (G-52): ``("event", payload)`` when the event came
-    first, ``("deadline", None)`` when the timer did. The group key to deliver the event
-    to is ``next_group_key(scope, [wait_event(name), sleep(seconds)])`` taken before.
+    first, ``("deadline", None)`` when the timer fired first. The group key to deliver the
+    event to is ``next_group_key(scope, [wait_event(name), sleep(seconds)])`` taken before.
+
+    Raises:
+        EffectFailed: the first settlement is a cancelled arm (a drain applied the group's
+            ``CANCEL`` after its caller's process died): no deadline passed.
     """
     group = build_group(
         scope, [wait_event(name), sleep(seconds)], WakePolicy.FIRST, LoserPolicy.CANCEL
@@ -504,6 +508,7 @@ async def wait_event_or_deadline(
     async with _opened(controller, group) as handle:
         first = await controller.await_next_settlement(handle)
         await controller.close_effect_group(handle)
+    value = _value(first, group.key)
     if first.position == 1:
         return ("deadline", None)
-    return ("event", _value(first, group.key))
+    return ("event", value)

@@ -13,7 +13,10 @@ from effecthost.combinators import (
     build_group,
     next_group_key,
     race,
+    sleep,
     tool,
+    wait_event,
+    wait_event_or_deadline,
 )
 from effecthost.contract import LoserPolicy, UnknownGroup, WakePolicy
 
@@ -119,3 +122,33 @@ async def check_a_cancelled_first_settlement_surfaces_as_a_cancellation(t: Check
     else:
         raise AssertionError("the race over cancelled children returned a value")
     t.expect(t.count("finished", "a") + t.count("finished", "b") == 0, "a child ran on")
+
+
+@check("G-52", "G-24", requires=("restart",))
+async def check_a_cancelled_select_arm_is_no_deadline(t: CheckContext) -> None:
+    """G-52, G-24: ``wait_event_or_deadline`` answers ``("deadline", None)`` only when its
+    timer fired. Its group was opened and its process died before either arm settled; the
+    drain applied the declared ``CANCEL`` (G-29) to both. The caller, restarted with the
+    saved scope, selects again: whichever cancelled arm holds rank 1, it raises
+    ``EffectFailed`` naming the group, whose error is a ``Cancelled``; no deadline passed."""
+    ctl = await t.ctl()
+    scope = Scope(scope_id=t.scope)
+    saved = scope.to_json()
+    name = t.tag("never")
+    arms = [wait_event(name), sleep(3600.0)]
+    group = build_group(scope, arms, WakePolicy.FIRST, LoserPolicy.CANCEL)  # what it opens
+    await t.open(ctl, group)
+    await t.restart()
+    ctl = await t.ctl()
+    await t.within(ctl.drain().run_pass(), "a drain pass")
+    try:
+        answer = await t.within(
+            wait_event_or_deadline(ctl, Scope.from_json(saved), name, 3600.0),
+            "the restarted select",
+        )
+    except EffectFailed as failure:
+        t.expect(failure.group_key == group.key, f"the failure names {failure.group_key}")
+        t.expect(failure.rank == 1, f"the failure names rank {failure.rank}")
+        t.expect(failure.error.type == "Cancelled", f"a cancelled arm surfaced as {failure.error}")
+    else:
+        raise AssertionError(f"a select whose arms were both cancelled answered {answer!r}")
