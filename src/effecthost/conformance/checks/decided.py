@@ -39,6 +39,11 @@ async def check_losers_of_a_decided_race_stay_down_after_a_crash(t: CheckContext
     on = groups["on"]
     reading = await t.open(ctl, on)
     await t.next_is(ctl, reading, "on.w")
+    # A loser the reopen started again reports so before a child opened after the reopen
+    # has started and settled: count only then.
+    probe = await t.open(ctl, t.group("probe", [t.step("probe.p", gate=False)]))
+    await t.next_is(ctl, probe, "probe.p")
+    await t.within(ctl.close_effect_group(probe), "the probe's close")
     early = {x: t.count("started", f"on.{x}") for x in LOSERS}
     t.expect(
         all(n == 1 for n in early.values()),
