@@ -40,6 +40,14 @@ more activities are pending in its run). Runs that saw a 10,000-child group in s
 unread stdout pipe (docs/temporal.md, "Limits"); the default stays at 1,000 until shards
 of 100 are measured again."""
 
+SHARD_SIGNAL_INTERVAL = 1.0
+"""Seconds a shard leaves at least between two of its reports to the group (the
+controller's ``shard_signal_interval``). A report goes out at once when the shard's
+previous one is older than this (so each shard's first settlement reaches the group at
+once, G-21); settlements observed sooner wait for the interval's end and go in one
+signal. Fewer signals mean fewer workflow tasks and history events in the group and in
+the shard; 0 sends a report per shard workflow task. Measured in docs/temporal.md,
+"Limits"."""
 
 CHILD_ACTIVITY = "effecthost.child"
 """The one activity type every ``tool_call`` child runs as."""
