@@ -17,7 +17,8 @@ the group made (its own and its shards'; the native side's parent and child runs
 and its stdout, which the tier's ``WorkerProcess`` copies there after the ``ready`` line:
 the SDK core's warnings go to stdout, and an unread pipe blocked the worker once they
 passed about 64 KiB). Prints a table and writes JSON (``--out``, default
-benchmarks/results/temporal_wide.json).
+benchmarks/results/temporal_wide.json); the groups run so far are written after each
+group (``partial``), so a run stopped midway (a stalled group) keeps them.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ async def run(
     shard_sizes: list[int | None],
     native: bool = False,
     intervals: list[float | None] | None = None,
+    out: Path | None = None,
 ) -> dict[str, Any]:
     from effecthost.combinators import Scope, all_, tool
     from effecthost.hosts.temporal import (
@@ -69,6 +71,7 @@ async def run(
     queue = f"bench-wide-{uuid.uuid4().hex[:8]}"
     worker = native_worker = None
     rows = []
+    groups: list[dict[str, Any]] = []  # one per group run, written as it ends
     try:
         client = await server.start()
         worker = bench_worker("effecthost", server.address, "default", queue, work_dir / "w.log")
@@ -158,6 +161,22 @@ async def run(
                         f"load {loads[n, name][-1]:.1f}",
                         flush=True,
                     )
+                    groups.append(
+                        {
+                            "round": i + 1,
+                            "children": n,
+                            "controller": name,
+                            "us_per_child": samples[n, name][-1] * 1e6 / n,
+                            "server_cpu_us_per_child": cpu[n, name][-1][0] * 1e6 / n,
+                            "worker_cpu_us_per_child": cpu[n, name][-1][1] * 1e6 / n,
+                            "runs": runs[n, name][-1][0],
+                            "history_events_per_child": runs[n, name][-1][1] / n,
+                            "workflow_tasks_per_child": runs[n, name][-1][2] / n,
+                            "load_average": loads[n, name][-1],
+                        }
+                    )
+                    if out is not None:  # a run stopped later keeps the groups it ran
+                        write_json(out, {"partial": True, "groups": groups})
         for n, name in cells:
             per_child = [t * 1e6 / n for t in samples[n, name]]
             server_cpu = statistics.median(c[0] for c in cpu[n, name]) * 1e6 / n
@@ -209,6 +228,7 @@ async def run(
         "shard_children": SHARD_CHILDREN,
         "wide_shard_children": WIDE_SHARD_CHILDREN,
         "rows": rows,
+        "groups": groups,
     }
 
 
@@ -324,7 +344,7 @@ def cli() -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="effecthost-wide-") as tmp:
             document = asyncio.run(
-                run(widths, options.rounds, Path(tmp), sizes, options.native, gaps)
+                run(widths, options.rounds, Path(tmp), sizes, options.native, gaps, options.out)
             )
     finally:
         release_temporal_runtime()
