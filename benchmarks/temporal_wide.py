@@ -1,21 +1,24 @@
 """Temporal wide groups: µs per child of one ``all_`` group, by width and shard size.
 
     .venv/bin/python benchmarks/temporal_wide.py [--widths 100,1000] [--rounds 3]
-        [--shard-sizes default,100]
+        [--shard-sizes default,100] [--signal-intervals default,0] [--native]
 
 Starts a dev server and the tier's worker (as ``temporal_groups.py`` does) and runs one
 group at a time: ``all_`` over ``n`` trivial tool calls, through a controller per shard
 size (``default``: a group up to ``SHARD_CHILDREN`` runs in one workflow, a wider one
 in shards of ``WIDE_SHARD_CHILDREN``; a number ``s``: a group wider than ``s`` in shards
-of ``s``), alternating which goes first each round. A group over one workflow input (about 4,000 of
+of ``s``; with ``--signal-intervals``, one controller per shard size and
+``shard_signal_interval``), alternating which goes first each round. A group over one workflow input (about 4,000 of
 these children) opens in chunks. Each row also gives the group's history event count (a
 run may hold 51,200), its open time, and the CPU the dev server and the worker spent per
 child (Linux ``/proc``; less noisy than wall time on a shared machine, and the server's
-is most of the cost), and how much the worker wrote to its log meanwhile (its stderr,
+is most of the cost), the history events and workflow tasks per child over every run
+the group made (its own and its shards'; the native side's parent and child runs), and how much the worker wrote to its log meanwhile (its stderr,
 and its stdout, which the tier's ``WorkerProcess`` copies there after the ``ready`` line:
 the SDK core's warnings go to stdout, and an unread pipe blocked the worker once they
 passed about 64 KiB). Prints a table and writes JSON (``--out``, default
-benchmarks/results/temporal_wide.json).
+benchmarks/results/temporal_wide.json); the groups run so far are written after each
+group (``partial``), so a run stopped midway (a stalled group) keeps them.
 """
 
 from __future__ import annotations
@@ -52,10 +55,13 @@ async def run(
     work_dir: Path,
     shard_sizes: list[int | None],
     native: bool = False,
+    intervals: list[float | None] | None = None,
+    out: Path | None = None,
 ) -> dict[str, Any]:
     from effecthost.combinators import Scope, all_, tool
     from effecthost.hosts.temporal import (
         SHARD_CHILDREN,
+        SHARD_SIGNAL_INTERVAL,
         WIDE_SHARD_CHILDREN,
         TemporalEffectHost,
     )
@@ -65,6 +71,7 @@ async def run(
     queue = f"bench-wide-{uuid.uuid4().hex[:8]}"
     worker = native_worker = None
     rows = []
+    groups: list[dict[str, Any]] = []  # one per group run, written as it ends
     try:
         client = await server.start()
         worker = bench_worker("effecthost", server.address, "default", queue, work_dir / "w.log")
@@ -83,11 +90,18 @@ async def run(
                 opened.append((group.key, time.perf_counter() - t0))
                 return handle
 
+        gaps = intervals or [None]
         hosts = {
-            (f"shards of {size}" if size else "default"): Timed(
-                client, queue, bench_tools(), shard_size=size
+            (f"shards of {size}" if size else "default")
+            + ("" if gap is None else f" ·{gap:g}s"): Timed(
+                client,
+                queue,
+                bench_tools(),
+                shard_size=size,
+                shard_signal_interval=SHARD_SIGNAL_INTERVAL if gap is None else gap,
             )
             for size in shard_sizes
+            for gap in gaps
         }
         server_pid = server.process.pid if server.process else None
         worker_pids: dict[str, int | None] = {
@@ -102,6 +116,7 @@ async def run(
         opens: dict[tuple[int, str], list[float]] = {cell: [] for cell in cells}
         cpu: dict[tuple[int, str], list[tuple[float, float]]] = {cell: [] for cell in cells}
         events: dict[tuple[int, str], int] = {}
+        runs: dict[tuple[int, str], list[tuple[int, int, int]]] = {cell: [] for cell in cells}
         loads: dict[tuple[int, str], list[float]] = {cell: [] for cell in cells}
         logged: dict[tuple[int, str], list[int]] = {cell: [] for cell in cells}
         log = work_dir / "w.log"
@@ -135,13 +150,33 @@ async def run(
                     opens[n, name].append(open_time)
                     history = await client.get_workflow_handle(key).fetch_history()
                     events[n, name] = len(history.events)
+                    runs[n, name].append(await _history_counts(client, key, n, name))
                     print(
                         f"round {i + 1} {n:>7} children  {name:<18} "
                         f"{samples[n, name][-1] * 1e6 / n:>8.0f} µs/child  cpu/child server "
                         f"{cpu[n, name][-1][0] * 1e6 / n:.0f} µs worker "
-                        f"{cpu[n, name][-1][1] * 1e6 / n:.0f} µs  load {loads[n, name][-1]:.1f}",
+                        f"{cpu[n, name][-1][1] * 1e6 / n:.0f} µs  history events/child "
+                        f"{runs[n, name][-1][1] / n:.2f} workflow tasks/child "
+                        f"{runs[n, name][-1][2] / n:.3f} ({runs[n, name][-1][0]} runs)  "
+                        f"load {loads[n, name][-1]:.1f}",
                         flush=True,
                     )
+                    groups.append(
+                        {
+                            "round": i + 1,
+                            "children": n,
+                            "controller": name,
+                            "us_per_child": samples[n, name][-1] * 1e6 / n,
+                            "server_cpu_us_per_child": cpu[n, name][-1][0] * 1e6 / n,
+                            "worker_cpu_us_per_child": cpu[n, name][-1][1] * 1e6 / n,
+                            "runs": runs[n, name][-1][0],
+                            "history_events_per_child": runs[n, name][-1][1] / n,
+                            "workflow_tasks_per_child": runs[n, name][-1][2] / n,
+                            "load_average": loads[n, name][-1],
+                        }
+                    )
+                    if out is not None:  # a run stopped later keeps the groups it ran
+                        write_json(out, {"partial": True, "groups": groups})
         for n, name in cells:
             per_child = [t * 1e6 / n for t in samples[n, name]]
             server_cpu = statistics.median(c[0] for c in cpu[n, name]) * 1e6 / n
@@ -156,6 +191,12 @@ async def run(
                     "us_per_child": per_child,
                     "open_seconds_median": statistics.median(opens[n, name]),
                     "group_history_events": events[n, name],
+                    "runs": [r[0] for r in runs[n, name]],
+                    "history_events_per_child": [r[1] / n for r in runs[n, name]],
+                    "workflow_tasks_per_child": [r[2] / n for r in runs[n, name]],
+                    "server_cpu_us_per_child": [c[0] * 1e6 / n for c in cpu[n, name]],
+                    "worker_cpu_us_per_child": [c[1] * 1e6 / n for c in cpu[n, name]],
+                    "load_average": loads[n, name],
                     "server_cpu_us_per_child_median": server_cpu,
                     "worker_cpu_us_per_child_median": worker_cpu,
                     "load_average_range": load,
@@ -187,7 +228,38 @@ async def run(
         "shard_children": SHARD_CHILDREN,
         "wide_shard_children": WIDE_SHARD_CHILDREN,
         "rows": rows,
+        "groups": groups,
     }
+
+
+async def _history_counts(client: Any, key: str, n: int, name: str) -> tuple[int, int, int]:
+    """Runs, history events and completed workflow tasks over the group's run and its
+    shards' (the native side: its parent run and its child runs of ``NATIVE_SHARD``)."""
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.service import RPCError
+
+    from effecthost.hosts.temporal._shared import shard_id
+
+    if name == "native":
+        ids = [key] + (
+            [f"{key}-{lo}" for lo in range(0, n, NATIVE_SHARD)] if n > NATIVE_SHARD else []
+        )
+    else:
+        ids = [key]
+        while True:
+            candidate = shard_id(key, len(ids) - 1)
+            try:
+                await client.get_workflow_handle(candidate).describe()
+            except RPCError:
+                break
+            ids.append(candidate)
+    events = tasks = 0
+    done = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    for run_id in ids:
+        history = await client.get_workflow_handle(run_id).fetch_history()
+        events += len(history.events)
+        tasks += sum(1 for e in history.events if e.event_type == done)
+    return len(ids), events, tasks
 
 
 def _ratios(
@@ -247,6 +319,12 @@ def cli() -> None:
         help="controllers to compare, by shard size (default: the controller's default)",
     )
     parser.add_argument(
+        "--signal-intervals",
+        default=None,
+        help="one controller per shard size and shard_signal_interval in seconds "
+        "(default: the controller's default)",
+    )
+    parser.add_argument(
         "--native",
         action="store_true",
         help="alternate with a native fan-out: one workflow of N activities gathered, "
@@ -258,9 +336,16 @@ def cli() -> None:
     options = parser.parse_args()
     widths = [int(w) for w in options.widths.split(",")]
     sizes = [None if s == "default" else int(s) for s in options.shard_sizes.split(",")]
+    gaps = (
+        [None if g == "default" else float(g) for g in options.signal_intervals.split(",")]
+        if options.signal_intervals
+        else None
+    )
     try:
         with tempfile.TemporaryDirectory(prefix="effecthost-wide-") as tmp:
-            document = asyncio.run(run(widths, options.rounds, Path(tmp), sizes, options.native))
+            document = asyncio.run(
+                run(widths, options.rounds, Path(tmp), sizes, options.native, gaps, options.out)
+            )
     finally:
         release_temporal_runtime()
     write_json(options.out, document)

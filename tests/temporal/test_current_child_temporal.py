@@ -59,7 +59,9 @@ async def _rerun(root: Path) -> None:
         handle = await host.open_effect_group(group)
         started = marks / "identity.0.started"
         deadline = time.monotonic() + TIMEOUT
-        while not started.exists():  # the worker process reaching the tool (bounded)
+        # the worker process reaching the tool (bounded); the mark is created before its
+        # attempt is written in it, so an empty mark is not there yet
+        while not (started.exists() and started.read_text()):
             assert time.monotonic() < deadline, "the tool never started"
             await asyncio.sleep(0.05)
         assert started.read_text() == "1"

@@ -20,7 +20,12 @@ from temporalio.worker import (
     UnsandboxedWorkflowRunner,
 )
 
-from effecthost.hosts.temporal import EffectGroupWorkflow, _workflow, workflow_runner
+from effecthost.hosts.temporal import (
+    EffectGroupWorkflow,
+    EffectShardWorkflow,
+    _workflow,
+    workflow_runner,
+)
 
 from ._support import _Capture
 
@@ -71,3 +76,31 @@ def test_a_changed_rank_rule_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_workflow, "assign_rank", by_position)
     _, recorded = _load()
     assert asyncio.run(_rederive()) != recorded
+
+
+SHARDED = Path(__file__).parent / "histories" / "shard_reports.json"
+
+
+def test_sharded_histories_of_this_release_replay() -> None:
+    """G-43, G-15: a sharded group recorded before shards spaced their reports
+    (``shard_signal_interval``) replays: each shard's history in the sandbox with the
+    current shard workflow (its reports per workflow task, as recorded), and the group's
+    re-derives the ranks the caller read (``record_history.py --shards``)."""
+    doc = json.loads(SHARDED.read_text())
+    replayer = Replayer(
+        workflows=[EffectGroupWorkflow, EffectShardWorkflow], workflow_runner=workflow_runner()
+    )
+    for shard in doc["shards"]:
+        history = WorkflowHistory.from_json(shard["workflow_id"], shard["history"])
+        result = asyncio.run(replayer.replay_workflow(history, raise_on_replay_failure=False))
+        assert result.replay_failure is None, (shard["workflow_id"], result.replay_failure)
+    capture = _Capture()
+    group = WorkflowHistory.from_json(doc["workflow_id"], doc["history"])
+    asyncio.run(
+        Replayer(
+            workflows=[EffectGroupWorkflow],
+            workflow_runner=UnsandboxedWorkflowRunner(),
+            interceptors=[capture],
+        ).replay_workflow(group)
+    )
+    assert capture.results[0]["ranks"] == doc["ranks"]

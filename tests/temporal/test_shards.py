@@ -190,3 +190,78 @@ async def _eventually(probe: Callable[[], Awaitable[Any]], bound: float = 30.0) 
             if time.monotonic() > deadline:
                 raise
         await asyncio.sleep(0.05)
+
+
+@pytest.mark.timeout(180)
+def test_a_shard_reports_at_once_then_gathers_its_reports(tmp_path: Path) -> None:
+    """G-21, G-43, G-15: with ``shard_signal_interval`` a shard's first settlement still
+    reaches the group at once, the settlements it observes within the interval after a
+    report go to the group together (one signal), its last report goes as soon as its
+    children end, and a settlement left alone in the interval goes at the interval's end
+    while the shard's other children still run. The group's history replays and
+    re-derives the ranks the caller read."""
+    asyncio.run(_gathered(tmp_path))
+
+
+async def _gathered(root: Path) -> None:
+    async with running_host(root) as (host, lab):
+        client = host.client
+        assert client is not None
+
+        def group(key: str, prefix: str) -> EffectGroup:
+            return EffectGroup(
+                key=key,
+                wake=WakePolicy.ALL,
+                disposition=LoserPolicy.CANCEL,
+                children=[step(f"{prefix}.{i}", result=i) for i in range(5)],
+            )
+
+        async def next_key(ctl: TemporalEffectHost, handle: Any) -> str:
+            return (await asyncio.wait_for(ctl.await_next_settlement(handle), 20)).replay_key
+
+        # An interval longer than every wait below: a report that waited for it would
+        # time the read out.
+        slow = TemporalEffectHost(
+            client, host.task_queue, host.resolver(), shard_size=4, shard_signal_interval=50
+        )
+        gathered = group("shards:gathered:0", "ga")
+        handle = await slow.open_effect_group(gathered)
+        lab.open("ga.0")
+        assert await next_key(slow, handle) == "ga.0"  # the first report: at once
+        for tag in ("ga.1", "ga.2"):
+            lab.open(tag)
+            await lab.wait_for("finished", tag, timeout=20)
+        lab.open("ga.3")  # the shard's last child: its end sends what it gathered
+        assert [await next_key(slow, handle) for _ in range(3)] == ["ga.1", "ga.2", "ga.3"]
+        lab.open("ga.4")
+        assert await next_key(slow, handle) == "ga.4"
+        await asyncio.wait_for(slow.close_effect_group(handle), 30)
+        wf = client.get_workflow_handle(gathered.key)
+        result = await asyncio.wait_for(wf.result(), 30)
+        shard = await client.get_workflow_handle(shard_id(gathered.key, 0)).fetch_history()
+        signals = [
+            e
+            for e in shard.events
+            if e.HasField("signal_external_workflow_execution_initiated_event_attributes")
+        ]
+        assert len(signals) == 2  # [ga.0], then [ga.1, ga.2, ga.3]
+        assert (await rederived(await wf.fetch_history()))["ranks"] == result["ranks"]
+
+        paced = TemporalEffectHost(
+            client, host.task_queue, host.resolver(), shard_size=4, shard_signal_interval=5
+        )
+        alone = group("shards:gathered:1", "gb")
+        handle = await paced.open_effect_group(alone)
+        lab.open("gb.0")
+        assert await next_key(paced, handle) == "gb.0"
+        lab.open("gb.1")  # within the interval after the first report; gb.2, gb.3 still run
+        assert await next_key(paced, handle) == "gb.1"
+        lab.open_all("gb.")
+        assert {await next_key(paced, handle) for _ in range(3)} == {"gb.2", "gb.3", "gb.4"}
+        await asyncio.wait_for(paced.close_effect_group(handle), 30)
+        await asyncio.wait_for(client.get_workflow_handle(alone.key).result(), 30)
+        shard = await client.get_workflow_handle(shard_id(alone.key, 0)).fetch_history()
+        # gb.1 went when the interval's timer fired, not with the shard's end
+        assert any(e.HasField("timer_fired_event_attributes") for e in shard.events)
+        for ctl in (slow, paced):
+            await ctl.aclose()

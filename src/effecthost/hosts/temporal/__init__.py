@@ -33,6 +33,7 @@ from ._shared import (  # noqa: E402
     MAX_CHILDREN,
     MAX_SPEC_BYTES,
     SHARD_CHILDREN,
+    SHARD_SIGNAL_INTERVAL,
     WIDE_SHARD_CHILDREN,
     WORKFLOW_NAME,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "MAX_CHILDREN",
     "MAX_SPEC_BYTES",
     "SHARD_CHILDREN",
+    "SHARD_SIGNAL_INTERVAL",
     "WIDE_SHARD_CHILDREN",
     "WORKFLOW_NAME",
     "ChildActivities",

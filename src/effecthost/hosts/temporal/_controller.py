@@ -91,6 +91,7 @@ from ._shared import (  # noqa: E402
     RANKS_QUERY,
     SETTLED_QUERY,
     SHARD_CHILDREN,
+    SHARD_SIGNAL_INTERVAL,
     WIDE_SHARD_CHILDREN,
     WORKFLOW_NAME,
     batch_update_id,
@@ -299,7 +300,10 @@ class TemporalEffectHost(WiredController):
     activities than one shard. By default (``shard_size=None``) a group of up to
     ``SHARD_CHILDREN`` runs in one workflow and a wider one in shards of
     ``WIDE_SHARD_CHILDREN``. Smaller shards cost the server less per child; measure
-    before lowering it (docs/temporal.md, "Limits").
+    before lowering it (docs/temporal.md, "Limits"). A shard reports to the group at
+    most once per ``shard_signal_interval`` seconds (recorded per group at open): its
+    first settlement at once, the ones it observes within the interval after a report
+    together at the interval's end; 0 reports once per shard workflow task.
 
     A group whose encoded children exceed ``chunk_bytes`` (one workflow input may be at
     most 2 MiB) opens in chunks: the run starts with the shape and the children's digests,
@@ -331,6 +335,7 @@ class TemporalEffectHost(WiredController):
         keys: KeyStore | None = None,
         test_hooks: bool = False,
         shard_size: int | None = None,
+        shard_signal_interval: float = SHARD_SIGNAL_INTERVAL,
         chunk_bytes: int = MAX_SPEC_BYTES,
         outage_bound: float = DEFAULT_OUTAGE_BOUND,
         owner_ttl: float = 30.0,
@@ -364,6 +369,11 @@ class TemporalEffectHost(WiredController):
         # listed derives them from it); the shards' size is the controller's own.
         self._options["shard_size"] = shard_size or SHARD_CHILDREN
         self._shard = shard_size or WIDE_SHARD_CHILDREN
+        if not 0 <= shard_signal_interval <= 60:
+            raise ValueError("shard_signal_interval must be between 0 and 60 seconds")
+        if shard_signal_interval:
+            # Recorded; a run without it (every run recorded before it) reports per task.
+            self._options["signal_interval"] = shard_signal_interval
         if not 0 < chunk_bytes <= MAX_SPEC_BYTES:
             raise ValueError(f"chunk_bytes must be between 1 and {MAX_SPEC_BYTES}")
         self._chunk_bytes = chunk_bytes

@@ -16,7 +16,7 @@ import asyncio
 import bisect
 import json
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from effecthost import telemetry
@@ -804,8 +804,9 @@ class EffectShardWorkflow:
     """A slice of a wide group's children, run as a child workflow of the group's run.
 
     Each child has its own watcher task (as in the group workflow); settlements go to the
-    group in the order this run observes them, batched per workflow task (one signal
-    carries every settlement observed while the previous one was being sent). The group
+    group in the order this run observes them, batched (one signal carries every
+    settlement observed while the previous one was being sent, or, with the group's
+    ``signal_interval``, within that interval after it: :meth:`_report`). The group
     assigns the ranks; a duplicate report (a child it already settled as cancelled) takes
     none there. Start argument: ``{"offset", "children": [envelope], "options"}``."""
 
@@ -836,11 +837,30 @@ class EffectShardWorkflow:
         return len(self._children)
 
     async def _report(self, group: workflow.ExternalWorkflowHandle[Any]) -> None:
+        """Send the outbox to the group, one signal at a time. With the group's
+        ``signal_interval`` (recorded at open; absent in runs recorded before it) a
+        report goes out at once when the previous one is at least that old, and
+        otherwise waits for the interval's end, gathering what the shard observes
+        meanwhile; the shard's last report goes out as soon as its children end."""
+        interval = float(self._options.get("signal_interval") or 0)
+        sent_at: datetime | None = None
         while True:
             await workflow.wait_condition(lambda: bool(self._outbox) or self._finished)
             if not self._outbox:
                 return
+            if interval and sent_at is not None and not self._finished:
+                wait = interval - (workflow.now() - sent_at).total_seconds()
+                if wait > 0:
+                    try:
+                        await workflow.wait_condition(
+                            lambda: self._finished,
+                            timeout=wait,
+                            timeout_summary="gather settlements for the next report",
+                        )
+                    except asyncio.TimeoutError:  # noqa: UP041 (TimeoutError is Temporal's here)
+                        pass
             batch, self._outbox = self._outbox, []
+            sent_at = workflow.now()
             await group.signal(SHARD_SETTLED, batch)
 
     async def _watch(self, index: int) -> None:
