@@ -301,3 +301,13 @@ async def test_the_start_check_opens_the_database_only_through_sqlite(
         monkeypatch.setattr(builtins, "open", real_open)
         await first.aclose()
     assert str(path) not in opened
+
+
+def test_an_older_schema_is_told_how_to_upgrade_and_a_newer_one_to_upgrade_the_library() -> None:
+    """A database from an older release is refused with the way forward for it (drain it
+    with that release, or the documented in-place upgrade), not "upgrade effecthost"."""
+    older = SchemaVersionError(4, 5, where="effects.sqlite3")
+    assert (older.found, older.expected, older.where) == (4, 5, "effects.sqlite3")
+    assert "in place" in str(older) and "upgrade effecthost" not in str(older)
+    newer = SchemaVersionError(6, 5)
+    assert "upgrade effecthost" in str(newer)

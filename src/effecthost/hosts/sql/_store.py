@@ -47,10 +47,16 @@ class SchemaVersionError(StoreRefused):
         self, found: int, expected: int = SCHEMA_VERSION, *, where: str | None = None
     ) -> None:
         prefix = "" if where is None else f"{where}: "
+        if found < expected:
+            advice = (
+                "drain it with the release that wrote it, or upgrade it in place as the SQL "
+                "host's docs show (section 'Upgrading a version-4 database in place')"
+            )
+        else:
+            advice = "upgrade effecthost or use another database"
         super().__init__(
             f"{prefix}the database records effecthost SQL schema version {found}; this release "
-            f"reads version {expected} only and does not migrate: upgrade effecthost or use "
-            "another database"
+            f"reads version {expected} only and does not migrate: {advice}"
         )
         self.found = found
         self.expected = expected
