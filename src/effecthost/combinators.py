@@ -359,9 +359,10 @@ async def _close_shielded(controller: EffectController, handle: GroupHandle) -> 
             break
     if not closing.cancelled() and (error := closing.exception()) is not None:
         log.warning(
-            "closing group %r after an outer cancellation failed: %s",
+            "closing group %r after an outer cancellation failed: %s: %s",
             handle.group_key,
             type(error).__name__,
+            error,
         )
 
 

@@ -230,3 +230,39 @@ async def _not_mine(root: Path) -> None:
         with pytest.raises(HandleMismatch):
             await opener.close_effect_group(handle.model_copy(update={"child_count": 3}))
         await _closed(opener, handle)
+
+
+@pytest.mark.timeout(120)
+def test_a_group_its_opener_closed_is_not_listed_while_no_worker_applies_it(
+    tmp_path: Path,
+) -> None:
+    """G-30, G-26: once ``close_effect_group`` returns, the closing controller does not
+    list the group as open, even while no worker has applied the close yet (the
+    visibility index follows the worker's task, the close is already in history). With
+    the worker stopped, the listing still names the other open group of the opener."""
+    asyncio.run(_listed_while_stopped(tmp_path))
+
+
+async def _listed_while_stopped(root: Path) -> None:
+    async with running_host(root) as (host, lab):
+        assert host.client is not None and host.worker is not None
+        opener = TemporalEffectHost(
+            host.client, host.task_queue, host.resolver(), visibility_wait=2.0
+        )
+        closing = _race("sigclose:group:listed:0", "ls.win.0", "ls.lose.0")
+        staying = _race("sigclose:group:listed:1", "ls.win.1", "ls.lose.1")
+        handle = await opener.open_effect_group(closing)
+        await opener.open_effect_group(staying)
+        await lab.wait_for("started", "ls.lose.0", timeout=20)
+        process = host.worker.process
+        assert process is not None
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            await asyncio.wait_for(opener.close_effect_group(handle), 20)
+            listed = await asyncio.wait_for(opener.open_group_keys(), 20)
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        assert closing.key not in listed, listed
+        assert staying.key in listed, listed
+        await lab.wait_for("cancelled", "ls.lose.0", timeout=20)
+        assert closing.key not in await opener.open_group_keys()

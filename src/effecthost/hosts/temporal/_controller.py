@@ -928,9 +928,11 @@ class TemporalEffectHost(WiredController):
     async def open_group_keys(self) -> list[str]:
         """Groups not yet closed, from the visibility API (G-30).
 
-        Visibility is eventually consistent: the listing is re-read (with backoff, up
-        to ``visibility_wait`` seconds) until it reflects this controller's own opens
-        and closes, so a caller reads its own writes.
+        Visibility is eventually consistent, so a caller reads its own writes: a group
+        this controller closed is left out at once (the close is in the run's history;
+        the index follows only once a worker has applied it, and a closed key stays
+        closed), and the listing is re-read (with backoff, up to ``visibility_wait``
+        seconds) until it shows the groups this controller opened.
         """
         deadline = time.monotonic() + self._visibility_wait
         delay = 0.02
@@ -940,7 +942,8 @@ class TemporalEffectHost(WiredController):
             stale = [k for k, is_open in self._expected.items() if (k in keys) != is_open]
             for key in [k for k in self._expected if k not in stale]:
                 del self._expected[key]
-            if not stale or time.monotonic() > deadline:
+            keys -= {k for k in stale if not self._expected[k]}
+            if all(not self._expected[k] for k in stale) or time.monotonic() > deadline:
                 return sorted(keys)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.25)
