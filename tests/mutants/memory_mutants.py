@@ -44,6 +44,13 @@ from effecthost.payloads import decode_outcome, encode_outcome_inline
 # -- identity and capability ------------------------------------------------------------------
 
 
+def _retold(exc: ReplayMismatch | GroupShapeError, message: str) -> Exception:
+    """``exc`` with the same ids and another message."""
+    return type(exc)(
+        message, group_key=exc.group_key, replay_key=exc.replay_key, position=exc.position
+    )
+
+
 @mutant("G-02")
 class ReplayKeysOnlyFenceHost(MemoryEffectHost):
     """G-02: a reopen compares each child's replay key, not its envelope hash, so a
@@ -77,12 +84,7 @@ class LeakyReplayMismatchHost(MemoryEffectHost):
             super()._fence_reopen(record, group)
         except ReplayMismatch as exc:
             offered = group.children[exc.position or 0]
-            raise ReplayMismatch(
-                f"{exc} (offered input {offered.input!r})",
-                group_key=exc.group_key,
-                replay_key=exc.replay_key,
-                position=exc.position,
-            ) from None
+            raise _retold(exc, f"{exc} (offered input {offered.input!r})") from None
 
 
 @mutant("G-06")
@@ -220,12 +222,7 @@ class LeakyShapeErrorHost(MemoryEffectHost):
             return super()._resolve_all(group)
         except GroupShapeError as exc:
             child = group.children[exc.position or 0]
-            raise GroupShapeError(
-                f"{exc}; input {child.input!r}",
-                group_key=exc.group_key,
-                replay_key=exc.replay_key,
-                position=exc.position,
-            ) from None
+            raise _retold(exc, f"{exc}; input {child.input!r}") from None
 
 
 @mutant("G-11")
@@ -898,59 +895,55 @@ class ClosedGroupDropsSettlementsHost(MemoryEffectHost):
         return super()._finalize(record, child, fence, outcome)
 
 
+class _BrokenDrainHost(MemoryEffectHost):
+    """A host whose drain does ``before_pass`` (the broken rule) before each honest pass."""
+
+    def before_pass(self) -> None:
+        raise NotImplementedError
+
+    def drain(self) -> _MemoryDrain:
+        host = self
+
+        class Drain(_MemoryDrain):
+            async def run_pass(self) -> Any:
+                host.before_pass()
+                return await super().run_pass()
+
+        return Drain(host)
+
+
 @mutant("G-28", harness="durable")
-class DrainCancelsOrphansHost(MemoryEffectHost):
+class DrainCancelsOrphansHost(_BrokenDrainHost):
     """G-28: the drain cancels every orphaned child, ``RUN_TO_COMPLETION`` losers of a
     gone caller included."""
 
-    def drain(self) -> _MemoryDrain:
-        host = self
-
-        class Drain(_MemoryDrain):
-            async def run_pass(self) -> Any:
-                for record in host._groups.values():
-                    record.effective = LoserPolicy.CANCEL
-                return await super().run_pass()
-
-        return Drain(host)
+    def before_pass(self) -> None:
+        for record in self._groups.values():
+            record.effective = LoserPolicy.CANCEL
 
 
 @mutant("G-29", harness="durable")
-class DrainRunsEverythingHost(MemoryEffectHost):
+class DrainRunsEverythingHost(_BrokenDrainHost):
     """G-29: the drain invents a disposition: it resumes every orphaned child, so a
     ``CANCEL`` group whose caller crashed before closing runs its losers on."""
 
-    def drain(self) -> _MemoryDrain:
-        host = self
-
-        class Drain(_MemoryDrain):
-            async def run_pass(self) -> Any:
-                for record in host._groups.values():
-                    record.effective = LoserPolicy.RUN_TO_COMPLETION
-                return await super().run_pass()
-
-        return Drain(host)
+    def before_pass(self) -> None:
+        for record in self._groups.values():
+            record.effective = LoserPolicy.RUN_TO_COMPLETION
 
 
 @mutant("R-1", harness="durable")
-class DrainTakesLiveHostKindsHost(MemoryEffectHost):
+class DrainTakesLiveHostKindsHost(_BrokenDrainHost):
     """R-1: the drain knows the live owner's tool-call tasks but not its timers and event
     waits, and cancels those of a live ``CANCEL`` group as orphans."""
 
-    def drain(self) -> _MemoryDrain:
-        host = self
-
-        class Drain(_MemoryDrain):
-            async def run_pass(self) -> Any:
-                for record in list(host._groups.values()):
-                    if record.effective is not LoserPolicy.CANCEL:
-                        continue
-                    for child in record.children:
-                        if child.state != "settled" and is_host_kind(child.envelope):
-                            host._request_cancel(record, child)
-                return await super().run_pass()
-
-        return Drain(host)
+    def before_pass(self) -> None:
+        for record in list(self._groups.values()):
+            if record.effective is not LoserPolicy.CANCEL:
+                continue
+            for child in record.children:
+                if child.state != "settled" and is_host_kind(child.envelope):
+                    self._request_cancel(record, child)
 
 
 # -- child kinds ---------------------------------------------------------------------------------

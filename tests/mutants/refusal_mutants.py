@@ -4,6 +4,8 @@ limits kills it. Registered in the catalog like ``memory_mutants.py``."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 from catalog import CATALOG, MUTANT_TIMEOUT, Mutant, mutant
@@ -13,6 +15,7 @@ from effecthost.contract import (
     EffectExecutor,
     EffectGroup,
     EffectGroupUnsupported,
+    EffectHostError,
     EffectKind,
     ExecutionInput,
     GroupClosed,
@@ -34,17 +37,35 @@ from effecthost.hosts.memory.testing import PAYLOAD_LIMIT, LimitedMemoryHostUnde
 # -- §7: refusals name their ids ------------------------------------------------------------
 
 
+def _without_ids(method: Callable[..., Any], refusal: type[EffectHostError]) -> Any:
+    """``method`` of the reference host, but its ``refusal`` is raised again with the
+    message alone: the same error type, none of its ids."""
+    if inspect.iscoroutinefunction(method):
+
+        async def refused_async(self: MemoryEffectHost, *args: Any) -> Any:
+            try:
+                return await method(self, *args)
+            except refusal as exc:
+                raise refusal(str(exc)) from None
+
+        return refused_async
+
+    def refused(self: MemoryEffectHost, *args: Any) -> Any:
+        try:
+            return method(self, *args)
+        except refusal as exc:
+            raise refusal(str(exc)) from None
+
+    return refused
+
+
 @mutant("G-07", select="unwired_refusal_names")
 class UnwiredRefusalNamesNoGroupHost(MemoryEffectHost):
     """G-07: an unwired controller refuses every group method with
     ``EffectGroupUnsupported``, but says only that no resolver is registered: the error
     carries no group key."""
 
-    def _require_wired(self, group_key: str) -> Any:
-        try:
-            return super()._require_wired(group_key)
-        except EffectGroupUnsupported as exc:
-            raise EffectGroupUnsupported(str(exc)) from None
+    _require_wired = _without_ids(MemoryEffectHost._require_wired, EffectGroupUnsupported)
 
 
 @mutant("G-20", select="handle_refusal_names")
@@ -52,33 +73,21 @@ class HandleMismatchNamesNoGroupHost(MemoryEffectHost):
     """G-20: a mismatched handle is refused with ``HandleMismatch`` that carries no group
     key (the message describes the shapes only)."""
 
-    def _lookup(self, handle: GroupHandle) -> _Group:
-        try:
-            return super()._lookup(handle)
-        except HandleMismatch as exc:
-            raise HandleMismatch(str(exc)) from None
+    _lookup = _without_ids(MemoryEffectHost._lookup, HandleMismatch)
 
 
 @mutant("G-22", select="unknown_key_names")
 class OrderOfAnUnknownKeyNamesNothingHost(MemoryEffectHost):
     """G-22: ``settlement_order`` of an unknown key is ``UnknownGroup`` without the key."""
 
-    async def settlement_order(self, group_key: str) -> list[int]:
-        try:
-            return await super().settlement_order(group_key)
-        except UnknownGroup as exc:
-            raise UnknownGroup(str(exc)) from None
+    settlement_order = _without_ids(MemoryEffectHost.settlement_order, UnknownGroup)
 
 
 @mutant("R-5", select="unknown_group_names")
 class EventToAnUnknownKeyNamesNothingHost(MemoryEffectHost):
     """R-5: ``deliver_event`` to an unknown key is ``UnknownGroup`` without the key."""
 
-    async def deliver_event(self, group_key: str, name: str, payload: Any = None) -> int:
-        try:
-            return await super().deliver_event(group_key, name, payload)
-        except UnknownGroup as exc:
-            raise UnknownGroup(str(exc)) from None
+    deliver_event = _without_ids(MemoryEffectHost.deliver_event, UnknownGroup)
 
 
 @mutant("R-4", select="told_which_group")
@@ -86,11 +95,7 @@ class ClosedWaiterNamesNoGroupHost(MemoryEffectHost):
     """R-4: an await refused because its group is closed raises ``GroupClosed`` without
     the group key."""
 
-    async def await_next_settlement(self, handle: GroupHandle) -> Settlement:
-        try:
-            return await super().await_next_settlement(handle)
-        except GroupClosed as exc:
-            raise GroupClosed(str(exc)) from None
+    await_next_settlement = _without_ids(MemoryEffectHost.await_next_settlement, GroupClosed)
 
 
 @mutant("R-6", select="taken_replay_key_is_refused")
