@@ -27,3 +27,10 @@ def group(
     disposition: LoserPolicy = LoserPolicy.RUN_TO_COMPLETION,
 ) -> EffectGroup:
     return EffectGroup(key=key, wake=wake, disposition=disposition, children=children)
+
+
+def race(
+    key: str, children: list[EffectEnvelope], disposition: LoserPolicy = LoserPolicy.CANCEL
+) -> EffectGroup:
+    """A ``race``: the first settlement wakes the caller, the losers are cancelled."""
+    return group(key, children, WakePolicy.FIRST, disposition)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from effecthost.contract import (
     EffectEnvelope,
     EffectKind,
 )
-from effecthost.hosts.temporal import EffectGroupWorkflow, workflow_runner
+from effecthost.hosts.temporal import EffectGroupWorkflow, TemporalEffectHost, workflow_runner
 from effecthost.hosts.temporal.testing import (
     TemporalHostUnderTest,
     factory,
@@ -57,6 +59,41 @@ async def running_host(
         await host.aclose()
         await lab.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+async def temporal_controller(host: TemporalHostUnderTest) -> TemporalEffectHost:
+    """The host's controller, typed as the Temporal one."""
+    ctl = await host.controller()
+    assert isinstance(ctl, TemporalEffectHost)
+    return ctl
+
+
+Hosting = Callable[[Path], AbstractAsyncContextManager[tuple[Any, Lab]]]
+
+
+def on_host(
+    hosting: Hosting = running_host,
+) -> Callable[[Callable[[Any, Lab], Awaitable[None]]], Callable[[Path], None]]:
+    """Makes ``async def test_x(host, lab)`` a test of ``tmp_path`` that runs its body on
+    ``hosting`` (a dev server and a worker, by default) in an event loop of its own, as
+    every Temporal test here does (``asyncio.run``)."""
+
+    def wrap(body: Callable[[Any, Lab], Awaitable[None]]) -> Callable[[Path], None]:
+        def test(tmp_path: Path) -> None:
+            async def run() -> None:
+                async with hosting(tmp_path) as (host, lab):
+                    await body(host, lab)
+
+            asyncio.run(run())
+
+        test.__name__, test.__qualname__, test.__doc__ = (
+            body.__name__,
+            body.__qualname__,
+            body.__doc__,
+        )
+        return test
+
+    return wrap
 
 
 def step(

@@ -48,11 +48,13 @@ from effecthost.hosts.temporal.testing import (
 )
 from effecthost.payloads import InMemoryKeyStore, PayloadPolicy, group_directory_name
 
-from ._support import require_cli, running_host
+from ._support import on_host, require_cli, running_host, temporal_controller
 
 SECRET_INPUT = "input-plaintext-7f3a9c"
 SECRET_SMALL = "outcome-plaintext-small-41d2"
 SECRET_LARGE = "outcome-plaintext-large-9be0"
+
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.mark.timeout(180)
@@ -119,135 +121,125 @@ async def _wait(predicate: Any, timeout: float = 20.0) -> None:
         delay = min(delay * 2, 0.5)
 
 
-@pytest.mark.timeout(120)
-def test_history_carries_no_plaintext_and_retirement_deletes_payloads(tmp_path: Path) -> None:
-    asyncio.run(_history_carries_no_plaintext(tmp_path))
+@on_host(sealed_host)
+async def test_history_carries_no_plaintext_and_retirement_deletes_payloads(
+    host: SealedTemporalHostUnderTest, _lab: Lab
+) -> None:
+    ctl = await temporal_controller(host)
+    group = _group("plain")
+    handle = await ctl.open_effect_group(group)
+    seen = {}
+    for _ in range(2):
+        settlement = await ctl.await_next_settlement(handle)
+        seen[settlement.replay_key] = settlement.outcome.value
+    assert seen["small"]["secret"] == SECRET_SMALL
+    assert seen["large"]["secret"] == SECRET_LARGE
+    assert (await host.stored_outcome(group.key, "large")).form == "ref"
+    assert (await host.stored_outcome(group.key, "small")).form == "sealed"
+
+    history = await ctl.client.get_workflow_handle(group.key).fetch_history()
+    text = json.dumps(history.to_json_dict())
+    payloads = [p for event in history.events for p in _payloads(event)]
+    sealed = [p for p in payloads if p.metadata.get("encoding") == CODEC_ENCODING]
+    # start input, two activity inputs and results, the waiting updates' results
+    assert len(sealed) >= 5, len(sealed)
+    for secret in (SECRET_INPUT, SECRET_SMALL, SECRET_LARGE):
+        assert secret not in text
+        for payload in payloads:
+            assert secret.encode() not in payload.data
+            assert secret.encode() not in payload.SerializeToString()
+    # The walk finds the plaintext once the codec opens the payloads (the test would
+    # see a leak), and the stored outcomes are envelopes, not outcomes.
+    opened = await SealingCodec(host.keys).decode(sealed)
+    assert any(SECRET_INPUT.encode() in p.data for p in opened)
+    store_dir = host.payload_dir / group_directory_name(group.key)
+    stored_files = list(store_dir.iterdir())
+    assert stored_files
+    for path in stored_files:
+        assert SECRET_LARGE.encode() not in path.read_bytes()
+
+    # Retirement (closed, every child ranked) deletes the group's stored payloads.
+    await ctl.close_effect_group(handle)
+    await ctl.client.get_workflow_handle(group.key).result()
+
+    async def deleted() -> bool:
+        return not store_dir.exists()
+
+    await _wait(deleted)
 
 
-async def _history_carries_no_plaintext(root: Path) -> None:
-    async with sealed_host(root) as (host, _lab):
-        ctl = await host.controller()
-        assert isinstance(ctl, TemporalEffectHost)
-        group = _group("plain")
-        handle = await ctl.open_effect_group(group)
-        seen = {}
-        for _ in range(2):
-            settlement = await ctl.await_next_settlement(handle)
-            seen[settlement.replay_key] = settlement.outcome.value
-        assert seen["small"]["secret"] == SECRET_SMALL
-        assert seen["large"]["secret"] == SECRET_LARGE
-        assert (await host.stored_outcome(group.key, "large")).form == "ref"
-        assert (await host.stored_outcome(group.key, "small")).form == "sealed"
+@on_host(sealed_host)
+async def test_without_the_codec_nothing_is_read(
+    host: SealedTemporalHostUnderTest, lab: Lab
+) -> None:
+    ctl = await temporal_controller(host)
+    assert host.client is not None
 
-        history = await ctl.client.get_workflow_handle(group.key).fetch_history()
-        text = json.dumps(history.to_json_dict())
-        payloads = [p for event in history.events for p in _payloads(event)]
-        sealed = [p for p in payloads if p.metadata.get("encoding") == CODEC_ENCODING]
-        # start input, two activity inputs and results, the waiting updates' results
-        assert len(sealed) >= 5, len(sealed)
+    # A caller without the codec (same payload store, no keys): a typed refusal, ids
+    # only, the handle stays, and nothing is added to history.
+    group = _group("reader")
+    handle = await ctl.open_effect_group(group)
+    await _wait(lambda: _settled(ctl, group.key, 2))
+    before = len((await ctl.client.get_workflow_handle(group.key).fetch_history()).events)
+    plain = TemporalEffectHost(
+        host.client,
+        host.task_queue,
+        host.resolver(),
+        payloads=PayloadPolicy(store=host.policy.store),
+    )
+    try:
+        cursor = handle.copy_cursor()
+        with pytest.raises(SealedPayloadUnreadable) as raised:
+            await plain.await_next_settlement(cursor)
+        assert cursor.consumed == 0
+        assert raised.value.group_key == group.key
+        assert raised.value.rank == 1
         for secret in (SECRET_INPUT, SECRET_SMALL, SECRET_LARGE):
-            assert secret not in text
-            for payload in payloads:
-                assert secret.encode() not in payload.data
-                assert secret.encode() not in payload.SerializeToString()
-        # The walk finds the plaintext once the codec opens the payloads (the test would
-        # see a leak), and the stored outcomes are envelopes, not outcomes.
-        opened = await SealingCodec(host.keys).decode(sealed)
-        assert any(SECRET_INPUT.encode() in p.data for p in opened)
-        store_dir = host.payload_dir / group_directory_name(group.key)
-        stored_files = list(store_dir.iterdir())
-        assert stored_files
-        for path in stored_files:
-            assert SECRET_LARGE.encode() not in path.read_bytes()
+            assert secret not in f"{raised.value!s} {vars(raised.value)!r}"
+    finally:
+        await plain.aclose()
+    after = len((await ctl.client.get_workflow_handle(group.key).fetch_history()).events)
+    assert after == before
+    assert (await ctl.await_next_settlement(handle)).rank == 1
 
-        # Retirement (closed, every child ranked) deletes the group's stored payloads.
-        await ctl.close_effect_group(handle)
-        await ctl.client.get_workflow_handle(group.key).result()
-
-        async def deleted() -> bool:
-            return not store_dir.exists()
-
-        await _wait(deleted)
-
-
-@pytest.mark.timeout(120)
-def test_without_the_codec_nothing_is_read(tmp_path: Path) -> None:
-    asyncio.run(_without_the_codec(tmp_path))
-
-
-async def _without_the_codec(root: Path) -> None:
-    async with sealed_host(root) as (host, lab):
-        ctl = await host.controller()
-        assert isinstance(ctl, TemporalEffectHost)
-        assert host.client is not None
-
-        # A caller without the codec (same payload store, no keys): a typed refusal, ids
-        # only, the handle stays, and nothing is added to history.
-        group = _group("reader")
-        handle = await ctl.open_effect_group(group)
-        await _wait(lambda: _settled(ctl, group.key, 2))
-        before = len((await ctl.client.get_workflow_handle(group.key).fetch_history()).events)
-        plain = TemporalEffectHost(
-            host.client,
-            host.task_queue,
-            host.resolver(),
-            payloads=PayloadPolicy(store=host.policy.store),
+    # A worker without the codec (its own task queue): it cannot decode the group's
+    # start input, so every workflow task fails and no child is scheduled.
+    queue = f"no-codec-{uuid.uuid4().hex[:8]}"
+    worker = WorkerProcess(
+        host.address,
+        host.namespace,
+        queue,
+        lab.path,
+        host.env.work_dir / "no-codec-worker.log",
+    )
+    await worker.start()
+    try:
+        sealed_ctl = TemporalEffectHost(
+            host.client, queue, host.resolver(), payloads=host.policy, keys=host.keys
         )
-        try:
-            cursor = handle.copy_cursor()
-            with pytest.raises(SealedPayloadUnreadable) as raised:
-                await plain.await_next_settlement(cursor)
-            assert cursor.consumed == 0
-            assert raised.value.group_key == group.key
-            assert raised.value.rank == 1
-            for secret in (SECRET_INPUT, SECRET_SMALL, SECRET_LARGE):
-                assert secret not in f"{raised.value!s} {vars(raised.value)!r}"
-        finally:
-            await plain.aclose()
-        after = len((await ctl.client.get_workflow_handle(group.key).fetch_history()).events)
-        assert after == before
-        assert (await ctl.await_next_settlement(handle)).rank == 1
-
-        # A worker without the codec (its own task queue): it cannot decode the group's
-        # start input, so every workflow task fails and no child is scheduled.
-        queue = f"no-codec-{uuid.uuid4().hex[:8]}"
-        worker = WorkerProcess(
-            host.address,
-            host.namespace,
-            queue,
-            lab.path,
-            host.env.work_dir / "no-codec-worker.log",
+        stuck = _group("stuck")
+        wf = await sealed_ctl.client.start_workflow(
+            EffectGroupWorkflow.run,
+            sealed_ctl._group_spec(stuck),
+            id=stuck.key,
+            task_queue=queue,
         )
-        await worker.start()
-        try:
-            sealed_ctl = TemporalEffectHost(
-                host.client, queue, host.resolver(), payloads=host.policy, keys=host.keys
-            )
-            stuck = _group("stuck")
-            wf = await sealed_ctl.client.start_workflow(
-                EffectGroupWorkflow.run,
-                sealed_ctl._group_spec(stuck),
-                id=stuck.key,
-                task_queue=queue,
-            )
 
-            async def task_failed() -> bool:
-                with contextlib.suppress(Exception):
-                    events = (await wf.fetch_history()).events
-                    return any(
-                        e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in events
-                    )
-                return False
+        async def task_failed() -> bool:
+            with contextlib.suppress(Exception):
+                events = (await wf.fetch_history()).events
+                return any(
+                    e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in events
+                )
+            return False
 
-            await _wait(task_failed)
-            events = (await wf.fetch_history()).events
-            assert not any(
-                e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED for e in events
-            )
-            await wf.terminate("test: a worker without the codec")
-            await sealed_ctl.aclose()
-        finally:
-            await worker.terminate()
+        await _wait(task_failed)
+        events = (await wf.fetch_history()).events
+        assert not any(e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED for e in events)
+        await wf.terminate("test: a worker without the codec")
+        await sealed_ctl.aclose()
+    finally:
+        await worker.terminate()
 
 
 async def _settled(ctl: TemporalEffectHost, key: str, count: int) -> bool:

@@ -8,7 +8,6 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from temporalio.api.workflowservice.v1 import PollWorkflowExecutionUpdateRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from effecthost.conformance._lab import Lab
 from effecthost.contract import EffectEnvelope, EffectGroup, EffectKind, LoserPolicy, WakePolicy
 from effecthost.hosts.temporal import (
     SHARD_CHILDREN,
@@ -30,8 +30,9 @@ from effecthost.hosts.temporal import (
 from effecthost.hosts.temporal._shared import shard_id
 from effecthost.hosts.temporal._worker import create_worker
 from effecthost.hosts.temporal._workflow import shard_starts
+from effecthost.hosts.temporal.testing import TemporalHostUnderTest
 
-from ._support import rederived, replays_clean, running_host, step
+from ._support import on_host, rederived, replays_clean, step
 
 _ADMITTED = UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ADMITTED
 
@@ -69,98 +70,94 @@ def test_wide_group_shards_are_listed_in_the_start_input() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_sharded_group_ranks_in_report_order_and_replays(tmp_path: Path) -> None:
+@on_host()
+async def test_sharded_group_ranks_in_report_order_and_replays(
+    host: TemporalHostUnderTest, lab: Lab
+) -> None:
     """G-43, G-15: seven children in shards of three, released in a chosen order across
     the shards, take ranks in that order; a CANCEL close cancels the unsettled ones in
     every shard; each shard is a child workflow; the group's history replays (sandboxed)
     and re-derives the ranks the caller read."""
-    asyncio.run(_sharded(tmp_path))
+    assert host.client is not None
+    tags = [f"sh.{i}" for i in range(7)]
+    group = effect_group(
+        "shards:group:seven:0",
+        [step(tag, result=i) for i, tag in enumerate(tags)],
+        WakePolicy.ALL,
+        LoserPolicy.CANCEL,
+    )
+    ctl = TemporalEffectHost(host.client, host.task_queue, host.resolver(), shard_size=3)
+    handle = await ctl.open_effect_group(group)
+    order = ["sh.6", "sh.1", "sh.4", "sh.0"]
+    for tag in order:
+        lab.open(tag)
+        settlement = await asyncio.wait_for(ctl.await_next_settlement(handle), 30)
+        assert settlement.replay_key == tag
+    for tag in ("sh.2", "sh.3", "sh.5"):
+        await lab.wait_for("started", tag, timeout=30)
+    await asyncio.wait_for(ctl.close_effect_group(handle), 30)
+    for tag in ("sh.2", "sh.3", "sh.5"):
+        await lab.wait_for("cancelled", tag, timeout=30)
 
+    wf = host.client.get_workflow_handle(group.key)
+    result = await asyncio.wait_for(wf.result(), 30)
+    expected = [*order, "sh.2", "sh.3", "sh.5"]  # the cancelled, in position order
+    assert result["ranks"] == expected
+    for index in range(3):
+        shard = await host.client.get_workflow_handle(shard_id(group.key, index)).describe()
+        assert shard.parent_id == group.key
 
-async def _sharded(root: Path) -> None:
-    async with running_host(root) as (host, lab):
-        assert host.client is not None
-        tags = [f"sh.{i}" for i in range(7)]
-        group = effect_group(
-            "shards:group:seven:0",
-            [step(tag, result=i) for i, tag in enumerate(tags)],
-            WakePolicy.ALL,
-            LoserPolicy.CANCEL,
-        )
-        ctl = TemporalEffectHost(host.client, host.task_queue, host.resolver(), shard_size=3)
-        handle = await ctl.open_effect_group(group)
-        order = ["sh.6", "sh.1", "sh.4", "sh.0"]
-        for tag in order:
-            lab.open(tag)
-            settlement = await asyncio.wait_for(ctl.await_next_settlement(handle), 30)
-            assert settlement.replay_key == tag
-        for tag in ("sh.2", "sh.3", "sh.5"):
-            await lab.wait_for("started", tag, timeout=30)
-        await asyncio.wait_for(ctl.close_effect_group(handle), 30)
-        for tag in ("sh.2", "sh.3", "sh.5"):
-            await lab.wait_for("cancelled", tag, timeout=30)
-
-        wf = host.client.get_workflow_handle(group.key)
-        result = await asyncio.wait_for(wf.result(), 30)
-        expected = [*order, "sh.2", "sh.3", "sh.5"]  # the cancelled, in position order
-        assert result["ranks"] == expected
-        for index in range(3):
-            shard = await host.client.get_workflow_handle(shard_id(group.key, index)).describe()
-            assert shard.parent_id == group.key
-
-        assert (await rederived(await wf.fetch_history()))["ranks"] == expected
+    assert (await rederived(await wf.fetch_history()))["ranks"] == expected
 
 
 @pytest.mark.timeout(120)
-def test_event_delivered_before_the_shards_start_reaches_its_waiter(tmp_path: Path) -> None:
+@on_host()
+async def test_event_delivered_before_the_shards_start_reaches_its_waiter(
+    host: TemporalHostUnderTest, _lab: Lab
+) -> None:
     """R-5, G-51: an event delivered to a sharded group before the shard holding its
     waiter has started still settles that waiter. The open and the delivery are both
     admitted before any worker polls, so the run applies them in its first workflow task,
     before it starts a shard: the event must wait for its shard, not be signalled to a
     workflow that does not exist yet. One child per shard: an ``await_event`` child and a
     gated tool call; the event takes rank 1, and the run's history replays."""
-    asyncio.run(_early_event(tmp_path))
-
-
-async def _early_event(root: Path) -> None:
-    async with running_host(root) as (host, _lab):
-        client = host.client
-        assert client is not None
-        queue = f"{host.task_queue}-early"
-        ctl = TemporalEffectHost(client, queue, host.resolver(), shard_size=1)
-        group = EffectGroup(
-            key="shards:early-event:0",
-            wake=WakePolicy.FIRST,
-            disposition=LoserPolicy.CANCEL,
-            children=[
-                EffectEnvelope(replay_key="ev", kind=EffectKind.AWAIT_EVENT, name="go", input=None),
-                step("held"),
-            ],
+    client = host.client
+    assert client is not None
+    queue = f"{host.task_queue}-early"
+    ctl = TemporalEffectHost(client, queue, host.resolver(), shard_size=1)
+    group = EffectGroup(
+        key="shards:early-event:0",
+        wake=WakePolicy.FIRST,
+        disposition=LoserPolicy.CANCEL,
+        children=[
+            EffectEnvelope(replay_key="ev", kind=EffectKind.AWAIT_EVENT, name="go", input=None),
+            step("held"),
+        ],
+    )
+    opening = asyncio.create_task(ctl.open_effect_group(group))
+    wf = client.get_workflow_handle(group.key)
+    await _eventually(wf.describe)
+    delivering = asyncio.create_task(
+        wf.execute_update(
+            EffectGroupWorkflow.deliver,
+            args=["go", {"n": 1}],
+            id="early-event",
         )
-        opening = asyncio.create_task(ctl.open_effect_group(group))
-        wf = client.get_workflow_handle(group.key)
-        await _eventually(wf.describe)
-        delivering = asyncio.create_task(
-            wf.execute_update(
-                EffectGroupWorkflow.deliver,
-                args=["go", {"n": 1}],
-                id="early-event",
-            )
-        )
-        await _eventually(lambda: _admitted(client, group.key, "early-event"))
-        async with create_worker(client, queue, host.resolver()):
-            handle = await asyncio.wait_for(opening, 30)
-            assert await asyncio.wait_for(delivering, 30) == 1
-            try:
-                first = await asyncio.wait_for(ctl.await_next_settlement(handle), 20)
-            except TimeoutError:
-                pytest.fail("the event delivered before the shards started settled nothing")
-            assert (first.replay_key, first.rank) == ("ev", 1)
-            assert first.outcome.value == {"n": 1}
-            await asyncio.wait_for(ctl.close_effect_group(handle), 30)
-            await asyncio.wait_for(wf.result(), 30)
-            await ctl.aclose()
-        await replays_clean(await wf.fetch_history())
+    )
+    await _eventually(lambda: _admitted(client, group.key, "early-event"))
+    async with create_worker(client, queue, host.resolver()):
+        handle = await asyncio.wait_for(opening, 30)
+        assert await asyncio.wait_for(delivering, 30) == 1
+        try:
+            first = await asyncio.wait_for(ctl.await_next_settlement(handle), 20)
+        except TimeoutError:
+            pytest.fail("the event delivered before the shards started settled nothing")
+        assert (first.replay_key, first.rank) == ("ev", 1)
+        assert first.outcome.value == {"n": 1}
+        await asyncio.wait_for(ctl.close_effect_group(handle), 30)
+        await asyncio.wait_for(wf.result(), 30)
+        await ctl.aclose()
+    await replays_clean(await wf.fetch_history())
 
 
 async def _admitted(client: Client, key: str, update_id: str) -> None:
@@ -193,75 +190,73 @@ async def _eventually(probe: Callable[[], Awaitable[Any]], bound: float = 30.0) 
 
 
 @pytest.mark.timeout(180)
-def test_a_shard_reports_at_once_then_gathers_its_reports(tmp_path: Path) -> None:
+@on_host()
+async def test_a_shard_reports_at_once_then_gathers_its_reports(
+    host: TemporalHostUnderTest, lab: Lab
+) -> None:
     """G-21, G-43, G-15: with ``shard_signal_interval`` a shard's first settlement still
     reaches the group at once, the settlements it observes within the interval after a
     report go to the group together (one signal), its last report goes as soon as its
     children end, and a settlement left alone in the interval goes at the interval's end
     while the shard's other children still run. The group's history replays and
     re-derives the ranks the caller read."""
-    asyncio.run(_gathered(tmp_path))
+    client = host.client
+    assert client is not None
 
-
-async def _gathered(root: Path) -> None:
-    async with running_host(root) as (host, lab):
-        client = host.client
-        assert client is not None
-
-        def group(key: str, prefix: str) -> EffectGroup:
-            return EffectGroup(
-                key=key,
-                wake=WakePolicy.ALL,
-                disposition=LoserPolicy.CANCEL,
-                children=[step(f"{prefix}.{i}", result=i) for i in range(5)],
-            )
-
-        async def next_key(ctl: TemporalEffectHost, handle: Any) -> str:
-            return (await asyncio.wait_for(ctl.await_next_settlement(handle), 20)).replay_key
-
-        # An interval longer than every wait below: a report that waited for it would
-        # time the read out.
-        slow = TemporalEffectHost(
-            client, host.task_queue, host.resolver(), shard_size=4, shard_signal_interval=50
+    def group(key: str, prefix: str) -> EffectGroup:
+        return EffectGroup(
+            key=key,
+            wake=WakePolicy.ALL,
+            disposition=LoserPolicy.CANCEL,
+            children=[step(f"{prefix}.{i}", result=i) for i in range(5)],
         )
-        gathered = group("shards:gathered:0", "ga")
-        handle = await slow.open_effect_group(gathered)
-        lab.open("ga.0")
-        assert await next_key(slow, handle) == "ga.0"  # the first report: at once
-        for tag in ("ga.1", "ga.2"):
-            lab.open(tag)
-            await lab.wait_for("finished", tag, timeout=20)
-        lab.open("ga.3")  # the shard's last child: its end sends what it gathered
-        assert [await next_key(slow, handle) for _ in range(3)] == ["ga.1", "ga.2", "ga.3"]
-        lab.open("ga.4")
-        assert await next_key(slow, handle) == "ga.4"
-        await asyncio.wait_for(slow.close_effect_group(handle), 30)
-        wf = client.get_workflow_handle(gathered.key)
-        result = await asyncio.wait_for(wf.result(), 30)
-        shard = await client.get_workflow_handle(shard_id(gathered.key, 0)).fetch_history()
-        signals = [
-            e
-            for e in shard.events
-            if e.HasField("signal_external_workflow_execution_initiated_event_attributes")
-        ]
-        assert len(signals) == 2  # [ga.0], then [ga.1, ga.2, ga.3]
-        assert (await rederived(await wf.fetch_history()))["ranks"] == result["ranks"]
 
-        paced = TemporalEffectHost(
-            client, host.task_queue, host.resolver(), shard_size=4, shard_signal_interval=5
-        )
-        alone = group("shards:gathered:1", "gb")
-        handle = await paced.open_effect_group(alone)
-        lab.open("gb.0")
-        assert await next_key(paced, handle) == "gb.0"
-        lab.open("gb.1")  # within the interval after the first report; gb.2, gb.3 still run
-        assert await next_key(paced, handle) == "gb.1"
-        lab.open_all("gb.")
-        assert {await next_key(paced, handle) for _ in range(3)} == {"gb.2", "gb.3", "gb.4"}
-        await asyncio.wait_for(paced.close_effect_group(handle), 30)
-        await asyncio.wait_for(client.get_workflow_handle(alone.key).result(), 30)
-        shard = await client.get_workflow_handle(shard_id(alone.key, 0)).fetch_history()
-        # gb.1 went when the interval's timer fired, not with the shard's end
-        assert any(e.HasField("timer_fired_event_attributes") for e in shard.events)
-        for ctl in (slow, paced):
-            await ctl.aclose()
+    async def next_key(ctl: TemporalEffectHost, handle: Any) -> str:
+        return (await asyncio.wait_for(ctl.await_next_settlement(handle), 20)).replay_key
+
+    # An interval longer than every wait below: a report that waited for it would
+    # time the read out.
+    slow = TemporalEffectHost(
+        client, host.task_queue, host.resolver(), shard_size=4, shard_signal_interval=50
+    )
+    gathered = group("shards:gathered:0", "ga")
+    handle = await slow.open_effect_group(gathered)
+    lab.open("ga.0")
+    assert await next_key(slow, handle) == "ga.0"  # the first report: at once
+    for tag in ("ga.1", "ga.2"):
+        lab.open(tag)
+        await lab.wait_for("finished", tag, timeout=20)
+    lab.open("ga.3")  # the shard's last child: its end sends what it gathered
+    assert [await next_key(slow, handle) for _ in range(3)] == ["ga.1", "ga.2", "ga.3"]
+    lab.open("ga.4")
+    assert await next_key(slow, handle) == "ga.4"
+    await asyncio.wait_for(slow.close_effect_group(handle), 30)
+    wf = client.get_workflow_handle(gathered.key)
+    result = await asyncio.wait_for(wf.result(), 30)
+    shard = await client.get_workflow_handle(shard_id(gathered.key, 0)).fetch_history()
+    signals = [
+        e
+        for e in shard.events
+        if e.HasField("signal_external_workflow_execution_initiated_event_attributes")
+    ]
+    assert len(signals) == 2  # [ga.0], then [ga.1, ga.2, ga.3]
+    assert (await rederived(await wf.fetch_history()))["ranks"] == result["ranks"]
+
+    paced = TemporalEffectHost(
+        client, host.task_queue, host.resolver(), shard_size=4, shard_signal_interval=5
+    )
+    alone = group("shards:gathered:1", "gb")
+    handle = await paced.open_effect_group(alone)
+    lab.open("gb.0")
+    assert await next_key(paced, handle) == "gb.0"
+    lab.open("gb.1")  # within the interval after the first report; gb.2, gb.3 still run
+    assert await next_key(paced, handle) == "gb.1"
+    lab.open_all("gb.")
+    assert {await next_key(paced, handle) for _ in range(3)} == {"gb.2", "gb.3", "gb.4"}
+    await asyncio.wait_for(paced.close_effect_group(handle), 30)
+    await asyncio.wait_for(client.get_workflow_handle(alone.key).result(), 30)
+    shard = await client.get_workflow_handle(shard_id(alone.key, 0)).fetch_history()
+    # gb.1 went when the interval's timer fired, not with the shard's end
+    assert any(e.HasField("timer_fired_event_attributes") for e in shard.events)
+    for ctl in (slow, paced):
+        await ctl.aclose()
