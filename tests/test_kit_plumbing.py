@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -208,26 +208,31 @@ def file_host(monkeypatch: pytest.MonkeyPatch) -> Any:
         host._owner_lock.close()
 
 
+def _failing_writes(file_host: Any, error: str, failing: Callable[[], bool]) -> Any:
+    """``file_host`` whose settlement writes raise ``ConnectionError(error)`` while
+    ``failing()`` says so."""
+
+    class Failing(file_host):  # type: ignore[misc, valid-type]
+        async def settle_child(self, *args: Any) -> bool:
+            if failing():
+                raise ConnectionError(error)
+            return bool(await super().settle_child(*args))
+
+    return Failing
+
+
 async def test_a_failed_settlement_write_is_retried(file_host: Any, tmp_path: Path) -> None:
     """G-15 (a failed write): a settlement whose write fails is retried until it lands,
     so the awaiting caller is served, never left waiting on a lost write."""
-    fails = 3
-
-    class Flaky(file_host):  # type: ignore[misc, valid-type]
-        async def settle_child(self, *args: Any) -> bool:
-            nonlocal fails
-            if fails:
-                fails -= 1
-                raise ConnectionError("pool exhausted")
-            return bool(await super().settle_child(*args))
-
+    failures = iter([True] * 3)
+    flaky = _failing_writes(file_host, "pool exhausted", lambda: next(failures, False))
     tools, gates = gated_tools("a")
-    host = Flaky(tmp_path, tools)
+    host = flaky(tmp_path, tools)
     host.settle_attempts = 5
     handle = await host.open_effect_group(group("g", "a"))
     gates["a"].set()
     settled = await asyncio.wait_for(host.await_next_settlement(handle), 30)
-    assert settled.outcome.status == "success" and fails == 0
+    assert settled.outcome.status == "success" and next(failures, None) is None
 
 
 async def test_a_write_that_never_lands_leaves_the_child_to_the_drain(
@@ -236,15 +241,9 @@ async def test_a_write_that_never_lands_leaves_the_child_to_the_drain(
     """G-28: a settlement that cannot be written after every retry leaves the child
     unsettled and not running, so the owner's next drain pass starts it again."""
     broken = True
-
-    class Down(file_host):  # type: ignore[misc, valid-type]
-        async def settle_child(self, *args: Any) -> bool:
-            if broken:
-                raise ConnectionError("engine down")
-            return bool(await super().settle_child(*args))
-
+    down = _failing_writes(file_host, "engine down", lambda: broken)
     tools, gates = gated_tools("a")
-    host = Down(tmp_path, tools)
+    host = down(tmp_path, tools)
     host.settle_attempts = 2
     handle = await host.open_effect_group(group("g", "a"))
     gates["a"].set()
@@ -263,14 +262,7 @@ async def test_a_delivery_whose_writes_all_fail_is_engine_unavailable(
     ``EngineUnavailable`` naming the group and ``deliver_event``, not the driver's error;
     nothing is recorded, and delivering again once the engine is back settles the wait."""
     broken = True
-
-    class Down(file_host):  # type: ignore[misc, valid-type]
-        async def settle_child(self, *args: Any) -> bool:
-            if broken:
-                raise ConnectionError("engine down")
-            return bool(await super().settle_child(*args))
-
-    host = Down(tmp_path, ToolRegistry())
+    host = _failing_writes(file_host, "engine down", lambda: broken)(tmp_path, ToolRegistry())
     host.settle_attempts = 2
     opened = EffectGroup(
         key="g",
