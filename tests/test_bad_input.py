@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from gated_tools import Lab, group
@@ -31,6 +31,7 @@ from effecthost.contract import (
 from effecthost.hosts.memory import MemoryEffectHost
 
 pytestmark = pytest.mark.anyio
+E = TypeVar("E", bound=EffectHostError)
 
 
 async def record(host: MemoryEffectHost, *keys: str) -> tuple[list[str], dict[str, list[int]]]:
@@ -42,6 +43,23 @@ def assert_names_ids(error: EffectHostError, *ids: str) -> None:
     assert str(error).startswith(f"[{error.code.value}] ")
     for value in ids:
         assert value in str(error)
+
+
+async def refused_twice(host: MemoryEffectHost, g: EffectGroup, refusal: type[E]) -> E:
+    """Open ``g`` twice: both opens are refused with the same ``refusal`` (the same ids
+    and text), and nothing is recorded (no open key, no settlement order)."""
+    before = await host.open_group_keys()
+    errors = []
+    for _ in range(2):
+        with pytest.raises(refusal) as caught:
+            await host.open_effect_group(g)
+        errors.append(caught.value)
+    first, second = errors
+    assert (first.ids(), str(first)) == (second.ids(), str(second))
+    assert await host.open_group_keys() == before
+    with pytest.raises(UnknownGroup):
+        await host.settlement_order(g.key)
+    return first
 
 
 @pytest.fixture
@@ -170,20 +188,10 @@ async def test_oversized_input_is_payload_too_large_and_records_nothing(lab: Lab
     try:
         payload = "p" * 4096
         g = group("turn-1:group:big:0", child("small", gate=False), child("big", blob=payload))
-        before = await host.open_group_keys()
-        errors = []
-        for _ in range(2):
-            with pytest.raises(PayloadTooLarge) as caught:
-                await host.open_effect_group(g)
-            errors.append(caught.value)
-        first, second = errors
+        first = await refused_twice(host, g, PayloadTooLarge)
         assert (first.group_key, first.replay_key, first.position) == (g.key, f"{g.key}:big", 1)
         assert_names_ids(first, g.key, f"{g.key}:big")
         assert payload[:64] not in str(first)
-        assert (first.ids(), str(first)) == (second.ids(), str(second))
-        assert await host.open_group_keys() == before
-        with pytest.raises(UnknownGroup):
-            await host.settlement_order(g.key)
         assert lab.runs == Counter()
     finally:
         await host.aclose()
@@ -215,19 +223,9 @@ async def test_g10_open_with_a_resolver_miss_records_nothing(
     host: MemoryEffectHost, lab: Lab
 ) -> None:
     g = group("turn-1:group:miss:0", child("a", gate=False), child("x", name="unregistered"))
-    before = await host.open_group_keys()
-    errors = []
-    for _ in range(2):
-        with pytest.raises(GroupShapeError) as caught:
-            await host.open_effect_group(g)
-        errors.append(caught.value)
-    first, second = errors
+    first = await refused_twice(host, g, GroupShapeError)
     assert (first.group_key, first.position, first.replay_key) == (g.key, 1, f"{g.key}:x")
     assert_names_ids(first, g.key, f"{g.key}:x", "position 1")
-    assert (first.ids(), str(first)) == (second.ids(), str(second))
-    assert await host.open_group_keys() == before
-    with pytest.raises(UnknownGroup):
-        await host.settlement_order(g.key)
     assert lab.runs == Counter()
 
 
