@@ -175,6 +175,18 @@ async def run_program(controller: EffectController, key: str, width: int = WIDTH
     return [values[p] for p in sorted(values)]
 
 
+async def program_spans(seen: Collected, host: Any, key: str) -> list[Record]:
+    """Run the program on ``host`` (closed after it) and the spans collected, checked to
+    form the expected tree."""
+    try:
+        assert await run_program(host, key) == list(range(WIDTH))
+    finally:
+        await host.aclose()
+    spans = seen.finished()
+    assert shape(spans, key) == expected_shape()
+    return spans
+
+
 OURS = ("effecthost.group", "effecthost.child", "effecthost.await", TOOL_SPAN)
 
 

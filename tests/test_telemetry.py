@@ -17,6 +17,7 @@ from otel_support import (
     child_spans,
     collected,
     expected_shape,
+    program_spans,
     run_program,
     shape,
     work,
@@ -44,12 +45,7 @@ async def test_memory_group_child_and_tool_spans_form_one_tree() -> None:
     inside, an await span per rank; metrics count them with bounded attributes."""
     with collected() as seen:
         host = MemoryEffectHost(ToolRegistry({"work": work}))
-        try:
-            assert await run_program(host, "otel:mem:0") == [0, 1, 2]
-        finally:
-            await host.aclose()
-        spans = seen.finished()
-        assert shape(spans, "otel:mem:0") == expected_shape()
+        spans = await program_spans(seen, host, "otel:mem:0")
         children = child_spans(spans, "otel:mem:0")
         assert [c.attributes["effecthost.status"] for c in children] == ["success"] * WIDTH
         ranks = await_ranks(spans, "otel:mem:0")
@@ -72,12 +68,7 @@ async def test_sqlite_group_child_and_tool_spans_form_one_tree(tmp_path: Path) -
     with collected() as seen:
         host = SqlEffectHost(SqliteStore(tmp_path / "otel.sqlite3"), ToolRegistry({"work": work}))
         await host.start()
-        try:
-            assert await run_program(host, "otel:sqlite:0") == [0, 1, 2]
-        finally:
-            await host.aclose()
-        spans = seen.finished()
-        assert shape(spans, "otel:sqlite:0") == expected_shape()
+        spans = await program_spans(seen, host, "otel:sqlite:0")
         ranks = await_ranks(spans, "otel:sqlite:0")
         children = child_spans(spans, "otel:sqlite:0")
         assert [c.attributes["effecthost.rank"] for c in children] == [ranks[p] for p in range(3)]
