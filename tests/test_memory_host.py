@@ -233,14 +233,14 @@ async def test_reopen_of_a_closed_group_is_refused_before_retirement(
         await host.open_effect_group(g)
 
 
+APPROVAL = {"replay_key": "ev", "kind": EffectKind.AWAIT_EVENT, "name": "approval"}
+"""A child waiting for event ``approval``."""
+
+
 async def test_g51_event_delivered_before_the_child_runs_still_settles_it(
     host: MemoryEffectHost,
 ) -> None:
-    g = group(
-        "t:group:early:0",
-        {"replay_key": "ev", "kind": EffectKind.AWAIT_EVENT, "name": "approval"},
-        wake=WakePolicy.FIRST,
-    )
+    g = group("t:group:early:0", APPROVAL, wake=WakePolicy.FIRST)
     handle = await host.open_effect_group(g)
     await host.aclose()
     assert host._tasks == {}
@@ -256,12 +256,8 @@ async def test_g51_event_delivered_before_the_child_runs_still_settles_it(
 async def test_g51_event_delivered_right_after_open_settles_the_child(
     host: MemoryEffectHost,
 ) -> None:
-    g = group(
-        "t:group:prompt:0",
-        {"replay_key": "ev", "kind": EffectKind.AWAIT_EVENT, "name": "approval"},
-        {"replay_key": "other", "kind": EffectKind.AWAIT_EVENT, "name": "rejection"},
-        wake=WakePolicy.FIRST,
-    )
+    rejection = {"replay_key": "other", "kind": EffectKind.AWAIT_EVENT, "name": "rejection"}
+    g = group("t:group:prompt:0", APPROVAL, rejection, wake=WakePolicy.FIRST)
     handle = await host.open_effect_group(g)
     assert await host.deliver_event(g.key, "approval", [1, 2]) == 1
     with anyio.fail_after(5):

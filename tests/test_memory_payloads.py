@@ -17,6 +17,7 @@ from group_support import group as effect_group
 
 from effecthost.contract import (
     EffectEnvelope,
+    GroupHandle,
     InvalidEnvelope,
     LoserPolicy,
     Outcome,
@@ -101,6 +102,13 @@ async def settled(host: MemoryEffectHost, key: str, count: int) -> None:
             await record.changed.wait()
 
 
+async def open_settled(host: MemoryEffectHost, *children: dict[str, Any]) -> GroupHandle:
+    """Group ``KEY`` of ``children`` opened, every child settled."""
+    handle = await host.open_effect_group(group(KEY, *children))
+    await settled(host, KEY, len(children))
+    return handle
+
+
 def read_all(root: Path) -> bytes:
     return b"".join(p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file())
 
@@ -121,9 +129,7 @@ async def test_a_large_outcome_goes_by_reference_and_round_trips(
 async def test_a_reader_without_the_key_is_refused_and_nothing_changes(
     host: MemoryEffectHost, policy: PayloadPolicy
 ) -> None:
-    g = group(KEY, secret_step("small", 1), secret_step("big", 20_000))
-    handle = await host.open_effect_group(g)
-    await settled(host, KEY, 2)
+    handle = await open_settled(host, secret_step("small", 1), secret_step("big", 20_000))
     before = snapshot(host, KEY)
     readers = {
         "no key store": host.with_payloads(PayloadPolicy(store=policy.store)),
@@ -151,9 +157,7 @@ async def test_a_reader_without_the_key_is_refused_and_nothing_changes(
 async def test_nothing_sealed_is_in_plaintext_in_the_payload_directory(
     host: MemoryEffectHost, payload_dir: Path
 ) -> None:
-    g = group(KEY, secret_step("a", 50_000), secret_step("b", 9_000))
-    handle = await host.open_effect_group(g)
-    await settled(host, KEY, 2)
+    handle = await open_settled(host, secret_step("a", 50_000), secret_step("b", 9_000))
     data = read_all(payload_dir)
     assert data, "nothing went by reference"
     assert SECRET.encode() not in data and b"ppppppppppppppppp" not in data
@@ -165,8 +169,7 @@ async def test_nothing_sealed_is_in_plaintext_in_the_payload_directory(
 async def test_a_destroyed_scope_key_shreds_and_the_handle_stays(
     host: MemoryEffectHost, keys: InMemoryKeyStore
 ) -> None:
-    handle = await host.open_effect_group(group(KEY, secret_step("a", 1)))
-    await settled(host, KEY, 1)
+    handle = await open_settled(host, secret_step("a", 1))
     keys.destroy(default_scope(KEY))
     with pytest.raises(PayloadShredded):
         await host.await_next_settlement(handle)
@@ -236,9 +239,7 @@ async def test_r10_swapped_positions_are_refused_on_memory(host: MemoryEffectHos
     """R-10: two settled children whose positions are swapped in the record are refused
     (each value was sealed for its own position), the handle stays, and swapping back
     reads them again."""
-    g = group(KEY, secret_step("a", 1), secret_step("b", 2))
-    handle = await host.open_effect_group(g)
-    await settled(host, KEY, 2)
+    handle = await open_settled(host, secret_step("a", 1), secret_step("b", 2))
     first, second = host._groups[KEY].settled
     first.position, second.position = second.position, first.position
     for rank in (1, 2):
@@ -259,9 +260,7 @@ async def test_g49_corrupted_records_on_memory_are_typed_and_change_nothing(
     flipped, truncated, emptied) and of a by-reference payload file (truncated, emptied,
     bit-flipped) read as a typed refusal quoting no ciphertext, or as the sealed value;
     the handle and the records never change."""
-    g = group(KEY, secret_step("small", 1), secret_step("big", 20_000))
-    handle = await host.open_effect_group(g)
-    await settled(host, KEY, 2)
+    handle = await open_settled(host, secret_step("small", 1), secret_step("big", 20_000))
     record = host._groups[KEY]
     rng = random.Random(11)
     refused = 0
@@ -318,8 +317,7 @@ async def test_g49_forged_plaintext_in_a_sealed_memory_slot_is_refused_unless_mi
 ) -> None:
     """G-49, ADR 0130 D8: an unsealed record planted in a slot of a sealing host is
     refused (the host never writes one); a reader declaring ``accept_plaintext`` reads it."""
-    handle = await host.open_effect_group(group(KEY, secret_step("a", 1)))
-    await settled(host, KEY, 1)
+    handle = await open_settled(host, secret_step("a", 1))
     child = host._groups[KEY].settled[0]
     child.stored = StoredOutcome(form="inline", outcome=Outcome.success("forged"))
     with pytest.raises(SealedPayloadUnreadable):
