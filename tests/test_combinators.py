@@ -115,6 +115,11 @@ async def within(awaitable: Awaitable[T]) -> T:
         return await awaitable
 
 
+def second_child_at_rank_one(code: str, key: str) -> dict[str, object]:
+    """The ids of a ``code`` error from group ``key``'s second child, its first rank."""
+    return {"code": code, "group_key": key, "replay_key": f"{key}:1", "position": 1, "rank": 1}
+
+
 @pytest.fixture
 def lab() -> Lab:
     return Lab()
@@ -155,13 +160,7 @@ async def test_g24_race_raises_the_first_settlement_when_it_is_an_error(
     with pytest.raises(EffectFailed) as caught:
         await within(race(host, scope, calls))
     error = caught.value
-    assert error.ids() == {
-        "code": "effect_failed",
-        "group_key": key,
-        "replay_key": f"{key}:1",
-        "position": 1,
-        "rank": 1,
-    }
+    assert error.ids() == second_child_at_rank_one("effect_failed", key)
     assert (error.error.type, error.error.data) == ("Boom", {"label": "bad"})
     assert str(error).startswith("[effect_failed]") and f"{key}:1" in str(error)
     assert error.settlement.outcome.status == "error"
@@ -283,13 +282,7 @@ async def test_g52_with_deadline_raises_when_the_timer_wins_and_cancels_the_call
     with pytest.raises(DeadlineExceeded) as caught:
         await within(with_deadline(host, scope, call, 0))
     error = caught.value
-    assert error.ids() == {
-        "code": "deadline_exceeded",
-        "group_key": key,
-        "replay_key": f"{key}:1",
-        "position": 1,
-        "rank": 1,
-    }
+    assert error.ids() == second_child_at_rank_one("deadline_exceeded", key)
     await within(lab.cancelled["stuck"].wait())
     assert not lab.finished["stuck"].is_set()
 
