@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from effecthost.conformance import Lab, conformance_resolver, step_input
-from effecthost.contract import EffectEnvelope, EffectKind, GroupExecutors
+from effecthost.contract import (
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    GroupExecutors,
+    LoserPolicy,
+    WakePolicy,
+)
 from effecthost.hosts.restate import RestateController
 from effecthost.hosts.restate.testing import LocalRestate
 from effecthost.payloads import PayloadPolicy
@@ -43,6 +50,12 @@ class Stack:
         """Close the controller and connect a new one: a new incarnation of the caller."""
         await self.controller.aclose()
         return self.connect()
+
+    async def crash_endpoint(self) -> RestateController:
+        """SIGKILL the endpoint, start the server and the endpoint again; a new caller."""
+        self.local.kill_endpoint()
+        await self.local.restart(server=True)
+        return await self.reconnect()
 
     async def crash_server(self) -> RestateController:
         """SIGKILL the restate-server, start it again on its data; a fresh controller."""
@@ -102,6 +115,16 @@ def step(tag: str, **options: Any) -> EffectEnvelope:
         kind=EffectKind.TOOL_CALL,
         name="conformance.step",
         input=step_input(tag, **options),
+    )
+
+
+def numbered_group(key: str, prefix: str, n: int) -> tuple[list[str], EffectGroup]:
+    """An ``all`` group of ``n`` gated steps tagged ``{prefix}{i}``, child ``i`` returning
+    ``{"i": i}``; and the tags."""
+    tags = [f"{prefix}{i}" for i in range(n)]
+    children = [step(tag, result={"i": i}) for i, tag in enumerate(tags)]
+    return tags, EffectGroup(
+        key=key, wake=WakePolicy.ALL, disposition=LoserPolicy.RUN_TO_COMPLETION, children=children
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from group_support import group as effect_group
+from group_support import race as race_group
 from restate_stack import Stack, eventually, running_stack, step
 
 from effecthost.contract import (
@@ -54,11 +55,8 @@ async def test_issue25_a_cancelled_losers_rerun_after_close_does_not_start_its_t
     ``close(CANCEL)`` has returned; the re-run settles the child as cancelled without
     starting the tool again, and the group retires (R-11)."""
     ctl = stack.controller
-    group = effect_group(
-        group_key("guard", "race", 0),
-        [step("guard.win", gate=False), step("guard.lose")],
-        WakePolicy.FIRST,
-        LoserPolicy.CANCEL,
+    group = race_group(
+        group_key("guard", "race", 0), [step("guard.win", gate=False), step("guard.lose")]
     )
     handle = await ctl.open_effect_group(group)
     first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -164,11 +162,9 @@ async def test_issue25_the_guard_and_the_target_check_fail_over_between_admin_ur
     the node it was reading is gone."""
     async with running_stack(tmp_path, before_start=_two_dead_admins) as stack:
         ctl = stack.controller
-        race = effect_group(
+        race = race_group(
             group_key("failover", "race", 0),
             [step("failover.win", gate=False), step("failover.lose")],
-            WakePolicy.FIRST,
-            LoserPolicy.CANCEL,
         )
         handle = await ctl.open_effect_group(race)
         first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
@@ -191,11 +187,9 @@ async def test_issue25_no_admin_api_answering_holds_the_tool_in_retries(tmp_path
     starts on a guess."""
     async with running_stack(tmp_path, before_start=_no_admin) as stack:
         ctl = stack.controller
-        race = effect_group(
+        race = race_group(
             group_key("noadmin", "race", 0),
             [step("noadmin.a", gate=False), step("noadmin.b", gate=False)],
-            WakePolicy.FIRST,
-            LoserPolicy.CANCEL,
         )
         await ctl.open_effect_group(race)
 

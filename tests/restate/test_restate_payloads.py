@@ -23,6 +23,7 @@ from effecthost.contract import (
     EffectGroup,
     EffectKind,
     GroupClosed,
+    GroupHandle,
     SealedPayloadUnreadable,
     WakePolicy,
     group_key,
@@ -113,9 +114,14 @@ async def _settled(ctl: RestateController, key: str, count: int) -> None:
         await asyncio.sleep(0.05)  # polling an engine fact, not ordering anything
 
 
-def _two_children(key: str) -> EffectGroup:
+async def _two_settled(ctl: RestateController, name: str) -> tuple[EffectGroup, GroupHandle]:
+    """A group of a small and a large secret-bearing child, opened; both settled."""
     small = _reveal("sealed.small", SMALL_SECRET)
-    return effect_group(key, [small, _reveal("sealed.large", LARGE_SECRET, pad=20_000)])
+    large = _reveal("sealed.large", LARGE_SECRET, pad=20_000)
+    group = effect_group(group_key("sealed", name, 0), [small, large])
+    handle = await ctl.open_effect_group(group)
+    await _settled(ctl, group.key, 2)
+    return group, handle
 
 
 async def test_conformance_suite_passes_sealed() -> None:
@@ -129,10 +135,8 @@ async def test_conformance_suite_passes_sealed() -> None:
 
 async def test_nothing_sealed_is_plaintext_in_the_restate_state(sealed: Sealed) -> None:
     ctl = sealed.controller(sealed.policy)
-    key = group_key("sealed", "plain", 0)
-    group = _two_children(key)
-    handle = await ctl.open_effect_group(group)
-    await _settled(ctl, key, 2)
+    group, handle = await _two_settled(ctl, "plain")
+    key = group.key
 
     rows = await _state_rows(ctl, key)
     dump = _all_bytes(rows)
@@ -188,10 +192,8 @@ async def test_nothing_sealed_is_plaintext_in_the_restate_state(sealed: Sealed) 
 
 async def test_a_reader_without_the_key_is_refused_and_changes_nothing(sealed: Sealed) -> None:
     ctl = sealed.controller(sealed.policy)
-    key = group_key("sealed", "refused", 0)
-    group = _two_children(key)
-    handle = await ctl.open_effect_group(group)
-    await _settled(ctl, key, 2)
+    group, handle = await _two_settled(ctl, "refused")
+    key = group.key
     before = await _state_rows(ctl, key)
 
     keyless = sealed.controller(PayloadPolicy(store=sealed.policy.store))

@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import pytest
 from group_support import group as effect_group
-from restate_stack import Stack, step
+from group_support import race as race_group
+from restate_stack import Stack, numbered_group, step
 
 from effecthost.combinators import Scope, next_group_key, race, tool
 from effecthost.conformance import (
@@ -73,10 +74,7 @@ async def test_conformance_G19_the_parked_await_check_runs_on_restate(host_facto
 
 async def test_endpoint_crash_keeps_ranks_and_settles_the_rest_once(stack: Stack) -> None:
     n, k = 6, 3
-    tags = [f"crash.c{i}" for i in range(n)]
-    group = effect_group(
-        group_key("crash", "batch", 0), [step(tag, result={"i": i}) for i, tag in enumerate(tags)]
-    )
+    tags, group = numbered_group(group_key("crash", "batch", 0), "crash.c", n)
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
     before = []
@@ -87,9 +85,7 @@ async def test_endpoint_crash_keeps_ranks_and_settles_the_rest_once(stack: Stack
         await stack.lab.wait_for("started", tag, 1, TIMEOUT)
     saved = handle.to_json()
 
-    stack.local.kill_endpoint()
-    await stack.local.restart(server=True)
-    ctl = await stack.reconnect()
+    ctl = await stack.crash_endpoint()
 
     reopened = await ctl.open_effect_group(group)
     again = [await asyncio.wait_for(ctl.await_next_settlement(reopened), TIMEOUT) for _ in range(k)]
@@ -131,11 +127,9 @@ async def test_unbound_target_is_a_terminal_404_within_seconds(stack: Stack) -> 
 
 
 async def test_cancel_close_returns_while_the_loser_runs(stack: Stack) -> None:
-    group = effect_group(
+    group = race_group(
         group_key("cancel", "batch", 0),
         [step("cancel.win", gate=False), step("cancel.lose", hold_cancel=True)],
-        WakePolicy.FIRST,
-        LoserPolicy.CANCEL,
     )
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
@@ -669,9 +663,7 @@ async def test_G38_an_endpoint_crash_mid_collected_group_keeps_ranks_and_settles
         await stack.lab.wait_for("started", tag, 1, TIMEOUT)
     saved = handle.to_json()
 
-    stack.local.kill_endpoint()
-    await stack.local.restart(server=True)
-    ctl = await stack.reconnect()
+    ctl = await stack.crash_endpoint()
 
     reopened = await ctl.open_effect_group(group)
     again = [

@@ -16,6 +16,7 @@ from restate_stack import Stack, eventually, step
 
 from effecthost.contract import (
     EffectEnvelope,
+    EffectGroup,
     EffectKind,
     GroupClosed,
     ReplayMismatch,
@@ -31,6 +32,13 @@ TIMEOUT = 20.0
 
 def _event(tag: str, name: str) -> EffectEnvelope:
     return EffectEnvelope(replay_key=tag, kind=EffectKind.AWAIT_EVENT, name=name, input=None)
+
+
+def _won_race_and_a_wait(prefix: str, name: str) -> EffectGroup:
+    """A ``RUN_TO_COMPLETION`` race of a step that settles at once (``{prefix}.win``) and
+    a wait for event ``go`` (``{prefix}.wait``)."""
+    children = [step(f"{prefix}.win", gate=False), _event(f"{prefix}.wait", "go")]
+    return effect_group(group_key(prefix, name, 0), children, WakePolicy.FIRST)
 
 
 async def running_children(ctl: RestateController, key: str) -> list[dict[str, Any]]:
@@ -69,11 +77,7 @@ async def test_R11_deliver_reaches_a_closed_groups_pending_wait_then_the_group_r
     child settles, the group retires (only the tombstone is left, nothing runs); then
     ``deliver_event`` returns 0 and every await stays ``GroupClosed``."""
     ctl = stack.controller
-    group = effect_group(
-        group_key("r11ev", "race", 0),
-        [step("r11ev.win", gate=False), _event("r11ev.wait", "go")],
-        WakePolicy.FIRST,
-    )
+    group = _won_race_and_a_wait("r11ev", "race")
     handle = await ctl.open_effect_group(group)
     first = await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
     assert first.replay_key == "r11ev.win"
@@ -137,11 +141,7 @@ async def test_R11_a_group_closed_by_the_release_before_stays_closed(stack: Stac
     its tombstone (its state went at close); it is closed for opens, awaits and closes,
     ``deliver_event`` reaches nothing, and its replay keys are free."""
     ctl = stack.controller
-    group = effect_group(
-        group_key("r11old", "closed", 0),
-        [step("r11old.win", gate=False), _event("r11old.wait", "go")],
-        WakePolicy.FIRST,
-    )
+    group = _won_race_and_a_wait("r11old", "closed")
     handle = await ctl.open_effect_group(group)
     await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT)
     state = await group_state(ctl, group.key)

@@ -11,15 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from group_support import group as effect_group
-from restate_stack import Stack, eventually, running_stack, step
+from group_support import race as race_group
+from restate_stack import Stack, eventually, numbered_group, running_stack, step
 
 from effecthost.contract import (
     CursorExhausted,
     GroupHandle,
-    LoserPolicy,
     Settlement,
-    WakePolicy,
     group_key,
 )
 from effecthost.hosts.restate import CHILD, GROUP, RestateController
@@ -59,16 +57,24 @@ async def _idle(ctl: RestateController, key: str, prefix: str) -> list[dict[str,
     return rows
 
 
+async def _closed_and_retired(ctl: RestateController, handle: GroupHandle, prefix: str) -> None:
+    """Close with the group's own disposition; the group retires (its tombstone alone
+    remains) and the engine runs nothing of it."""
+    key = handle.group_key
+    await asyncio.wait_for(ctl.close_effect_group(handle), TIMEOUT)
+    await eventually(
+        lambda: group_state(ctl, key), lambda s: set(s) == {"tombstone"}, "retired", TIMEOUT
+    )
+    assert await _idle(ctl, key, prefix) == []
+
+
 async def test_server_sigkill_mid_all_keeps_ranks_and_completes(stack: Stack) -> None:
     """G-15, G-35: a 20-child ``all`` (wake ALL, run to completion) with 10 ranks read;
     the restate-server is SIGKILLed while the other 10 children run and restarted on its
     data. A fresh handle reads the first 10 ranks byte-identical, the saved handle reads
     the other 10, each child holds exactly one rank, and nothing is left running."""
     n, k = 20, 10
-    tags = [f"sk.all.c{i}" for i in range(n)]
-    group = effect_group(
-        group_key("sk", "all", 0), [step(tag, result={"i": i}) for i, tag in enumerate(tags)]
-    )
+    tags, group = numbered_group(group_key("sk", "all", 0), "sk.all.c", n)
     ctl = stack.controller
     handle = await ctl.open_effect_group(group)
     before = []
@@ -111,11 +117,8 @@ async def test_server_sigkill_mid_race_keeps_rank_one_and_the_loser_is_cancelled
     loser, which never finishes its tool; the loser takes the group's second and last
     rank, the group retires and nothing is left running."""
     ctl = stack.controller
-    group = effect_group(
-        group_key("sk", "race", 0),
-        [step("sk.race.win", result="w"), step("sk.race.lose")],
-        WakePolicy.FIRST,
-        LoserPolicy.CANCEL,
+    group = race_group(
+        group_key("sk", "race", 0), [step("sk.race.win", result="w"), step("sk.race.lose")]
     )
     handle = await ctl.open_effect_group(group)
     await stack.lab.wait_for("started", "sk.race.lose", 1, TIMEOUT)
@@ -127,11 +130,7 @@ async def test_server_sigkill_mid_race_keeps_rank_one_and_the_loser_is_cancelled
 
     again = await ctl.open_effect_group(group)
     assert _dump([await _next(ctl, again)]) == _dump([first])
-    await asyncio.wait_for(ctl.close_effect_group(again), TIMEOUT)
-    await eventually(
-        lambda: group_state(ctl, group.key), lambda s: set(s) == {"tombstone"}, "retired", TIMEOUT
-    )
-    assert await _idle(ctl, group.key, "sk.race.") == []
+    await _closed_and_retired(ctl, again, "sk.race.")
     assert stack.lab.count("finished", "sk.race.win") == 1
     assert stack.lab.count("finished", "sk.race.lose") == 0
 
@@ -143,11 +142,8 @@ async def test_server_sigkill_before_a_races_first_rank(stack: Stack) -> None:
     loser (which never finishes its tool), the group retires and nothing is left
     running."""
     ctl = stack.controller
-    group = effect_group(
-        group_key("sk", "early", 0),
-        [step("sk.early.win", result="w"), step("sk.early.lose")],
-        WakePolicy.FIRST,
-        LoserPolicy.CANCEL,
+    group = race_group(
+        group_key("sk", "early", 0), [step("sk.early.win", result="w"), step("sk.early.lose")]
     )
     handle = await ctl.open_effect_group(group)
     for tag in ("sk.early.win", "sk.early.lose"):
@@ -160,11 +156,7 @@ async def test_server_sigkill_before_a_races_first_rank(stack: Stack) -> None:
     stack.lab.open("sk.early.win")
     first = await _next(ctl, handle)
     assert (first.rank, first.replay_key, first.outcome.value) == (1, "sk.early.win", "w")
-    await asyncio.wait_for(ctl.close_effect_group(handle), TIMEOUT)
-    await eventually(
-        lambda: group_state(ctl, group.key), lambda s: set(s) == {"tombstone"}, "retired", TIMEOUT
-    )
-    assert await _idle(ctl, group.key, "sk.early.") == []
+    await _closed_and_retired(ctl, handle, "sk.early.")
     assert stack.lab.count("finished", "sk.early.lose") == 0
     # the attempts the crash cut off were cancelled in the endpoint: the winner's tool
     # finished once, in its re-run
