@@ -11,6 +11,7 @@ from pathlib import Path
 
 import otel_support
 import pytest
+from group_support import race as race_group
 from otel_support import (
     SPANS_FILE,
     assert_child_ranks,
@@ -24,10 +25,7 @@ from otel_support import (
 
 from effecthost.contract import (
     EffectEnvelope,
-    EffectGroup,
     EffectKind,
-    LoserPolicy,
-    WakePolicy,
     group_key,
 )
 from effecthost.hosts.restate.testing import LocalRestate
@@ -77,11 +75,9 @@ async def test_issue23_a_cancelled_losers_span_carries_its_rank(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
     local = LocalRestate(tmp_path / "restate", "otel_support:registry")
     key = group_key("otel", "race", 0)
-    group = EffectGroup(
-        key=key,
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[
+    group = race_group(
+        key,
+        [
             EffectEnvelope(
                 replay_key=f"{key}:{tool}", kind=EffectKind.TOOL_CALL, name=tool, input=i
             )
