@@ -5,17 +5,17 @@ attempt must not start its tool unless a caller awaits a rank that does not exis
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 from group_support import group as effect_group
 from temporalio.api.enums.v1 import PendingActivityState
 
+from effecthost.conformance._lab import Lab
 from effecthost.contract import EffectGroup, LoserPolicy, UnknownGroup, WakePolicy
 from effecthost.hosts.temporal import TemporalEffectHost
 from effecthost.hosts.temporal.testing import TemporalHostUnderTest
 
-from ._support import running_host, step
+from ._support import on_host, step
 
 LOSERS = ("l1", "l2", "l3")
 
@@ -57,43 +57,41 @@ async def _retired_or_ranked(caller: TemporalEffectHost, group: EffectGroup) -> 
 
 
 @pytest.mark.timeout(180)
-def test_losers_of_a_decided_race_stay_down_after_a_worker_sigkill(tmp_path: Path) -> None:
+@on_host()
+async def test_losers_of_a_decided_race_stay_down_after_a_worker_sigkill(
+    host: TemporalHostUnderTest, lab: Lab
+) -> None:
     """R-13: a 4-child CANCEL race read to rank 1, its worker SIGKILLed with three
     losers running. After the losers' second attempts run on a new worker, a reopen, a
     re-read of rank 1 and the close start no loser's tool again; a second such race whose
     caller reads on gets every rank (the losers run once it awaits rank 2)."""
-    asyncio.run(_decided(tmp_path))
+    down, on = _race("down"), _race("on")
+    caller = await host.controller()
+    for group in (down, on):
+        handle = await caller.open_effect_group(group)
+        first = await asyncio.wait_for(caller.await_next_settlement(handle), 20)
+        assert first.replay_key == f"{group.key.split(':')[1]}.w"
+        for loser in LOSERS:
+            await lab.wait_for("started", f"{group.key.split(':')[1]}.{loser}", timeout=20)
 
+    await host.restart()  # SIGKILL the worker; a new one starts
+    fresh = await host.controller()
+    assert isinstance(fresh, TemporalEffectHost)
 
-async def _decided(root: Path) -> None:
-    async with running_host(root) as (host, lab):
-        down, on = _race("down"), _race("on")
-        caller = await host.controller()
-        for group in (down, on):
-            handle = await caller.open_effect_group(group)
-            first = await asyncio.wait_for(caller.await_next_settlement(handle), 20)
-            assert first.replay_key == f"{group.key.split(':')[1]}.w"
-            for loser in LOSERS:
-                await lab.wait_for("started", f"{group.key.split(':')[1]}.{loser}", timeout=20)
+    reopened = await fresh.open_effect_group(down)
+    assert (await asyncio.wait_for(fresh.await_next_settlement(reopened), 20)).rank == 1
+    await _retried(host, down.key)
+    await fresh.close_effect_group(reopened)
+    await _retired_or_ranked(fresh, down)
+    starts = {x: lab.count("started", f"down.{x}") for x in LOSERS}
+    assert starts == dict.fromkeys(LOSERS, 1), f"losers started again: {starts}"
 
-        await host.restart()  # SIGKILL the worker; a new one starts
-        fresh = await host.controller()
-        assert isinstance(fresh, TemporalEffectHost)
-
-        reopened = await fresh.open_effect_group(down)
-        assert (await asyncio.wait_for(fresh.await_next_settlement(reopened), 20)).rank == 1
-        await _retried(host, down.key)
-        await fresh.close_effect_group(reopened)
-        await _retired_or_ranked(fresh, down)
-        starts = {x: lab.count("started", f"down.{x}") for x in LOSERS}
-        assert starts == dict.fromkeys(LOSERS, 1), f"losers started again: {starts}"
-
-        reading = await fresh.open_effect_group(on)
-        assert (await asyncio.wait_for(fresh.await_next_settlement(reading), 20)).rank == 1
-        await _retried(host, on.key)
-        assert {x: lab.count("started", f"on.{x}") for x in LOSERS} == dict.fromkeys(LOSERS, 1)
-        lab.open_all("on.")
-        rest = [await asyncio.wait_for(fresh.await_next_settlement(reading), 30) for _ in LOSERS]
-        assert sorted(s.replay_key for s in rest) == sorted(f"on.{x}" for x in LOSERS)
-        assert all(s.outcome.status == "success" for s in rest), [s.outcome for s in rest]
-        await fresh.close_effect_group(reading)
+    reading = await fresh.open_effect_group(on)
+    assert (await asyncio.wait_for(fresh.await_next_settlement(reading), 20)).rank == 1
+    await _retried(host, on.key)
+    assert {x: lab.count("started", f"on.{x}") for x in LOSERS} == dict.fromkeys(LOSERS, 1)
+    lab.open_all("on.")
+    rest = [await asyncio.wait_for(fresh.await_next_settlement(reading), 30) for _ in LOSERS]
+    assert sorted(s.replay_key for s in rest) == sorted(f"on.{x}" for x in LOSERS)
+    assert all(s.outcome.status == "success" for s in rest), [s.outcome for s in rest]
+    await fresh.close_effect_group(reading)
