@@ -86,11 +86,10 @@ def on_host(
 
             asyncio.run(run())
 
-        test.__name__, test.__qualname__, test.__doc__ = (
-            body.__name__,
-            body.__qualname__,
-            body.__doc__,
-        )
+        # pytest collects the test by its name; no ``__wrapped__``, so that pytest reads
+        # the signature ``(tmp_path)`` and not the body's.
+        test.__name__ = test.__qualname__ = body.__name__
+        test.__doc__ = body.__doc__
         return test
 
     return wrap
