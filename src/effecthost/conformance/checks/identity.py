@@ -34,6 +34,7 @@ from effecthost.contract import (
 from .._context import INPUT_MARKER, CheckContext
 from .._registry import check
 from .._tools import STEP, ConformanceResolver, step_input
+from .refusals import refused_unwired
 
 
 def golden_vectors() -> list[dict[str, Any]]:
@@ -363,16 +364,12 @@ async def check_unwired_controller_refuses_every_group_method(t: CheckContext) -
     else:
         raise AssertionError("validate_deployment accepted an unwired controller")
     group = t.group("g", [t.step("a", gate=False)])
-    names = {"group_key": group.key}
     calls: dict[str, Callable[[], Awaitable[object]]] = {
-        "open": lambda: bare.open_effect_group(group),
-        "await": lambda: bare.await_next_settlement(group.handle()),
-        "close": lambda: bare.close_effect_group(group.handle()),
+        "an unwired open": lambda: bare.open_effect_group(group),
+        "an unwired await": lambda: bare.await_next_settlement(group.handle()),
+        "an unwired close": lambda: bare.close_effect_group(group.handle()),
     }
-    for what, call in calls.items():
-        await t.refuses(EffectGroupUnsupported, call(), what, names=names)
-    t.expect(group.key not in await wired.open_group_keys(), "an unwired open was recorded")
-    t.expect(t.count("started", "a") == 0, "an unwired open ran a child")
+    await refused_unwired(t, group, calls)
 
 
 @check("G-13")
