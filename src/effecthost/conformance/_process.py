@@ -59,7 +59,7 @@ from effecthost.contract import (
 )
 
 from ._host import FactoryEnv, FaultedStep, HostCapabilities, HostUnderTest
-from ._lab import LabClient, mark_killed
+from ._lab import LabClient, exchange, mark_killed
 from ._tools import conformance_resolver
 
 
@@ -116,14 +116,7 @@ async def _call(socket_path: str, op: str, host: str, **args: Any) -> Any:
         reader, writer = await asyncio.open_unix_connection(socket_path, limit=2**26)
     except (FileNotFoundError, ConnectionError) as exc:
         raise DeploymentGone(f"deployment process at {socket_path}: {exc}") from None
-    try:
-        writer.write(json.dumps({"op": op, "host": host, "args": args}).encode() + b"\n")
-        await writer.drain()
-        line = await reader.readline()
-    finally:
-        writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
+    line = await exchange(reader, writer, {"op": op, "host": host, "args": args})
     if not line:
         raise DeploymentGone(f"deployment process at {socket_path} hung up during {op}")
     reply = json.loads(line)
