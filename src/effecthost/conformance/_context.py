@@ -14,6 +14,7 @@ from effecthost.contract import (
     EffectKind,
     GroupHandle,
     LoserPolicy,
+    Outcome,
     Settlement,
     WakePolicy,
     group_key,
@@ -204,6 +205,13 @@ class CheckContext:
         if rank is not None:
             self.expect(settlement.rank == rank, f"expected rank {rank}")
         return settlement
+
+    async def outcomes(
+        self, controller: EffectController, handle: GroupHandle, count: int
+    ) -> dict[str, Outcome]:
+        """The outcomes of the next ``count`` settlements (:meth:`next`), by replay key."""
+        served = [await self.next(controller, handle) for _ in range(count)]
+        return {settlement.replay_key: settlement.outcome for settlement in served}
 
     async def next_is(
         self, controller: EffectController, handle: GroupHandle, label: str

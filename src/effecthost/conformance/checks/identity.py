@@ -433,10 +433,7 @@ async def check_one_limits_policy_for_inputs_and_results(t: CheckContext) -> Non
         input={**step_input(t.tag("over"), gate=False, over_limits=True), "note": INPUT_MARKER},
     )
     handle = await t.open(ctl, t.group("g", [over, t.step("ok", gate=False)]))
-    outcomes = {}
-    for _ in range(2):
-        settlement = await t.next(ctl, handle)
-        outcomes[settlement.replay_key] = settlement.outcome
+    outcomes = await t.outcomes(ctl, handle, 2)
     bad = outcomes[t.tag("over")]
     t.expect(
         bad.status == "error"

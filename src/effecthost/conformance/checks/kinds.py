@@ -185,10 +185,7 @@ async def check_unbound_target_is_a_terminal_404(t: CheckContext) -> None:
     group = t.group("g", [t.unroutable("x"), t.step("ok", gate=False)])
     await t.host.open_unroutable(ctl, group)
     handle = group.handle()
-    outcomes = {}
-    for _ in range(2):
-        settlement = await t.next(ctl, handle)
-        outcomes[settlement.replay_key] = settlement.outcome
+    outcomes = await t.outcomes(ctl, handle, 2)
     bad = outcomes[t.tag("x")]
     t.expect(
         bad.status == "error" and bad.error is not None and bad.error.code == 404,

@@ -87,10 +87,7 @@ async def check_a_result_over_the_hosts_limit_settles_as_a_typed_failure(
         },
     )
     handle = await t.open(ctl, t.group("g", [big, t.step("ok", gate=False, result="fine")]))
-    outcomes = {}
-    for _ in range(2):
-        settlement = await t.next(ctl, handle)
-        outcomes[settlement.replay_key] = settlement.outcome
+    outcomes = await t.outcomes(ctl, handle, 2)
     bad = outcomes[t.tag("big")]
     t.expect(
         bad.status == "error" and bad.error is not None and bad.error.type == "PayloadTooLarge",
