@@ -14,7 +14,6 @@ from effecthost.contract import (
     EffectKind,
     GroupHandle,
     LoserPolicy,
-    Outcome,
     Settlement,
     WakePolicy,
     group_key,
@@ -206,12 +205,12 @@ class CheckContext:
             self.expect(settlement.rank == rank, f"expected rank {rank}")
         return settlement
 
-    async def outcomes(
+    async def settled(
         self, controller: EffectController, handle: GroupHandle, count: int
-    ) -> dict[str, Outcome]:
-        """The outcomes of the next ``count`` settlements (:meth:`next`), by replay key."""
+    ) -> dict[str, Settlement]:
+        """The next ``count`` settlements (:meth:`next`), by replay key."""
         served = [await self.next(controller, handle) for _ in range(count)]
-        return {settlement.replay_key: settlement.outcome for settlement in served}
+        return {settlement.replay_key: settlement for settlement in served}
 
     async def next_is(
         self, controller: EffectController, handle: GroupHandle, label: str

@@ -433,8 +433,8 @@ async def check_one_limits_policy_for_inputs_and_results(t: CheckContext) -> Non
         input={**step_input(t.tag("over"), gate=False, over_limits=True), "note": INPUT_MARKER},
     )
     handle = await t.open(ctl, t.group("g", [over, t.step("ok", gate=False)]))
-    outcomes = await t.outcomes(ctl, handle, 2)
-    bad = outcomes[t.tag("over")]
+    settled = await t.settled(ctl, handle, 2)
+    bad = settled[t.tag("over")].outcome
     t.expect(
         bad.status == "error"
         and bad.error is not None
@@ -442,4 +442,6 @@ async def check_one_limits_policy_for_inputs_and_results(t: CheckContext) -> Non
         f"a result over the limits settled as {bad.status} "
         f"({bad.error.type if bad.error else 'no error type'})",
     )
-    t.expect(outcomes[t.tag("ok")].ok, "the sibling of an over-limits result did not succeed")
+    t.expect(
+        settled[t.tag("ok")].outcome.ok, "the sibling of an over-limits result did not succeed"
+    )

@@ -185,8 +185,8 @@ async def check_unbound_target_is_a_terminal_404(t: CheckContext) -> None:
     group = t.group("g", [t.unroutable("x"), t.step("ok", gate=False)])
     await t.host.open_unroutable(ctl, group)
     handle = group.handle()
-    outcomes = await t.outcomes(ctl, handle, 2)
-    bad = outcomes[t.tag("x")]
+    settled = await t.settled(ctl, handle, 2)
+    bad = settled[t.tag("x")].outcome
     t.expect(
         bad.status == "error" and bad.error is not None and bad.error.code == 404,
         f"expected a terminal 404, got {bad}",
