@@ -53,12 +53,13 @@ def free_port() -> int:
 
 
 def spawn(
-    command: list[str], log: IO[bytes], *, env: dict[str, str] | None = None, cwd: Any = None
+    command: list[str], log: IO[bytes], *, env: dict[str, str] | None = None, **options: Any
 ) -> subprocess.Popen[bytes]:
     """Start ``command`` with its stdout and stderr in ``log``: never a pipe that nobody
-    reads, which would block the process once its buffer is full."""
+    reads, which would block the process once its buffer is full. ``options`` go to
+    :class:`subprocess.Popen` (``cwd``, ``process_group``)."""
     return subprocess.Popen(
-        command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **options
     )
 
 

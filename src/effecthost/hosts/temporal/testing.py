@@ -37,7 +37,9 @@ from effecthost.contract import EffectController, EffectGroup, GroupExecutors, U
 from effecthost.hosts import EngineMissing, require
 from effecthost.hosts._procs import DURABLE, close_all, configured, free_port
 from effecthost.hosts._procs import kill as _kill
+from effecthost.hosts._procs import spawn as _spawn
 from effecthost.hosts._procs import terminate as _terminate
+from effecthost.hosts._procs import wait_until as _wait_until
 from effecthost.payloads import (
     AesGcmSealer,
     FileKeyStore,
@@ -148,30 +150,10 @@ class DevServer(_Process):
     def _spawn(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(self.work_dir / "temporal-server.log", "ab")
-        self.process = subprocess.Popen(
-            [
-                temporal_cli(),
-                "server",
-                "start-dev",
-                "--headless",
-                "--ip",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--http-port",
-                str(self.http_port),
-                "--metrics-port",
-                str(self.metrics_port),
-                "--db-filename",
-                str(self.db_file),
-                "--log-level",
-                "warn",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            process_group=0,
-        )
+        command = [temporal_cli(), "server", "start-dev", "--headless", "--ip", "127.0.0.1"]
+        command += ["--port", str(self.port), "--http-port", str(self.http_port)]
+        command += ["--metrics-port", str(self.metrics_port), "--db-filename", str(self.db_file)]
+        self.process = _spawn([*command, "--log-level", "warn"], self._log, process_group=0)
 
     async def _ended(self, process: subprocess.Popen[bytes] | None) -> None:
         if self._log is not None:
@@ -183,17 +165,12 @@ class DevServer(_Process):
         (through ``client`` when given: its connection is the one that must recover)."""
         self._spawn()
         probe = client or await connect(self.address)
-        deadline = time.monotonic() + 60
-        delay = 0.05
-        while True:
-            try:
-                await probe.workflow_service.get_system_info(GetSystemInfoRequest())
-                return
-            except RPCError:
-                if time.monotonic() > deadline:
-                    raise
-            await asyncio.sleep(delay)  # the server is not answering yet: back off
-            delay = min(delay * 2, 0.5)
+
+        async def answers() -> bool:
+            await probe.workflow_service.get_system_info(GetSystemInfoRequest())
+            return True
+
+        await _wait_until(answers, "the restarted Temporal dev server", 60)
 
 
 def _drain(pipe: IO[bytes], log_path: Path) -> None:
