@@ -82,6 +82,29 @@ def work_group(key: str, n: int, value: Callable[[int], Any] = lambda i: i) -> A
     )
 
 
+def instrument_dropping() -> tuple[Any, Any]:
+    """Instrument effecthost with the OpenTelemetry SDK: spans to an exporter that drops
+    them, metrics to an in-memory reader. Returns the tracer and meter providers."""
+    from collections.abc import Sequence
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    from effecthost import telemetry
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    tracer = TracerProvider()
+    tracer.add_span_processor(SimpleSpanProcessor(Dropped()))
+    meter = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    telemetry.instrument(tracer_provider=tracer, meter_provider=meter)
+    return tracer, meter
+
+
 def percentile(samples: list[float], q: float) -> float:
     """The sample at index ``q * n`` of the sorted samples (NaN when there are none)."""
     if not samples:

@@ -25,24 +25,15 @@ import gc
 import json
 import statistics
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from _bench import instrument_dropping
 
 from effecthost import telemetry
 from effecthost.combinators import Scope, all_, tool
 from effecthost.contract import ToolRegistry
 from effecthost.hosts.memory import MemoryEffectHost
-
-
-class _Dropped(SpanExporter):
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return SpanExportResult.SUCCESS
 
 
 async def _echo(value: Any) -> Any:
@@ -69,11 +60,7 @@ def _mode(name: str) -> Any:
     if name == "api":
         telemetry.instrument()  # no provider is set in this process: the API's no-ops
     elif name == "sdk":
-        tracer = TracerProvider()
-        tracer.add_span_processor(SimpleSpanProcessor(_Dropped()))
-        meter = MeterProvider(metric_readers=[InMemoryMetricReader()])
-        telemetry.instrument(tracer_provider=tracer, meter_provider=meter)
-        return tracer, meter
+        return instrument_dropping()
     return None
 
 

@@ -23,65 +23,21 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from effecthost.contract import (
-    EffectEnvelope,
-    EffectGroup,
-    EffectKind,
-    LoserPolicy,
-    ToolRegistry,
-    WakePolicy,
-    group_key,
-)
+from _bench import echo_tools, instrument_dropping, work_group
+
+from effecthost.contract import group_key
 
 TRACED = "EFFECTHOST_BENCH_TRACED"
 HERE = str(Path(__file__).resolve().parent)
 
-
-async def work(value: Any) -> Any:
-    return value
-
-
-registry = ToolRegistry({"work": work})
+registry = echo_tools("work")
 """The endpoint's resolver (``restate_traced:registry``)."""
 
-
-def _instrument() -> None:
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
-
-    from effecthost import telemetry
-
-    class Drop(SpanExporter):
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            return SpanExportResult.SUCCESS
-
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(Drop()))
-    meters = MeterProvider(metric_readers=[InMemoryMetricReader()])
-    telemetry.instrument(tracer_provider=provider, meter_provider=meters)
-
-
 if os.environ.get(TRACED):
-    _instrument()
-
-
-def _group(n: int, width: int) -> EffectGroup:
-    key = group_key("bench", "traced", n)
-    return EffectGroup(
-        key=key,
-        wake=WakePolicy.ALL,
-        disposition=LoserPolicy.RUN_TO_COMPLETION,
-        children=[
-            EffectEnvelope(replay_key=f"{key}:{i}", kind=EffectKind.TOOL_CALL, name="work", input=i)
-            for i in range(width)
-        ],
-    )
+    instrument_dropping()
 
 
 async def main(groups: int, width: int, traced: bool) -> dict[str, Any]:
@@ -90,7 +46,7 @@ async def main(groups: int, width: int, traced: bool) -> dict[str, Any]:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)
     if traced:
         os.environ[TRACED] = "1"
-        _instrument()
+        instrument_dropping()
     with tempfile.TemporaryDirectory() as tmp:
         local = LocalRestate(Path(tmp), "restate_traced:registry")
         try:
@@ -100,7 +56,9 @@ async def main(groups: int, width: int, traced: bool) -> dict[str, Any]:
             try:
                 for n in range(groups + 3):
                     started = time.perf_counter()
-                    handle = await ctl.open_effect_group(_group(n, width))
+                    handle = await ctl.open_effect_group(
+                        work_group(group_key("bench", "traced", n), width)
+                    )
                     for _ in range(width):
                         await ctl.await_next_settlement(handle)
                     await ctl.close_effect_group(handle)

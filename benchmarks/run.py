@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from _bench import machine, write_json
 
 HERE = Path(__file__).resolve().parent
 
@@ -150,19 +151,17 @@ def main() -> None:
     results = options.out.parent
     results.mkdir(parents=True, exist_ok=True)
     document: dict[str, Any] = {
-        "python": platform.python_version(),
-        "cpus": os.cpu_count() or 0,
+        **machine(load="loadavg_before"),
         "quick": options.quick,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "loadavg_before": os.getloadavg(),
         "benchmarks": {},
     }
     for bench in benches:
         entry = run_one(bench, options.quick, results, options.timeout)
         document["benchmarks"][bench.name] = entry
-        options.out.write_text(json.dumps(document, indent=2) + "\n")  # partial results too
+        write_json(options.out, document)  # partial results too
     document["loadavg_after"] = os.getloadavg()
-    options.out.write_text(json.dumps(document, indent=2) + "\n")
+    write_json(options.out, document)
     print()
     for name, entry in document["benchmarks"].items():
         print(f"{name:<16}{entry['status']:<10}{entry.get('wall_s', '-')!s:>8} s")

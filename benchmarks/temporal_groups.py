@@ -185,18 +185,8 @@ def bench_worker(kind: str, address: str, namespace: str, task_queue: str, log: 
     from effecthost.hosts.temporal.testing import WorkerProcess
 
     process = WorkerProcess(address, namespace, task_queue, log.parent, log)
-    process.argv = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--worker",
-        kind,
-        "--address",
-        address,
-        "--namespace",
-        namespace,
-        "--task-queue",
-        task_queue,
-    ]
+    process.argv = [sys.executable, str(Path(__file__).resolve()), "--worker", kind]
+    process.argv += process.connection
     return process
 
 

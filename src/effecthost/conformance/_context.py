@@ -205,6 +205,13 @@ class CheckContext:
             self.expect(settlement.rank == rank, f"expected rank {rank}")
         return settlement
 
+    async def settled(
+        self, controller: EffectController, handle: GroupHandle, count: int
+    ) -> dict[str, Settlement]:
+        """The next ``count`` settlements (:meth:`next`), by replay key."""
+        served = [await self.next(controller, handle) for _ in range(count)]
+        return {settlement.replay_key: settlement for settlement in served}
+
     async def next_is(
         self, controller: EffectController, handle: GroupHandle, label: str
     ) -> Settlement:

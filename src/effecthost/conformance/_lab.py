@@ -202,6 +202,21 @@ class Lab:
                 await writer.wait_closed()
 
 
+async def exchange(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, message: dict[str, Any]
+) -> bytes:
+    """Send ``message`` as one JSON line, read one line back (empty: the other side hung
+    up) and close the connection."""
+    try:
+        writer.write(json.dumps(message).encode() + b"\n")
+        await writer.drain()
+        return await reader.readline()
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
 class LabClient:
     """The child-side end. Each call is one short connection, so a child survives the
     lab being busy and a worker survives being killed mid-wait."""
@@ -231,15 +246,7 @@ class LabClient:
                 await asyncio.sleep(delay)  # the lab is not listening yet: back off
                 delay = min(delay * 2, 0.5)
                 continue
-            try:
-                writer.write(json.dumps(message).encode() + b"\n")
-                await writer.drain()
-                reply = await reader.readline()
-            finally:
-                writer.close()
-                with contextlib.suppress(Exception):
-                    await writer.wait_closed()
-            if reply:
+            if await exchange(reader, writer, message):
                 return
             if time.monotonic() > deadline:
                 raise ConnectionError("the conformance lab closed the connection")

@@ -47,19 +47,15 @@ from effecthost.contract import (
     EffectExecutor,
     EffectGroup,
     EffectHostError,
-    EngineUnavailable,
-    ExecutionInput,
     GroupDrain,
-    GroupExecutors,
     GroupHandle,
     LoserPolicy,
-    NoExecutor,
     Outcome,
     Settlement,
 )
 
 from ._host import FactoryEnv, FaultedStep, HostCapabilities, HostUnderTest
-from ._lab import LabClient, mark_killed
+from ._lab import LabClient, exchange, mark_killed
 from ._tools import conformance_resolver
 
 
@@ -75,7 +71,7 @@ class Deployment:
     """
 
     name: str
-    resolver: GroupExecutors | None
+    resolver: contract.GroupExecutors | None
     work_dir: Path
     config: Mapping[str, Any] = field(default_factory=dict)
 
@@ -91,7 +87,7 @@ class RemoteError(RuntimeError):
 def _error_to_wire(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, EffectHostError):
         wire = {"type": type(exc).__name__, "message": str(exc.args[0]), "ids": exc.ids()}
-        if isinstance(exc, EngineUnavailable):  # which call gave up, and after how long
+        if isinstance(exc, contract.EngineUnavailable):  # which call gave up, and after how long
             wire["outage"] = {"operation": exc.operation, "tried_for": exc.tried_for}
         return wire
     return {"type": "RemoteError", "message": f"{type(exc).__name__}: {exc}", "ids": {}}
@@ -116,14 +112,7 @@ async def _call(socket_path: str, op: str, host: str, **args: Any) -> Any:
         reader, writer = await asyncio.open_unix_connection(socket_path, limit=2**26)
     except (FileNotFoundError, ConnectionError) as exc:
         raise DeploymentGone(f"deployment process at {socket_path}: {exc}") from None
-    try:
-        writer.write(json.dumps({"op": op, "host": host, "args": args}).encode() + b"\n")
-        await writer.drain()
-        line = await reader.readline()
-    finally:
-        writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
+    line = await exchange(reader, writer, {"op": op, "host": host, "args": args})
     if not line:
         raise DeploymentGone(f"deployment process at {socket_path} hung up during {op}")
     reply = json.loads(line)
@@ -142,7 +131,7 @@ class _RemoteDrain(GroupDrain):
         return DrainReport(
             resumed=tuple((g, r) for g, r in wire["resumed"]),
             cancelled=tuple((g, r) for g, r in wire["cancelled"]),
-            no_executor=tuple(e for e in missing if isinstance(e, NoExecutor)),
+            no_executor=tuple(e for e in missing if isinstance(e, contract.NoExecutor)),
         )
 
 
@@ -346,7 +335,7 @@ class ProcessHostUnderTest(HostUnderTest):
 
 
 class _Unresolved(EffectExecutor):
-    async def run(self, call: ExecutionInput) -> Any:
+    async def run(self, call: contract.ExecutionInput) -> Any:
         raise RuntimeError(f"no executor for {call.envelope.replay_key!r}")
 
 

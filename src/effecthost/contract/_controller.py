@@ -437,9 +437,9 @@ class WiredController(EffectController):
 
 def group_shape_error(group: EffectGroup, position: int, child: EffectEnvelope) -> GroupShapeError:
     """The refusal of a first open whose child at ``position`` has no executor (G-10)."""
+    where = f"child {child.replay_key!r} at position {position} of group {group.key!r}"
     return GroupShapeError(
-        f"no executor for child {child.replay_key!r} at position {position} of group "
-        f"{group.key!r} ({child.kind} {child.name!r}); nothing recorded",
+        f"no executor for {where} ({child.kind} {child.name!r}); nothing recorded",
         group_key=group.key,
         replay_key=child.replay_key,
         position=position,

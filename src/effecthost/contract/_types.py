@@ -7,14 +7,14 @@ import json
 import math
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, ClassVar, Literal, Self, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
@@ -309,6 +309,9 @@ def _key(value: Any, what: str, limit: int = limits.MAX_KEY_BYTES) -> str:
         raise ValueError(f"{what} is not a key within the limits") from None
 
 
+_GroupKey = Annotated[str, BeforeValidator(lambda value: _key(value, "group key"))]
+"""A group key field: a key within the limits (§7), else the model's typed refusal."""
+
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -317,15 +320,10 @@ class GroupMembership(_Model):
 
     model_config = _FROZEN
 
-    group_key: str
+    group_key: _GroupKey
     position: int = Field(strict=True, ge=0, lt=limits.MAX_CHILDREN)
     wake: WakePolicy
     disposition: LoserPolicy
-
-    @field_validator("group_key", mode="before")
-    @classmethod
-    def _group_key(cls, value: Any) -> str:
-        return _key(value, "group key")
 
 
 class EffectEnvelope(_Model):
@@ -655,16 +653,11 @@ class GroupHandle(_Model):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     _refusal: ClassVar[type[EffectHostError]] = MalformedHandle
 
-    group_key: str
+    group_key: _GroupKey
     child_count: int = Field(strict=True, ge=1, le=limits.MAX_CHILDREN)
     consumed: int = Field(strict=True, ge=0, le=limits.MAX_CHILDREN)
     wake: WakePolicy
     disposition: LoserPolicy
-
-    @field_validator("group_key", mode="before")
-    @classmethod
-    def _group_key(cls, value: Any) -> str:
-        return _key(value, "group key")
 
     @model_validator(mode="after")
     def _consumed_in_range(self) -> GroupHandle:

@@ -249,9 +249,9 @@ def replay_key_taken(
     (R-6); names both group keys (``holder`` is ``None`` when the store cannot say which
     group). The host records nothing."""
     other = "another group" if holder is None else f"group {holder!r}"
+    where = f"child {replay_key!r} at position {position} of group {group_key!r}"
     return ReplayMismatch(
-        f"child {replay_key!r} at position {position} of group {group_key!r}: the replay "
-        f"key is recorded for {other}",
+        f"{where}: the replay key is recorded for {other}",
         group_key=group_key,
         replay_key=replay_key,
         position=position,

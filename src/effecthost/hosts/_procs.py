@@ -1,16 +1,48 @@
-"""The processes the tiers' ``testing`` modules start (engine servers, endpoints, workers,
-PostgreSQL): free loopback ports, spawning with the output in a log file, readiness polls
-and bounded stops. Shared here so that no tier imports another."""
+"""What the tiers' ``testing`` modules share: the capabilities every durable tier declares,
+and the processes they start (engine servers, endpoints, workers, PostgreSQL): free
+loopback ports, spawning with the output in a log file, readiness polls and bounded
+stops. Shared here so that no tier imports another."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import subprocess
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import IO, Any
+
+from effecthost.conformance import HostCapabilities
+from effecthost.hosts import EngineMissing
+
+DURABLE = HostCapabilities(
+    restart=True, durable_timers=True, waiter_probe=True, second_incarnation=True
+)
+"""What every durable tier declares: it restarts from its records, its timers outlive a
+restart, a parked await can be seen, and a second incarnation shares its records."""
+
+
+def configured(variable: str, engine: str, install: str) -> str | None:
+    """The executable the environment variable ``variable`` names, or None when unset.
+
+    Raises:
+        EngineMissing: ``variable`` names no file (``install`` says what provides it).
+    """
+    explicit = os.environ.get(variable)
+    if explicit and not Path(explicit).is_file():
+        raise EngineMissing(f"{engine} ({variable}={explicit})", install)
+    return explicit or None
+
+
+async def close_all(controllers: list[Any] | dict[Any, Any]) -> None:
+    """Close every controller of ``controllers`` (a list, or a dict's values) in turn, and
+    empty it."""
+    for controller in list(controllers.values() if isinstance(controllers, dict) else controllers):
+        await controller.aclose()
+    controllers.clear()
 
 
 def free_port() -> int:
@@ -21,12 +53,13 @@ def free_port() -> int:
 
 
 def spawn(
-    command: list[str], log: IO[bytes], *, env: dict[str, str] | None = None, cwd: Any = None
+    command: list[str], log: IO[bytes], *, env: dict[str, str] | None = None, **options: Any
 ) -> subprocess.Popen[bytes]:
     """Start ``command`` with its stdout and stderr in ``log``: never a pipe that nobody
-    reads, which would block the process once its buffer is full."""
+    reads, which would block the process once its buffer is full. ``options`` go to
+    :class:`subprocess.Popen` (``cwd``, ``process_group``)."""
     return subprocess.Popen(
-        command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **options
     )
 
 

@@ -3,8 +3,6 @@ releases and call forms (G-03), and the byte limit of a whole group (R-8)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from effecthost.combinators import (
     Call,
     Scope,
@@ -18,10 +16,7 @@ from effecthost.combinators import (
     wait_event,
 )
 from effecthost.contract import (
-    EffectController,
-    EffectGroup,
     EmptyGroup,
-    GroupHandle,
     InvalidEnvelope,
     LoserPolicy,
     OccurrenceCounter,
@@ -32,6 +27,7 @@ from effecthost.contract import (
 
 from .._context import CheckContext
 from .._registry import check
+from ._recording import Recording
 
 GOLDEN_KEY = "golden:group:a64bd419a709508b41f3cdda:0"
 """The key every release builds for :func:`_golden_calls` in scope ``golden``: a batch id
@@ -49,29 +45,6 @@ def _golden_calls() -> list[Call]:
 
 class _Name(str):
     """A caller's own string type for a tool's name."""
-
-
-class _Counted(EffectController):
-    """Delegates to a host and counts the groups opened through it."""
-
-    def __init__(self, inner: EffectController) -> None:
-        self.inner = inner
-        self.opened: list[EffectGroup] = []
-
-    def supports_effect_groups(self) -> bool:
-        return self.inner.supports_effect_groups()
-
-    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
-        self.opened.append(group)
-        return await self.inner.open_effect_group(group)
-
-    async def await_next_settlement(self, handle: GroupHandle) -> Any:
-        return await self.inner.await_next_settlement(handle)
-
-    async def close_effect_group(
-        self, handle: GroupHandle, disposition: LoserPolicy | None = None
-    ) -> None:
-        await self.inner.close_effect_group(handle, disposition)
 
 
 @check("G-05")
@@ -175,7 +148,7 @@ async def check_a_group_over_the_byte_limit_is_refused_before_any_host(t: CheckC
     recorded."""
     calls = [tool(t.tag("pad"), {"pad": [CHUNK] * 42})] * 100
     key = next_group_key(Scope(scope_id=t.scope), calls)
-    counted = _Counted(await t.ctl())
+    counted = Recording(await t.ctl())
     refused = await t.refuses(
         PayloadTooLarge, all_(counted, Scope(scope_id=t.scope), calls), "all_ over the limit"
     )
@@ -192,7 +165,7 @@ async def check_empty_calls_are_refused_with_a_message(t: CheckContext) -> None:
     """G-04 with SPEC §7 (a clear typed error): ``race([])``, ``any([])`` and
     ``build_group`` with no calls are ``EmptyGroup`` whose ``message`` is text saying
     what was refused (there is no group, so no id to name), and no host is touched."""
-    ctl = _Counted(await t.ctl())
+    ctl = Recording(await t.ctl())
     scope = Scope(scope_id=t.scope)
     refusals = [
         await t.refuses(EmptyGroup, race(ctl, scope, []), "race([])"),

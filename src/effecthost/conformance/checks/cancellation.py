@@ -17,9 +17,7 @@ from typing import Any
 from effecthost.combinators import Call, Scope, next_group_key, race, tool
 from effecthost.contract import (
     EffectController,
-    EffectEnvelope,
     EffectGroup,
-    EffectKind,
     EngineUnavailable,
     GroupClosed,
     GroupHandle,
@@ -31,6 +29,7 @@ from effecthost.contract import (
 from .._context import CheckContext
 from .._registry import check
 from .._tools import STEP, step_input
+from ._recording import Recording
 from .closing import ranks_complete
 
 COMBINATOR_LOG = "effecthost.combinators"
@@ -40,7 +39,7 @@ CANCELLATIONS = 3
 """Further cancellations sent while the combinator's open or close is held."""
 
 
-class _Held(EffectController):
+class _Held(Recording):
     """Delegates to a host; holds the open or the close at a gate, and can make the
     await report a cancellation as an engine client might (an error of its own)."""
 
@@ -53,8 +52,7 @@ class _Held(EffectController):
         close_error: Exception | None = None,
         cancel_as: Exception | None = None,
     ) -> None:
-        self.inner = inner
-        self.opened: list[EffectGroup] = []
+        super().__init__(inner)
         self.closes: list[LoserPolicy | None] = []
         self.opening, self.open_gate = asyncio.Event(), asyncio.Event()
         self.closing, self.close_gate = asyncio.Event(), asyncio.Event()
@@ -65,9 +63,6 @@ class _Held(EffectController):
         self.close_error = close_error
         self.cancel_as = cancel_as
 
-    def supports_effect_groups(self) -> bool:
-        return self.inner.supports_effect_groups()
-
     async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
         self.opened.append(group)
         self.opening.set()
@@ -76,7 +71,7 @@ class _Held(EffectController):
 
     async def await_next_settlement(self, handle: GroupHandle) -> Any:
         try:
-            return await self.inner.await_next_settlement(handle)
+            return await super().await_next_settlement(handle)
         except asyncio.CancelledError:
             if self.cancel_as is None:
                 raise
@@ -90,7 +85,7 @@ class _Held(EffectController):
         await self.close_gate.wait()
         if self.close_error is not None:
             raise self.close_error
-        await self.inner.close_effect_group(handle, disposition)
+        await super().close_effect_group(handle, disposition)
 
 
 class _Records(logging.Handler):
@@ -153,6 +148,28 @@ async def _cancel_again(task: asyncio.Task[Any]) -> None:
         await asyncio.sleep(0)
 
 
+def _race(t: CheckContext, held: _Held) -> asyncio.Task[Any]:
+    """A ``race`` of children ``a`` and ``b`` declaring ``CANCEL``, through ``held``."""
+    calls = [_call(t, "a"), _call(t, "b")]
+    return asyncio.ensure_future(
+        race(held, Scope(scope_id=t.scope), calls, disposition=LoserPolicy.CANCEL)
+    )
+
+
+async def _cancelled_while_running(
+    t: CheckContext, held: _Held
+) -> tuple[asyncio.Task[Any], EffectGroup]:
+    """:func:`_race`, cancelled from outside once both children run; returns its task
+    and its group."""
+    task = _race(t, held)
+    await t.started("a")
+    await t.started("b")
+    group = held.opened[0]
+    t.remember(group.handle())
+    task.cancel()
+    return task, group
+
+
 async def _is_closed(t: CheckContext, ctl: EffectController, group: EffectGroup) -> None:
     t.expect(group.key not in await ctl.open_group_keys(), f"group {group.key!r} is still open")
     await t.refuses(
@@ -171,19 +188,7 @@ async def check_a_cancellation_during_the_close_still_closes(t: CheckContext) ->
     ctl = await t.ctl()
     held = _Held(ctl, hold_close=True)
     with _combinator_log() as records:
-        task = asyncio.ensure_future(
-            race(
-                held,
-                Scope(scope_id=t.scope),
-                [_call(t, "a"), _call(t, "b")],
-                disposition=LoserPolicy.CANCEL,
-            )
-        )
-        await t.started("a")
-        await t.started("b")
-        group = held.opened[0]
-        t.remember(group.handle())
-        task.cancel()
+        task, group = await _cancelled_while_running(t, held)
         await t.within(held.closing.wait(), "the close after the outer cancellation")
         await _cancel_again(task)
         t.expect(not task.done(), "the cancelled race returned before its close did")
@@ -212,14 +217,7 @@ async def check_a_cancellation_during_the_open_closes_what_it_recorded(
     closed, every child taking a rank (cancelled before it could finish)."""
     ctl = await t.ctl()
     held = _Held(ctl, hold_open=True)
-    task = asyncio.ensure_future(
-        race(
-            held,
-            Scope(scope_id=t.scope),
-            [_call(t, "a"), _call(t, "b")],
-            disposition=LoserPolicy.CANCEL,
-        )
-    )
+    task = _race(t, held)
     await t.within(held.opening.wait(), "the race's open")
     group = held.opened[0]
     t.remember(group.handle())
@@ -245,19 +243,12 @@ async def check_an_open_refused_during_a_cancellation_closes_nothing(t: CheckCon
     scope = Scope(scope_id=t.scope)
     calls = [_call(t, "a"), _call(t, "b")]
     key = next_group_key(scope, calls)
+    children = [
+        t.step(label).model_copy(update={"replay_key": f"{key}:{n}"})
+        for n, label in enumerate(("x", "y"))
+    ]
     theirs = EffectGroup(
-        key=key,
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-        children=[
-            EffectEnvelope(
-                replay_key=f"{key}:{n}",
-                kind=EffectKind.TOOL_CALL,
-                name=STEP,
-                input=step_input(t.tag(label)),
-            )
-            for n, label in enumerate(("x", "y"))
-        ],
+        key=key, wake=WakePolicy.FIRST, disposition=LoserPolicy.CANCEL, children=children
     )
     handle = await t.open(ctl, theirs)
     await t.started("x")
@@ -291,19 +282,7 @@ async def check_a_cancellation_reported_by_the_host_its_own_way_still_closes(
     ctl = await t.ctl()
     reported = EngineUnavailable("the request was cancelled", operation="await")
     held = _Held(ctl, cancel_as=reported)
-    task = asyncio.ensure_future(
-        race(
-            held,
-            Scope(scope_id=t.scope),
-            [_call(t, "a"), _call(t, "b")],
-            disposition=LoserPolicy.CANCEL,
-        )
-    )
-    await t.started("a")
-    await t.started("b")
-    group = held.opened[0]
-    t.remember(group.handle())
-    task.cancel()
+    task, group = await _cancelled_while_running(t, held)
     await asyncio.wait({task}, timeout=t.timeout)
     t.expect(task.done(), "the cancelled race did not return")
     if not task.cancelled():

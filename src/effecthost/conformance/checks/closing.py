@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from effecthost.contract import (
     DispositionWidened,
@@ -20,6 +21,24 @@ from effecthost.contract import (
 
 from .._context import CheckContext
 from .._registry import check
+
+PARKED = "an await parked when its group closed"
+
+
+async def closed_under_a_parked_await(t: CheckContext) -> asyncio.Future[Any]:
+    """Opens group ``g`` of one gated child ``a``, parks an await of rank 1 on it (seen
+    parked where the host can tell) and closes the group; returns the parked await."""
+    ctl = await t.ctl()
+    group = t.group("g", [t.step("a")])
+    handle = await t.open(ctl, group)
+    waiter = asyncio.ensure_future(ctl.await_next_settlement(handle.copy_cursor()))
+    await t.started("a")
+    if t.host.capabilities.waiter_probe:
+        await t.eventually(
+            lambda: t.host.awaiting(group.key, 1), bool, "the await of rank 1 to be parked"
+        )
+    await ctl.close_effect_group(handle)
+    return waiter
 
 
 async def ranks_complete(
@@ -428,17 +447,7 @@ async def check_a_close_of_a_closed_group_is_a_no_op(t: CheckContext) -> None:
 async def check_a_waiter_wakes_when_its_group_closes(t: CheckContext) -> None:
     """Ruling R-4: a waiter parked on a group when it is closed wakes with
     ``GroupClosed`` (the close wakes it; it does not sleep until a loser settles)."""
-    ctl = await t.ctl()
-    group = t.group("g", [t.step("a")])
-    handle = await t.open(ctl, group)
-    waiter = asyncio.ensure_future(ctl.await_next_settlement(handle.copy_cursor()))
-    await t.started("a")
-    if t.host.capabilities.waiter_probe:
-        await t.eventually(
-            lambda: t.host.awaiting(group.key, 1), bool, "the await of rank 1 to be parked"
-        )
-    await ctl.close_effect_group(handle)
-    await t.refuses(GroupClosed, waiter, "an await parked when its group closed")
+    await t.refuses(GroupClosed, await closed_under_a_parked_await(t), PARKED)
     t.release("a")
     await t.finished("a")
 

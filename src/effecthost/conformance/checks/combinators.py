@@ -24,10 +24,7 @@ from effecthost.combinators import (
     with_deadline,
 )
 from effecthost.contract import (
-    EffectController,
-    EffectGroup,
     GroupClosed,
-    GroupHandle,
     LoserPolicy,
     WakePolicy,
 )
@@ -35,34 +32,12 @@ from effecthost.contract import (
 from .._context import CheckContext
 from .._registry import check
 from .._tools import STEP, STEP_ERROR_CODE, failure_data, step_input
+from ._recording import Recording
 from .closing import ranks_complete
 
 
 def _call(t: CheckContext, label: str, **options: Any) -> Call:
     return tool(STEP, step_input(t.tag(label), **options))
-
-
-class _Spy(EffectController):
-    """Delegates to a host and records the groups opened through it."""
-
-    def __init__(self, inner: EffectController) -> None:
-        self.inner = inner
-        self.opened: list[EffectGroup] = []
-
-    def supports_effect_groups(self) -> bool:
-        return self.inner.supports_effect_groups()
-
-    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
-        self.opened.append(group)
-        return await self.inner.open_effect_group(group)
-
-    async def await_next_settlement(self, handle: GroupHandle) -> Any:
-        return await self.inner.await_next_settlement(handle)
-
-    async def close_effect_group(
-        self, handle: GroupHandle, disposition: LoserPolicy | None = None
-    ) -> None:
-        await self.inner.close_effect_group(handle, disposition)
 
 
 @check("G-23", "G-24")
@@ -183,7 +158,7 @@ async def check_combinators_declare_wake_and_loser_policy(t: CheckContext) -> No
     """all/allSettled declare ALL + RUN_TO_COMPLETION, race FIRST and any FIRST_SUCCESS
     with RUN_TO_COMPLETION by default, a deadline FIRST + CANCEL; the host's handle
     reports what was declared."""
-    spy = _Spy(await t.ctl())
+    spy = Recording(await t.ctl())
     scope = Scope(scope_id=t.scope)
     await all_(spy, scope, [_call(t, "a", gate=False)])
     await all_settled(spy, scope, [_call(t, "b", gate=False)])
@@ -213,7 +188,7 @@ async def check_an_outer_cancellation_closes_the_group(t: CheckContext) -> None:
     cancellation, the group is closed (not listed, an await is ``GroupClosed``) and both
     losers are cancelled."""
     ctl = await t.ctl()
-    spy = _Spy(ctl)
+    spy = Recording(ctl)
     calls = [_call(t, "a"), _call(t, "b")]
     task = asyncio.ensure_future(
         race(spy, Scope(scope_id=t.scope), calls, disposition=LoserPolicy.CANCEL)

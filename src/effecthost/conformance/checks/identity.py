@@ -34,6 +34,7 @@ from effecthost.contract import (
 from .._context import INPUT_MARKER, CheckContext
 from .._registry import check
 from .._tools import STEP, ConformanceResolver, step_input
+from .refusals import refused_unwired
 
 
 def golden_vectors() -> list[dict[str, Any]]:
@@ -363,16 +364,12 @@ async def check_unwired_controller_refuses_every_group_method(t: CheckContext) -
     else:
         raise AssertionError("validate_deployment accepted an unwired controller")
     group = t.group("g", [t.step("a", gate=False)])
-    names = {"group_key": group.key}
     calls: dict[str, Callable[[], Awaitable[object]]] = {
-        "open": lambda: bare.open_effect_group(group),
-        "await": lambda: bare.await_next_settlement(group.handle()),
-        "close": lambda: bare.close_effect_group(group.handle()),
+        "an unwired open": lambda: bare.open_effect_group(group),
+        "an unwired await": lambda: bare.await_next_settlement(group.handle()),
+        "an unwired close": lambda: bare.close_effect_group(group.handle()),
     }
-    for what, call in calls.items():
-        await t.refuses(EffectGroupUnsupported, call(), what, names=names)
-    t.expect(group.key not in await wired.open_group_keys(), "an unwired open was recorded")
-    t.expect(t.count("started", "a") == 0, "an unwired open ran a child")
+    await refused_unwired(t, group, calls)
 
 
 @check("G-13")
@@ -436,11 +433,8 @@ async def check_one_limits_policy_for_inputs_and_results(t: CheckContext) -> Non
         input={**step_input(t.tag("over"), gate=False, over_limits=True), "note": INPUT_MARKER},
     )
     handle = await t.open(ctl, t.group("g", [over, t.step("ok", gate=False)]))
-    outcomes = {}
-    for _ in range(2):
-        settlement = await t.next(ctl, handle)
-        outcomes[settlement.replay_key] = settlement.outcome
-    bad = outcomes[t.tag("over")]
+    settled = await t.settled(ctl, handle, 2)
+    bad = settled[t.tag("over")].outcome
     t.expect(
         bad.status == "error"
         and bad.error is not None
@@ -448,4 +442,6 @@ async def check_one_limits_policy_for_inputs_and_results(t: CheckContext) -> Non
         f"a result over the limits settled as {bad.status} "
         f"({bad.error.type if bad.error else 'no error type'})",
     )
-    t.expect(outcomes[t.tag("ok")].ok, "the sibling of an over-limits result did not succeed")
+    t.expect(
+        settled[t.tag("ok")].outcome.ok, "the sibling of an over-limits result did not succeed"
+    )

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from effecthost.contract import InvalidEnvelope, LoserPolicy
+from effecthost.contract import LoserPolicy
 
 from .._context import CheckContext
 from .._registry import check
+from .refusals import refused_nonsense_disposition
 
 
 @check("G-26")
@@ -19,13 +20,7 @@ async def check_a_close_reads_the_disposition_by_value(t: CheckContext) -> None:
     handle = await t.open(ctl, group)
     await t.next_is(ctl, handle, "a")
     await t.started("b")
-    await t.refuses(
-        InvalidEnvelope,
-        ctl.close_effect_group(handle, "sideways"),  # type: ignore[arg-type]
-        "a close with a disposition that is no LoserPolicy",
-        names={"group_key": group.key},
-    )
-    t.expect(group.key in await ctl.open_group_keys(), "a refused close closed the group")
+    await refused_nonsense_disposition(t, ctl, handle)
     t.expect(t.count("cancelled", "b") == 0, "a refused close cancelled a child")
     await t.within(
         ctl.close_effect_group(handle, LoserPolicy.CANCEL.value),  # type: ignore[arg-type]

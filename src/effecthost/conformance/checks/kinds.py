@@ -8,6 +8,7 @@ from typing import Any
 
 from effecthost.contract import (
     EffectEnvelope,
+    EffectGroup,
     EffectKind,
     InvalidEnvelope,
     LoserPolicy,
@@ -103,6 +104,12 @@ async def check_event_delivered_while_the_caller_is_down(t: CheckContext) -> Non
     t.expect(settlement.outcome.value == "payload", "event payload lost")
 
 
+def _select(t: CheckContext, label: str) -> EffectGroup:
+    """A FIRST/CANCEL group of a wait for event ``go`` (``ev``) and a 60 s sleep."""
+    children = [t.event("ev", "go"), t.sleep("deadline", 60.0)]
+    return t.group(label, children, wake=WakePolicy.FIRST, disposition=LoserPolicy.CANCEL)
+
+
 @check("G-52", "G-53")
 async def check_signal_or_deadline_select(t: CheckContext) -> None:
     """A two-child FIRST/CANCEL group of an event wait and a sleep: the event wins when
@@ -110,12 +117,7 @@ async def check_signal_or_deadline_select(t: CheckContext) -> None:
     cancels the loser the host runs itself (the sleep, or the event wait), which then
     takes rank 2."""
     ctl = await t.ctl()
-    signal = t.group(
-        "signal",
-        [t.event("ev", "go"), t.sleep("deadline", 60.0)],
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-    )
+    signal = _select(t, "signal")
     t.expect(all(c.membership is not None for c in signal.children), "membership stripped")
     t.expect(
         [c.kind for c in signal.children] == [EffectKind.AWAIT_EVENT, EffectKind.SLEEP], "kinds"
@@ -148,12 +150,7 @@ async def check_select_survives_a_restart(t: CheckContext) -> None:
     ruling R-1: the reopen makes the new incarnation the owner, so a drain pass after the
     reopen takes none of its children for orphans."""
     ctl = await t.ctl()
-    select = t.group(
-        "g",
-        [t.event("ev", "go"), t.sleep("deadline", 60.0)],
-        wake=WakePolicy.FIRST,
-        disposition=LoserPolicy.CANCEL,
-    )
+    select = _select(t, "g")
     await t.open(ctl, select)
     await t.restart()
     ctl = await t.ctl()
@@ -188,11 +185,8 @@ async def check_unbound_target_is_a_terminal_404(t: CheckContext) -> None:
     group = t.group("g", [t.unroutable("x"), t.step("ok", gate=False)])
     await t.host.open_unroutable(ctl, group)
     handle = group.handle()
-    outcomes = {}
-    for _ in range(2):
-        settlement = await t.next(ctl, handle)
-        outcomes[settlement.replay_key] = settlement.outcome
-    bad = outcomes[t.tag("x")]
+    settled = await t.settled(ctl, handle, 2)
+    bad = settled[t.tag("x")].outcome
     t.expect(
         bad.status == "error" and bad.error is not None and bad.error.code == 404,
         f"expected a terminal 404, got {bad}",
@@ -316,16 +310,9 @@ async def check_replay_keys_are_unique_across_groups(t: CheckContext) -> None:
     ctl = await t.ctl()
     await t.open(ctl, t.group("one", [t.step("shared")]))
     other = t.group("two", [t.step("own", gate=False), t.step("shared")])
-    await t.refuses(
-        ReplayMismatch,
-        ctl.open_effect_group(other),
-        "a replay key of another group",
-        names={
-            "group_key": other.key,
-            "replay_key": other.children[1].replay_key,
-            "position": 1,
-        },
-    )
+    names = {"group_key": other.key, "replay_key": t.tag("shared"), "position": 1}
+    refused = ctl.open_effect_group(other)
+    await t.refuses(ReplayMismatch, refused, "a replay key of another group", names=names)
     t.expect(other.key not in await ctl.open_group_keys(), "the refused group is listed")
     t.expect(t.count("started", "own") == 0, "a child of the refused group ran")
     t.expect(t.count("started", "shared") <= 1, "the shared child ran twice")

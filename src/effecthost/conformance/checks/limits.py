@@ -87,11 +87,8 @@ async def check_a_result_over_the_hosts_limit_settles_as_a_typed_failure(
         },
     )
     handle = await t.open(ctl, t.group("g", [big, t.step("ok", gate=False, result="fine")]))
-    outcomes = {}
-    for _ in range(2):
-        settlement = await t.next(ctl, handle)
-        outcomes[settlement.replay_key] = settlement.outcome
-    bad = outcomes[t.tag("big")]
+    settled = await t.settled(ctl, handle, 2)
+    bad = settled[t.tag("big")].outcome
     t.expect(
         bad.status == "error" and bad.error is not None and bad.error.type == "PayloadTooLarge",
         f"a result over the host's limit settled as {bad.status} "
@@ -102,7 +99,7 @@ async def check_a_result_over_the_hosts_limit_settles_as_a_typed_failure(
         t.tag("big") in bad.error.message, "the failure's message does not name the replay key"
     )
     t.expect("r" * 64 not in bad.error.message, "the failure's message carries the result")
-    t.expect(outcomes[t.tag("ok")].value == "fine", "the sibling did not settle as usual")
+    t.expect(settled[t.tag("ok")].outcome.value == "fine", "the sibling did not settle as usual")
 
 
 @check("G-51", requires=("payload_limit",))

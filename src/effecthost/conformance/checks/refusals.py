@@ -7,13 +7,15 @@ error alone which group, child or position was refused.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from effecthost.contract import (
+    EffectController,
+    EffectGroup,
     EffectGroupUnsupported,
     GroupClosed,
+    GroupHandle,
     HandleMismatch,
     InvalidEnvelope,
     ReplayMismatch,
@@ -24,6 +26,34 @@ from effecthost.contract import (
 
 from .._context import CheckContext
 from .._registry import check
+from .closing import PARKED, closed_under_a_parked_await
+
+
+async def refused_unwired(
+    t: CheckContext, group: EffectGroup, calls: dict[str, Callable[[], Awaitable[Any]]]
+) -> None:
+    """Each of ``calls`` (an unwired controller's group methods on ``group``, by what they
+    are) refuses with ``EffectGroupUnsupported`` naming the group key, and none of them
+    records the group or runs its child ``a``."""
+    for what, call in calls.items():
+        await t.refuses(EffectGroupUnsupported, call(), what, names={"group_key": group.key})
+    wired = await t.ctl()
+    t.expect(group.key not in await wired.open_group_keys(), "an unwired call recorded the group")
+    t.expect(t.count("started", "a") == 0, "an unwired open ran a child")
+
+
+async def refused_nonsense_disposition(
+    t: CheckContext, ctl: EffectController, handle: GroupHandle
+) -> None:
+    """A close of ``handle`` asking for a disposition that is no loser policy is
+    ``InvalidEnvelope`` naming the group, and leaves the group open."""
+    await t.refuses(
+        InvalidEnvelope,
+        ctl.close_effect_group(handle, "sideways"),  # type: ignore[arg-type]
+        "a close with a disposition that is no LoserPolicy",
+        names={"group_key": handle.group_key},
+    )
+    t.expect(handle.group_key in await ctl.open_group_keys(), "a refused close closed the group")
 
 
 @check("G-07")
@@ -32,9 +62,7 @@ async def check_an_unwired_refusal_names_its_group(t: CheckContext) -> None:
     close, ``settlement_order`` and ``deliver_event`` — refuses with
     ``EffectGroupUnsupported`` carrying the group key it was given, and records nothing."""
     bare = await t.ctl(wired=False)
-    wired = await t.ctl()
     group = t.group("g", [t.step("a", gate=False)])
-    names = {"group_key": group.key}
     calls: dict[str, Callable[[], Awaitable[Any]]] = {
         "an unwired open": lambda: bare.open_effect_group(group),
         "an unwired await": lambda: bare.await_next_settlement(group.handle()),
@@ -42,10 +70,7 @@ async def check_an_unwired_refusal_names_its_group(t: CheckContext) -> None:
         "an unwired settlement_order": lambda: bare.settlement_order(group.key),
         "an unwired deliver_event": lambda: bare.deliver_event(group.key, "ping", 1),
     }
-    for what, call in calls.items():
-        await t.refuses(EffectGroupUnsupported, call(), what, names=names)
-    t.expect(group.key not in await wired.open_group_keys(), "an unwired call recorded the group")
-    t.expect(t.count("started", "a") == 0, "an unwired open ran a child")
+    await refused_unwired(t, group, calls)
 
 
 @check("G-20")
@@ -119,19 +144,8 @@ async def check_an_event_for_an_unknown_group_names_it(t: CheckContext) -> None:
 async def check_a_waiter_woken_by_a_close_is_told_which_group(t: CheckContext) -> None:
     """Ruling R-4 (§7): an await parked on a group when a close arrives wakes with
     ``GroupClosed`` carrying the group's key."""
-    ctl = await t.ctl()
-    group = t.group("g", [t.step("a")])
-    handle = await t.open(ctl, group)
-    waiter = asyncio.ensure_future(ctl.await_next_settlement(handle.copy_cursor()))
-    await t.started("a")
-    if t.host.capabilities.waiter_probe:
-        await t.eventually(
-            lambda: t.host.awaiting(group.key, 1), bool, "the await of rank 1 to be parked"
-        )
-    await ctl.close_effect_group(handle)
-    await t.refuses(
-        GroupClosed, waiter, "an await parked when its group closed", names={"group_key": group.key}
-    )
+    waiter = await closed_under_a_parked_await(t)
+    await t.refuses(GroupClosed, waiter, PARKED, names={"group_key": t.key("g")})
     t.release("a")
     await t.finished("a")
 
@@ -191,12 +205,6 @@ async def check_a_close_with_no_disposition_names_its_group(t: CheckContext) -> 
     ctl = await t.ctl()
     group = t.group("g", [t.step("a")])
     handle = await t.open(ctl, group)
-    await t.refuses(
-        InvalidEnvelope,
-        ctl.close_effect_group(handle, "sideways"),  # type: ignore[arg-type]
-        "a close with no loser policy",
-        names={"group_key": group.key},
-    )
-    t.expect(group.key in await ctl.open_group_keys(), "a refused close closed the group")
+    await refused_nonsense_disposition(t, ctl, handle)
     t.release("a")
     await t.next_is(ctl, handle, "a")

@@ -22,18 +22,18 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, Literal
 
 from effecthost.conformance import (
     FactoryEnv,
-    HostCapabilities,
     HostUnderTest,
     conformance_resolver,
 )
 from effecthost.contract import EffectController, EffectGroup, GroupExecutors
 from effecthost.hosts import EngineMissing, require
-from effecthost.hosts._procs import free_port
+from effecthost.hosts._procs import DURABLE, close_all, configured, free_port
 from effecthost.hosts._procs import spawn as _spawn
 from effecthost.hosts._procs import stop as _stop
 from effecthost.hosts._procs import wait_until as _wait_until
@@ -56,6 +56,7 @@ INGRESS_ENV = "EFFECTHOST_RESTATE_INGRESS_URL"
 _RELATIVE_BINARY = Path(
     ".engines/restate/node_modules/@restatedev/restate-server-linux-x64/bin/restate-server"
 )
+_INSTALL = "run scripts/install-restate.sh (it prints the path)"
 UNBOUND_TARGET = "EffecthostUnbound/run"
 """A handler no deployment binds (G-14)."""
 
@@ -67,21 +68,14 @@ def find_server_binary() -> str:
     Raises:
         EngineMissing: with the command that installs it.
     """
-    explicit = os.environ.get(SERVER_ENV)
+    explicit = configured(SERVER_ENV, "restate-server", _INSTALL)
     if explicit:
-        if not Path(explicit).is_file():
-            raise EngineMissing(
-                f"restate-server ({SERVER_ENV}={explicit})",
-                "run scripts/install-restate.sh (it prints the path)",
-            )
         return explicit
     for base in (Path.cwd(), *Path.cwd().parents, *Path(__file__).resolve().parents):
         candidate = base / _RELATIVE_BINARY
         if candidate.is_file():
             return str(candidate)
-    raise EngineMissing(
-        "restate-server", f"run scripts/install-restate.sh (it prints the path) or set {SERVER_ENV}"
-    )
+    raise EngineMissing("restate-server", f"{_INSTALL} or set {SERVER_ENV}")
 
 
 class LocalRestate:
@@ -254,13 +248,7 @@ class LocalRestate:
 class RestateHostUnderTest(HostUnderTest):
     """The Restate tier under the conformance suite."""
 
-    capabilities = HostCapabilities(
-        restart=True,
-        durable_timers=True,
-        unroutable_children=True,
-        waiter_probe=True,
-        second_incarnation=True,
-    )
+    capabilities = replace(DURABLE, unroutable_children=True)
     timeout = 20.0
 
     payloads: PayloadPolicy | None = None
@@ -291,13 +279,8 @@ class RestateHostUnderTest(HostUnderTest):
         self._controllers.append(controller)
         return controller
 
-    async def _drop_controllers(self) -> None:
-        for controller in self._controllers:
-            await controller.aclose()
-        self._controllers.clear()
-
     async def restart(self) -> None:
-        await self._drop_controllers()
+        await close_all(self._controllers)
         await self.local.restart()
 
     async def open_unroutable(self, controller: EffectController, group: EffectGroup) -> None:
@@ -320,7 +303,7 @@ class RestateHostUnderTest(HostUnderTest):
         return bool(waiters.get(str(rank)))
 
     async def aclose(self) -> None:
-        await self._drop_controllers()
+        await close_all(self._controllers)
         await self.local.stop()
 
 
@@ -349,15 +332,7 @@ class SealedRestateHostUnderTest(RestateHostUnderTest):
     directory the endpoint reads.
     """
 
-    capabilities = HostCapabilities(
-        restart=True,
-        durable_timers=True,
-        unroutable_children=True,
-        payload_refs=True,
-        sealing=True,
-        waiter_probe=True,
-        second_incarnation=True,
-    )
+    capabilities = replace(RestateHostUnderTest.capabilities, payload_refs=True, sealing=True)
 
     def __init__(self, env: FactoryEnv) -> None:
         self.payload_dir = env.work_dir / "payloads"

@@ -28,18 +28,18 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 from effecthost.conformance import (
     Deployment,
     FactoryEnv,
-    HostCapabilities,
     ProcessHostUnderTest,
 )
 from effecthost.contract import EffectController, UnknownGroup
 from effecthost.hosts import EngineMissing, require
-from effecthost.hosts._procs import free_port
+from effecthost.hosts._procs import DURABLE, free_port
 from effecthost.hosts._procs import stop as _stop
 from effecthost.payloads import (
     AesGcmSealer,
@@ -243,9 +243,7 @@ class SqlHostUnderTest(ProcessHostUnderTest):
     :class:`SqlEffectHost` in the deployment process, with ``sys_path`` prepended there.
     """
 
-    capabilities = HostCapabilities(
-        restart=True, durable_timers=True, waiter_probe=True, second_incarnation=True
-    )
+    capabilities = DURABLE
 
     def __init__(
         self,
@@ -402,14 +400,7 @@ class SealedSqlHostUnderTest(SqlHostUnderTest):
     ``destroy_keys`` destroys the scope in the key directory.
     """
 
-    capabilities = HostCapabilities(
-        restart=True,
-        durable_timers=True,
-        payload_refs=True,
-        sealing=True,
-        waiter_probe=True,
-        second_incarnation=True,
-    )
+    capabilities = replace(DURABLE, payload_refs=True, sealing=True)
 
     def __init__(
         self,

