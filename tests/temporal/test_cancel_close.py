@@ -20,12 +20,23 @@ from effecthost.contract import (
     LoserPolicy,
     WakePolicy,
 )
+from effecthost.hosts.temporal import TemporalEffectHost
 from effecthost.hosts.temporal.testing import TemporalHostUnderTest
 
 from ._support import on_host, step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from untyped_calls import wrong_type_calls
+
+
+async def _unlisted(ctl: TemporalEffectHost, key: str) -> bool:
+    """Whether ``key`` leaves ``ctl``'s listing of open groups within 10 s: a bounded
+    poll of the server's visibility index, which trails the run's memo."""
+    for _ in range(100):
+        if key not in await ctl.open_group_keys():
+            return True
+        await asyncio.sleep(0.1)
+    return False
 
 
 @pytest.mark.timeout(90)
@@ -55,8 +66,12 @@ async def test_cancel_close_returns_while_the_loser_runs(
     second = await wf.query("read", 2)
     assert second["settlement"]["replay_key"] == "cc.lose"
     assert second["settlement"]["outcome"]["status"] == "cancelled"
-    # closed, though its run goes on until the loser ends: no longer listed as open
+    # closed, though its run goes on until the loser ends: no longer listed as open,
+    # by the closer and by a controller that did not close it (the run's memo says
+    # closed; the visibility index follows it within moments)
     assert group.key not in await ctl.open_group_keys()
+    assert host.client is not None
+    assert await _unlisted(TemporalEffectHost(host.client, host.task_queue), group.key)
 
     lab.open("cc.lose/release")
     await asyncio.wait_for(wf.result(), 20)  # the run ends: closed, all settled
