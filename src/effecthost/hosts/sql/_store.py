@@ -199,6 +199,41 @@ class Opened:
     children: tuple[ChildRow, ...] = ()  # the recorded children of a group found recorded
 
 
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRequest:
+    """The arguments of :meth:`Store.open_group` (of :meth:`Store.create_group`: no
+    children, no owner when none is given), handed to a dialect whole."""
+
+    group_key: str
+    wake: str
+    disposition: str
+    child_count: int
+    specs: list[ChildSpec]
+    owner: str | None
+    ttl: float
+    before_create: Callable[[], None] = _nothing
+    reopen: Callable[[GroupRow, tuple[ChildRow, ...]], None] | None = None
+    sent: Sent | None = None
+    trace_context: str | None = None
+
+    @property
+    def group_values(self) -> tuple[str, str, str, int, str | None, float]:
+        """The group row's values, in the order the statements that record it take them."""
+        return self.group_key, self.wake, self.disposition, self.child_count, self.owner, self.ttl
+
+
+Decide = Callable[[GroupRow | None, str | None], str | None]
+"""A close's decision on the group row (``None``: not recorded) and its tombstone: the
+disposition to close with, ``None`` for nothing to write; it raises to refuse."""
+
+Closed = tuple[GroupRow | None, bool, bool]
+"""What :meth:`Store.close_group` returns: ``(row, recorded, retired)``."""
+
+
 class ReplayKeyTaken(Exception):
     """An open met a replay key recorded for another group (R-6); it wrote nothing.
 
@@ -311,7 +346,6 @@ class Store(ABC):
     async def retired(self, group_key: str) -> str | None:
         """The disposition in force when the group retired, or ``None``."""
 
-    @abstractmethod
     async def create_group(
         self,
         group_key: str,
@@ -325,6 +359,13 @@ class Store(ABC):
         ``owner`` for ``ttl`` seconds of the database clock when given (R-1). Returns
         ``(created, row)``; ``created`` is false when the key was already recorded. A
         building block for tests and tools: the host opens through :meth:`open_group`."""
+        return await self._create(
+            OpenRequest(group_key, wake, disposition, child_count, [], owner, ttl)
+        )
+
+    @abstractmethod
+    async def _create(self, r: OpenRequest) -> tuple[bool, GroupRow]:
+        """:meth:`create_group` (``r`` has no children)."""
 
     @abstractmethod
     async def own(
@@ -336,18 +377,12 @@ class Store(ABC):
 
     @abstractmethod
     async def insert_children(
-        self,
-        group_key: str,
-        specs: list[ChildSpec],
-        owner: str,
-        ttl: float,
-        sent: Sent | None = None,
+        self, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
     ) -> list[str]:
         """Insert missing child rows (one transaction, children only); rows with
         ``claim`` are inserted leased to ``owner`` with fence 1. Returns the replay keys
-        inserted (an existing row is left as it is). ``sent`` is marked just before the
-        statement goes out. The host uses it only to complete a group an older release
-        recorded without all its children."""
+        inserted (an existing row is left as it is). The host uses it only to complete a
+        group an older release recorded without all its children."""
 
     @abstractmethod
     async def children(self, group_key: str) -> list[ChildRow]: ...
@@ -362,12 +397,7 @@ class Store(ABC):
 
     @abstractmethod
     async def renew(
-        self,
-        owner: str,
-        ttl: float,
-        keys: list[str],
-        groups: list[str],
-        sent: Sent | None = None,
+        self, owner: str, ttl: float, keys: list[str], groups: list[str], sent: Sent | None = None
     ) -> tuple[list[Renewal], list[str]]:
         """Extend the unexpired leases ``owner`` holds on the children ``keys`` (those
         with a live driver) and its unexpired ownership of the open ``groups`` (R-1), in
@@ -455,7 +485,6 @@ class Store(ABC):
         group = await self.get_group(group_key)
         return group is not None and group.state == "closed" and await self.retire(group_key)
 
-    @abstractmethod
     async def open_group(
         self,
         group_key: str,
@@ -501,13 +530,29 @@ class Store(ABC):
         Raises:
             ReplayKeyTaken: a replay key is recorded for another group.
         """
+        return await self._open(
+            OpenRequest(
+                group_key,
+                wake,
+                disposition,
+                child_count,
+                specs,
+                owner,
+                ttl,
+                before_create,
+                reopen,
+                sent,
+                trace_context,
+            )
+        )
+
+    @abstractmethod
+    async def _open(self, r: OpenRequest) -> Opened:
+        """:meth:`open_group`, as asked."""
 
     async def close_group(
-        self,
-        group_key: str,
-        decide: Callable[[GroupRow | None, str | None], str | None],
-        expect: Expected | None = None,
-    ) -> tuple[GroupRow | None, bool, bool]:
+        self, group_key: str, decide: Decide, expect: Expected | None = None
+    ) -> Closed:
         """Look the group up and call ``decide`` with its row (or ``None``) and its
         tombstone; ``decide`` raises to refuse (nothing written) or returns the
         disposition to close with, or ``None`` for nothing to write. Then
