@@ -32,8 +32,8 @@ from effecthost.hosts import require
 
 from ._preflight import DatabaseProblem, DatabaseRefused
 from ._store import (
+    CREATE_GROUP,
     G_COLUMNS,
-    GROUP_COLUMNS,
     SCHEMA_VERSION,
     ChildSpec,
     Claim,
@@ -1069,13 +1069,7 @@ class PostgresStore(SqlStore):
 
     @_retried
     async def _create(self, r: OpenRequest) -> tuple[bool, GroupRow]:
-        row = await self._pool.fetchrow(
-            "INSERT INTO eh_groups (group_key, wake, disposition, effective, child_count, "
-            f"created_at, owner, owner_expires) VALUES ($1, $2, $3, $3, $4, {NOW}, $5, "
-            f"CASE WHEN $5::text IS NOT NULL THEN {NOW} + $6 END) "
-            f"ON CONFLICT (group_key) DO NOTHING RETURNING {GROUP_COLUMNS}",
-            *r.group_values,
-        )
+        row = await self._pool.fetchrow(_sql(CREATE_GROUP), *r.create_values)
         if row is not None:
             return True, group_row(row)
         existing = await self.get_group(r.group_key)

@@ -33,8 +33,8 @@ from typing import Any, TypeVar
 from ._preflight import check_creatable_sqlite_file, check_sqlite_file, read_only_uri
 from ._store import (
     CHILDREN,
+    CREATE_GROUP,
     GET_GROUP,
-    GROUP_COLUMNS,
     LOOKUP,
     OWN,
     SCHEMA_VERSION,
@@ -56,6 +56,7 @@ from ._store import (
     _mark,
     child_row,
     group_row,
+    looked_up,
     tables,
 )
 
@@ -434,23 +435,7 @@ class SqliteStore(SqlStore):
 
     @staticmethod
     def _create_body(c: sqlite3.Connection, r: OpenRequest) -> tuple[bool, GroupRow]:
-        row = c.execute(
-            "INSERT INTO eh_groups (group_key, wake, disposition, effective, "
-            "child_count, created_at, owner, owner_expires, trace_context) "
-            f"VALUES (?, ?, ?, ?, ?, {NOW}, ?, CASE WHEN ? IS NOT NULL THEN {NOW} + ? END, ?) "
-            f"ON CONFLICT (group_key) DO NOTHING RETURNING {GROUP_COLUMNS}",
-            (
-                r.group_key,
-                r.wake,
-                r.disposition,
-                r.disposition,
-                r.child_count,
-                r.owner,
-                r.owner,
-                r.ttl,
-                r.trace_context,
-            ),
-        ).fetchone()
+        row = c.execute(_sql(CREATE_GROUP), r.create_values).fetchone()
         if row is not None:
             return True, group_row(row)
         return False, group_row(c.execute(GET_GROUP, (r.group_key,)).fetchone())
@@ -770,10 +755,7 @@ class SqliteStore(SqlStore):
 
     @staticmethod
     def _lookup(c: sqlite3.Connection, group_key: str) -> tuple[GroupRow | None, str | None]:
-        row = c.execute(LOOKUP, (group_key,)).fetchone()
-        if row[0] is not None:
-            return group_row(row), None
-        return None, None if row[9] is None else str(row[9])
+        return looked_up(c.execute(LOOKUP, (group_key,)).fetchone())
 
     async def _open(self, r: OpenRequest) -> Opened:
         """One transaction: the lookup; for a group recorded open, ``reopen`` and the

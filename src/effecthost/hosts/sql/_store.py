@@ -225,6 +225,12 @@ class OpenRequest:
         """The group row's values, in the order the statements that record it take them."""
         return self.group_key, self.wake, self.disposition, self.child_count, self.owner, self.ttl
 
+    @property
+    def create_values(self) -> tuple[Any, ...]:
+        """The values :data:`CREATE_GROUP` takes, in its order."""
+        key, wake, disposition, count, owner, ttl = self.group_values
+        return key, wake, disposition, disposition, count, owner, owner, ttl, self.trace_context
+
 
 Decide = Callable[[GroupRow | None, str | None], str | None]
 """A close's decision on the group row (``None``: not recorded) and its tombstone: the
@@ -717,6 +723,12 @@ OWN = (
     "UPDATE eh_groups SET owner = ?, owner_expires = {now} + ?, "
     "trace_context = coalesce(?, trace_context) WHERE group_key = ? AND state = 'open'"
 )
+CREATE_GROUP = (
+    "INSERT INTO eh_groups (group_key, wake, disposition, effective, child_count, created_at, "
+    "owner, owner_expires, trace_context) VALUES (?, ?, ?, ?, ?, {now}, ?, "
+    "CASE WHEN CAST(? AS TEXT) IS NOT NULL THEN {now} + ? END, ?) "
+    f"ON CONFLICT (group_key) DO NOTHING RETURNING {GROUP_COLUMNS}"
+)
 _RANK = (
     f"SELECT {G_COLUMNS}, c.position, c.replay_key, {{outcome}} FROM eh_groups g "
     "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq = ? WHERE g.group_key = ?"
@@ -736,6 +748,13 @@ _INSPECT_GROUP = (
 def group_row(row: Any) -> GroupRow:
     """A :class:`GroupRow` from the first nine columns of ``row`` (:data:`GROUP_COLUMNS`)."""
     return GroupRow(*row[:9])
+
+
+def looked_up(row: Any) -> tuple[GroupRow | None, str | None]:
+    """The group row, or its tombstone's disposition, from a row of :data:`LOOKUP`."""
+    if row[0] is not None:
+        return group_row(row), None
+    return None, None if row[9] is None else str(row[9])
 
 
 def child_row(row: Any) -> ChildRow:
@@ -813,11 +832,7 @@ class SqlStore(Store):
         return None if value is None else str(value)
 
     async def lookup(self, group_key: str) -> tuple[GroupRow | None, str | None]:
-        row = await self._fetchrow(LOOKUP, group_key)
-        assert row is not None
-        if row[0] is not None:
-            return group_row(row), None
-        return None, None if row[9] is None else str(row[9])
+        return looked_up(await self._fetchrow(LOOKUP, group_key))
 
     async def children(self, group_key: str) -> list[ChildRow]:
         return [child_row(r) for r in await self._fetch(CHILDREN, group_key)]
