@@ -1383,10 +1383,7 @@ class PostgresStore(SqlStore):
         if done:
             assert expect is not None and target == expect.target, "close: decided otherwise"
             return record, True, done == 2
-        if record is None or target is None:
-            return record, False, False
-        recorded, retired = await self.close_retire(group_key, target)
-        return record, recorded, retired
+        return await self._close_as_decided(group_key, record, target)
 
     @_retried
     async def retire(self, group_key: str) -> bool:

@@ -570,11 +570,15 @@ class Store(ABC):
         it reads is open with the expected shape (then ``decide`` answers ``expect.target``
         on it), and otherwise write nothing and answer from ``decide``."""
         record, tombstone = await self.lookup(group_key)
-        target = decide(record, tombstone)
+        return await self._close_as_decided(group_key, record, decide(record, tombstone))
+
+    async def _close_as_decided(
+        self, group_key: str, record: GroupRow | None, target: str | None
+    ) -> Closed:
+        """The close ``decide`` chose: none when the group is not recorded or it chose none."""
         if record is None or target is None:
             return record, False, False
-        recorded, retired = await self.close_retire(group_key, target)
-        return record, recorded, retired
+        return (record, *await self.close_retire(group_key, target))
 
     async def close_retire(self, group_key: str, effective: str) -> tuple[bool, bool]:
         """:meth:`close`, then :meth:`retire` when every child has settled; a store may
