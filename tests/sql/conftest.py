@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from sql_support import Substrate
 
 from effecthost.hosts.sql import PostgresStore, SqliteStore, Store
-from effecthost.hosts.sql.testing import PostgresServer, find_pg_bin
+from effecthost.hosts.sql.testing import PostgresServer, find_pg_bin, postgres_sql, sqlite_sql
 
 _server: PostgresServer | None = None
 
@@ -72,3 +73,18 @@ async def store(stores: Callable[[], Store]) -> AsyncIterator[Store]:
         yield made
     finally:
         await made.aclose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def substrate(request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str) -> Substrate:
+    """A SQLite file or a fresh PostgreSQL schema, with a maker of stores on it and its
+    raw SQL."""
+    if request.param == "sqlite":
+        path = tmp_path / "substrate.sqlite3"
+        return Substrate("sqlite", lambda: SqliteStore(path), sqlite_sql(path), path)
+    dsn = request.getfixturevalue("pg_dsn")
+    return Substrate(
+        "postgres",
+        lambda: PostgresStore(dsn, schema=pg_schema, pool_size=2),
+        postgres_sql(dsn, pg_schema),
+    )

@@ -1,12 +1,17 @@
 """Builders the SQL tier tests share: groups of tool or event children, store-level
-child specs and outcomes, and a bounded poll of the database."""
+child specs and outcomes, started hosts and stores, a database with its raw SQL, and a
+bounded poll of the database."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from group_support import event as event
@@ -21,8 +26,34 @@ from effecthost.contract import (
     Settlement,
     WakePolicy,
 )
-from effecthost.hosts.sql import SqlEffectHost
+from effecthost.hosts.sql import SqlEffectHost, Store
 from effecthost.hosts.sql._store import ChildSpec
+
+
+@dataclass
+class Substrate:
+    """One database of the ``substrate`` fixture: its kind, a maker of stores on it, its
+    raw SQL (``testing.sqlite_sql`` or ``postgres_sql``) and, on SQLite, the file."""
+
+    name: str
+    make_store: Callable[[], Store]
+    sql: Callable[[str, tuple[Any, ...]], Awaitable[list[Any]]]
+    path: Path | None = None
+
+
+@contextlib.asynccontextmanager
+async def running(*made: Any) -> AsyncIterator[tuple[Any, ...]]:
+    """The hosts or stores ``made``, started in order; at the end, whatever happened, those
+    that started are closed, the last first."""
+    up: list[Any] = []
+    try:
+        for each in made:
+            await each.start()
+            up.append(each)
+        yield made
+    finally:
+        for each in reversed(up):
+            await each.aclose()
 
 
 def tools_group(
@@ -84,6 +115,17 @@ async def parked_wait(waiter: SqlEffectHost, handle: GroupHandle) -> asyncio.Fut
     async with asyncio.timeout(10):
         await parked.wait()
     return waiting
+
+
+async def drain_until_settled(host: SqlEffectHost, key: str, what: str) -> None:
+    """Drain passes of ``host`` until every child of group ``key`` has settled (bounded:
+    the database clock must first pass a killed driver's lease)."""
+    passes = host.drain()
+    deadline = time.monotonic() + 30
+    while any(r.state != "settled" for r in await host.store.children(key)):
+        assert time.monotonic() < deadline, what
+        await passes.run_pass()
+        await asyncio.sleep(0.05)  # the database clock passing the dead lease's TTL
 
 
 def kill_once_running(command: list[str]) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from group_support import group as effect_group
-from sql_support import ok, spec
+from sql_support import ok, running, spec
 
 from effecthost.contract import (
     EffectEnvelope,
@@ -89,9 +89,7 @@ async def test_host_batches_children_of_one_group_that_settle_together(tmp_path:
 
     store.finalize = count_single  # type: ignore[method-assign,assignment]
     store.finalize_many = count_many  # type: ignore[method-assign]
-    host = SqlEffectHost(store, ToolRegistry({"t": work}))
-    await host.start()
-    try:
+    async with running(SqlEffectHost(store, ToolRegistry({"t": work}))) as (host,):
         n = 40
         group = effect_group(
             "b:group:g:0",
@@ -107,17 +105,13 @@ async def test_host_batches_children_of_one_group_that_settle_together(tmp_path:
         assert sorted(s.position for s in got) == list(range(n))
         assert all(s.outcome.value == s.position for s in got)
         assert sum(calls) == n and len(calls) < n and max(calls) > 1
-    finally:
-        await host.aclose()
 
 
 async def test_sqlite_writes_of_many_tasks_share_commits_and_fail_alone(tmp_path: Path) -> None:
     """Group commit on SQLite: writes that several tasks start in one event-loop
     iteration go in one transaction, each under its own savepoint; a write that raises is
     rolled back alone and only its caller sees the error."""
-    store = SqliteStore(tmp_path / "group-commit.sqlite3")
-    await store.start()
-    try:
+    async with running(SqliteStore(tmp_path / "group-commit.sqlite3")) as (store,):
         for g in ("g1", "g2"):
             await store.create_group(g, "all", "run_to_completion", 2)
             await store.insert_children(
@@ -146,8 +140,6 @@ async def test_sqlite_writes_of_many_tasks_share_commits_and_fail_alone(tmp_path
         commits = [s for s in statements if s == "COMMIT"]
         assert len(commits) < 8, commits  # eight writes, fewer commits
         assert any(s.startswith("SAVEPOINT") for s in statements)
-    finally:
-        await store.aclose()
 
 
 class _Refused(Exception):
@@ -159,9 +151,7 @@ async def test_sqlite_refusals_in_a_shared_commit_stay_with_their_caller(tmp_pat
     rank, no bump), a replay key another group holds (R-6), a first open's refused
     resolution (R-7), a value the database refuses and a batched finalize refused after
     its first update each write nothing and reach only their own caller; every other caller's write in the same commit is recorded whole."""
-    store = SqliteStore(tmp_path / "refusals.sqlite3")
-    await store.start()
-    try:
+    async with running(SqliteStore(tmp_path / "refusals.sqlite3")) as (store,):
         await store.create_group("g", "all", "run_to_completion", 3)
         await store.insert_children(
             "g", [spec(f"g.c{i}", i, claim=True) for i in range(3)], "a:1", 30
@@ -214,8 +204,6 @@ async def test_sqlite_refusals_in_a_shared_commit_stay_with_their_caller(tmp_pat
             assert await store.lookup(refused) == (None, None)
         assert [c.replay_key for c in await store.children("fresh")] == ["f.c0"]
         assert await store.get_group("plain") is not None
-    finally:
-        await store.aclose()
 
 
 async def test_large_batch_gets_dense_ranks_in_the_order_given(store: Store) -> None:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from sql_support import running
 
 from effecthost.hosts.sql import PostgresStore
 
@@ -138,9 +139,7 @@ def test_G32_many_groups_opened_and_finalized_from_several_processes(
         assert deadlocks == 0, f"{deadlocks} deadlocks in the server's log"
 
     async def check() -> None:
-        store = PostgresStore(pg_dsn, schema=pg_schema)
-        await store.start()
-        try:
+        async with running(PostgresStore(pg_dsn, schema=pg_schema)) as (store,):
             groups = await store.open_groups()
             assert len(groups) == 25  # one group per key
             assert all(g.settled == g.child_count == 4 for g in groups)
@@ -148,7 +147,5 @@ def test_G32_many_groups_opened_and_finalized_from_several_processes(
             for g in groups:
                 rows = await store.children(g.group_key)
                 assert sorted(r.seq or 0 for r in rows) == [1, 2, 3, 4]  # dense, once each
-        finally:
-            await store.aclose()
 
     asyncio.run(check())

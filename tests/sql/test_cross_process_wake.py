@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-from sql_support import event_group, parked_wait
+from sql_support import event_group, parked_wait, running
 
 from effecthost.contract import (
     ToolRegistry,
@@ -26,11 +26,10 @@ async def test_G21_a_commit_by_another_host_wakes_a_parked_waiter(
     """G-21: a waiter parked on rank 1 wakes when another host (its own connections, as a
     second process has) records the rank, long before its poll bound; once for a group with
     nothing read ahead and once again for a second group."""
-    waiter = SqlEffectHost(stores(), ToolRegistry({}), poll_interval=POLL)
-    other = SqlEffectHost(stores(), ToolRegistry({}), poll_interval=POLL)
-    await waiter.start()
-    await other.start()
-    try:
+    async with running(
+        SqlEffectHost(stores(), ToolRegistry({}), poll_interval=POLL),
+        SqlEffectHost(stores(), ToolRegistry({}), poll_interval=POLL),
+    ) as (waiter, other):
         for key in ("wake:g1", "wake:g2"):
             handle = await waiter.open_effect_group(event_group(key))
             waiting = await parked_wait(waiter, handle)
@@ -39,6 +38,3 @@ async def test_G21_a_commit_by_another_host_wakes_a_parked_waiter(
                 settlement = await waiting
             assert settlement.rank == 1
             await waiter.close_effect_group(handle)
-    finally:
-        await other.aclose()
-        await waiter.aclose()

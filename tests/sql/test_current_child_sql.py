@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from group_support import group as effect_group
-from sql_support import kill_once_running
+from sql_support import drain_until_settled, kill_once_running, running
 from sql_support import tool as tool_call
 
 from effecthost.contract import (
@@ -41,23 +40,16 @@ def one_child(key: str) -> EffectGroup:
 
 
 async def identity_after(path: Path, key: str, *, drain: bool) -> Any:
-    host = SqlEffectHost(
-        SqliteStore(path), ToolRegistry({"echo": who}), lease_ttl=0.6, renew_every=0.1
-    )
-    await host.start()
-    try:
+    async with running(
+        SqlEffectHost(
+            SqliteStore(path), ToolRegistry({"echo": who}), lease_ttl=0.6, renew_every=0.1
+        )
+    ) as (host,):
         handle = await host.open_effect_group(one_child(key))
         if drain:
-            passes = host.drain()
-            deadline = time.monotonic() + 30
-            while any(r.state != "settled" for r in await host.store.children(key)):
-                assert time.monotonic() < deadline, "the killed driver's child never re-ran"
-                await passes.run_pass()
-                await asyncio.sleep(0.05)  # the database clock passing the dead lease's TTL
+            await drain_until_settled(host, key, "the killed driver's child never re-ran")
         settlement = await asyncio.wait_for(host.await_next_settlement(handle), 30)
         return settlement.outcome.value
-    finally:
-        await host.aclose()
 
 
 @pytest.mark.timeout(120)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sql_support import kill_once_running
+from sql_support import kill_once_running, running
 
 from effecthost.hosts.sql import SqliteStore
 
@@ -21,25 +21,17 @@ CHILDREN = 3
 
 
 async def _rows(path: Path, key: str) -> list[object]:
-    store = SqliteStore(path)
-    await store.start()
-    try:
+    async with running(SqliteStore(path)) as (store,):
         return list(await store.children(key))
-    finally:
-        await store.aclose()
 
 
 async def _leases_expired(path: Path, key: str) -> None:
     """Until the killed caller's leases have expired on the database clock (bounded)."""
-    store = SqliteStore(path)
-    await store.start()
-    try:
+    async with running(SqliteStore(path)) as (store,):
         deadline = time.monotonic() + 30
         while not all(row.lease_expired for row in await store.unfinished()):
             assert time.monotonic() < deadline, "the killed caller's leases never expired"
             await asyncio.sleep(0.05)  # the database clock passing the TTL, not an ordering
-    finally:
-        await store.aclose()
 
 
 @pytest.mark.timeout(120)

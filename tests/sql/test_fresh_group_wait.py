@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-from sql_support import tools_group
+from sql_support import running, tools_group
 
 from effecthost.contract import (
     GroupClosed,
@@ -29,11 +29,10 @@ async def test_waiter_on_a_fresh_group_sees_a_close_by_another_host(
         started.set()
         await asyncio.Event().wait()  # never returns: only a cancel ends it
 
-    opener = SqlEffectHost(stores(), ToolRegistry({"t": blocked}), poll_interval=0.05)
-    other = SqlEffectHost(stores(), ToolRegistry({"t": blocked}), poll_interval=0.05)
-    await opener.start()
-    await other.start()
-    try:
+    async with running(
+        SqlEffectHost(stores(), ToolRegistry({"t": blocked}), poll_interval=0.05),
+        SqlEffectHost(stores(), ToolRegistry({"t": blocked}), poll_interval=0.05),
+    ) as (opener, other):
         handle = await opener.open_effect_group(tools_group("fresh:group:closed:0"))
         assert "fresh:group:closed:0" in opener._fresh
         waiting = asyncio.create_task(opener.await_next_settlement(handle))
@@ -42,6 +41,3 @@ async def test_waiter_on_a_fresh_group_sees_a_close_by_another_host(
         with pytest.raises(GroupClosed):
             await asyncio.wait_for(waiting, 30)
         assert handle.consumed == 0
-    finally:
-        await opener.aclose()
-        await other.aclose()

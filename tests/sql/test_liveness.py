@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from group_support import group as effect_group
-from sql_support import tools_group
+from sql_support import running, tools_group
 from sql_support import until as poll_until
 
 from effecthost.contract import (
@@ -50,17 +50,13 @@ async def test_G27_G36_children_cancelled_before_their_task_runs_settle(
     """G-27, G-36: a close under CANCEL right after the open, before the children's tasks
     first ran, still ends every child in a recorded cancelled outcome; the closed group
     retires and nothing stays leased or registered."""
-    h = host(stores)
-    await h.start()
-    try:
+    async with running(host(stores)) as (h,):
         group = tools_group("live:cancel-early:0")
         handle = await h.open_effect_group(group)
         await h.close_effect_group(handle, LoserPolicy.CANCEL)  # no yield in between
         await until(lambda: h.store.retired(group.key), "the closed group never retired")
         assert not h._drivers
         assert await h.store.max_lease_expiry(h.owner) is None
-    finally:
-        await h.aclose()
 
 
 async def test_G27_G33_claim_returning_a_cancel_settles_the_child(
@@ -69,15 +65,8 @@ async def test_G27_G33_claim_returning_a_cancel_settles_the_child(
     """G-27, G-33: a claim that returns with ``cancel_requested`` already set (a close
     committed between the drain's read and its claim) ends in a recorded cancelled
     outcome, not in a driver cancelled before it ran that the keeper renews forever."""
-    dead = host(stores)
-    await dead.start()
     other = host(stores)
-    await other.start()
-    orphans: list[asyncio.Task[None]] = []
-    try:
-        group = tools_group("live:cancel-claim:0", n=1, disposition=LoserPolicy.RUN_TO_COMPLETION)
-        await dead.open_effect_group(group)
-        orphans = await dead.abandon()
+    async with _abandoned(stores, "live:cancel-claim:0", other) as group:
         await until(
             lambda: _all_expired(other.store, group.key), "the dead host's lease never expired"
         )
@@ -93,8 +82,25 @@ async def test_G27_G33_claim_returning_a_cancel_settles_the_child(
         await until(lambda: other.store.retired(group.key), "the cancelled child never settled")
         assert not other._drivers
         assert await other.store.max_lease_expiry(other.owner) is None
+
+
+@contextlib.asynccontextmanager
+async def _abandoned(
+    stores: Callable[[], Store], key: str, survivor: SqlEffectHost
+) -> AsyncIterator[EffectGroup]:
+    """A one-child ``RUN_TO_COMPLETION`` group ``key`` that a host opened and abandoned (as
+    if its process died), beside ``survivor`` (started here and closed at the end); the
+    dead host's orphaned tasks are cancelled last."""
+    dead = host(stores)
+    await dead.start()
+    orphans: list[asyncio.Task[None]] = []
+    try:
+        async with running(survivor):
+            group = tools_group(key, n=1, disposition=LoserPolicy.RUN_TO_COMPLETION)
+            await dead.open_effect_group(group)
+            orphans = await dead.abandon()
+            yield group
     finally:
-        await other.aclose()
         for task in orphans:
             task.cancel()
 
@@ -155,10 +161,7 @@ async def test_R1_G52_drains_beside_a_live_select_cancel_nothing(
     the event then takes rank 1."""
     caller = host(stores, drain_every=0.05)
     passes = count_drain_passes(caller)
-    other = host(stores)
-    await caller.start()
-    await other.start()
-    try:
+    async with running(caller, host(stores)) as (_, other):
         group = select_group("live:select:0")
         handle = await caller.open_effect_group(group)
         waiting = asyncio.create_task(caller.await_next_settlement(handle))
@@ -172,9 +175,6 @@ async def test_R1_G52_drains_beside_a_live_select_cancel_nothing(
         first = await asyncio.wait_for(waiting, BOUND)
         assert (first.position, first.outcome.status, first.outcome.value) == (0, "success", "hi")
         await caller.close_effect_group(handle)
-    finally:
-        await caller.aclose()
-        await other.aclose()
 
 
 async def test_R1_G29_drain_cancels_once_the_owner_is_gone(
@@ -186,7 +186,7 @@ async def test_R1_G29_drain_cancels_once_the_owner_is_gone(
     other = host(stores)
     await caller.start()
     await other.start()
-    try:
+    async with contextlib.aclosing(other):
         group = select_group("live:gone:0")
         handle = await caller.open_effect_group(group)
         expiry = await other.store.max_lease_expiry(caller.owner)
@@ -206,8 +206,6 @@ async def test_R1_G29_drain_cancels_once_the_owner_is_gone(
         ranks = [await asyncio.wait_for(other.await_next_settlement(handle), BOUND)]
         ranks.append(await asyncio.wait_for(other.await_next_settlement(handle), BOUND))
         assert [s.outcome.status for s in ranks] == ["cancelled", "cancelled"]
-    finally:
-        await other.aclose()
 
 
 async def test_R1_a_refused_close_keeps_the_caller_the_owner(
@@ -216,11 +214,7 @@ async def test_R1_a_refused_close_keeps_the_caller_the_owner(
     """R-1, R-2: a close the host refuses (``DispositionWidened``) leaves the group open
     and its caller live: the owner's claim is still renewed past the TTL it held at the
     refusal, so another host's drain does not apply the declared ``CANCEL``."""
-    caller = host(stores)
-    other = host(stores)
-    await caller.start()
-    await other.start()
-    try:
+    async with running(host(stores), host(stores)) as (caller, other):
         group = select_group("live:refused-close:0")
         handle = await caller.open_effect_group(group)
         with pytest.raises(DispositionWidened):
@@ -232,9 +226,6 @@ async def test_R1_a_refused_close_keeps_the_caller_the_owner(
         assert not report.cancelled
         assert await other.store.max_lease_expiry(caller.owner) is not None
         await caller.close_effect_group(handle)
-    finally:
-        await caller.aclose()
-        await other.aclose()
 
 
 async def test_R1_a_reopened_cancel_group_is_the_returning_callers(
@@ -260,19 +251,12 @@ async def _owner_gone(
     to come back to it and a host to drain it."""
     dead = host(stores)
     await dead.start()
-    back = host(stores)
-    drainer = host(stores)
-    await back.start()
-    await drainer.start()
-    try:
+    async with running(host(stores), host(stores)) as (back, drainer):
         group = select_group(key)
         await dead.open_effect_group(group)
         await dead.abandon()
         await until(lambda: _ownerless(back.store, group.key), "the dead owner never expired")
         yield back, drainer, group
-    finally:
-        await back.aclose()
-        await drainer.aclose()
 
 
 async def _true(value: bool) -> bool:
@@ -297,23 +281,12 @@ async def test_G33_restarted_caller_reopening_within_the_ttl_progresses_without_
     async def quick(_value: object) -> str:
         return "again"
 
-    dead = host(stores)
-    await dead.start()
     back = host(stores, quick)
-    await back.start()
-    orphans: list[asyncio.Task[None]] = []
-    try:
-        group = tools_group("live:reopen-ttl:0", n=1, disposition=LoserPolicy.RUN_TO_COMPLETION)
-        await dead.open_effect_group(group)
-        orphans = await dead.abandon()
+    async with _abandoned(stores, "live:reopen-ttl:0", back) as group:
         assert not await _all_expired(back.store, group.key)  # within the TTL
         handle = await back.open_effect_group(group)
         first = await asyncio.wait_for(back.await_next_settlement(handle), BOUND)
         assert (first.outcome.status, first.outcome.value) == ("success", "again")
-    finally:
-        await back.aclose()
-        for task in orphans:
-            task.cancel()
 
 
 async def test_G33_a_host_reclaims_its_own_child_after_losing_its_lease(
@@ -331,9 +304,7 @@ async def test_G33_a_host_reclaims_its_own_child_after_losing_its_lease(
             await asyncio.Event().wait()
         return "again"
 
-    h = host(stores, first_hangs)
-    await h.start()
-    try:
+    async with running(host(stores, first_hangs)) as (h,):
         group = tools_group("live:own-lost:0", n=1, disposition=LoserPolicy.RUN_TO_COMPLETION)
         handle = await h.open_effect_group(group)
         await asyncio.wait_for(started.wait(), BOUND)
@@ -349,8 +320,6 @@ async def test_G33_a_host_reclaims_its_own_child_after_losing_its_lease(
         first = await asyncio.wait_for(h.await_next_settlement(handle), BOUND)
         assert (first.outcome.status, first.outcome.value) == ("success", "again")
         assert attempts[0] == 2
-    finally:
-        await h.aclose()
 
 
 # -- G-33, D11: the self-fencing deadline counts from the confirmed claim ----------------
@@ -421,9 +390,7 @@ async def test_G36_a_failed_retirement_does_not_fail_the_committed_close(
     async def quick(_value: object) -> str:
         return "ok"
 
-    h = host(stores, quick)
-    await h.start()
-    try:
+    async with running(host(stores, quick)) as (h,):
         group = tools_group("live:retire-fails:0", n=1, disposition=LoserPolicy.RUN_TO_COMPLETION)
         handle = await h.open_effect_group(group)
         await asyncio.wait_for(h.await_next_settlement(handle), BOUND)
@@ -440,8 +407,6 @@ async def test_G36_a_failed_retirement_does_not_fail_the_committed_close(
         h.store.retire_closed = real  # type: ignore[method-assign]
         await h.close_effect_group(handle)
         assert await h.store.retired(group.key) is not None
-    finally:
-        await h.aclose()
 
 
 def _close_only(store: Store) -> Callable[[str, str], Awaitable[tuple[bool, bool]]]:

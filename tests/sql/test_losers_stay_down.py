@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from _r13_worker import race_group, record_start
+from sql_support import running
 
 from effecthost.contract import GroupHandle, LoserPolicy, Settlement, ToolRegistry, WakePolicy
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore
@@ -73,14 +74,12 @@ class Restarts:
 @pytest.fixture
 async def second(db: Db) -> AsyncIterator[tuple[SqlEffectHost, Restarts]]:
     restarts = Restarts(db)
-    host = SqlEffectHost(
-        db.make(), ToolRegistry({"rec": restarts.rec}), lease_ttl=0.6, renew_every=0.1
-    )
-    await host.start()
-    try:
+    async with running(
+        SqlEffectHost(
+            db.make(), ToolRegistry({"rec": restarts.rec}), lease_ttl=0.6, renew_every=0.1
+        )
+    ) as (host,):
         yield host, restarts
-    finally:
-        await host.aclose()
 
 
 async def crashed_caller(db: Db, host: SqlEffectHost, wake: WakePolicy, disposition: str) -> None:

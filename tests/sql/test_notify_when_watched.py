@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from group_support import group as effect_group
-from sql_support import event, parked_wait, tools_group
+from sql_support import event, parked_wait, running, tools_group
 
 from effecthost.contract import (
     EffectGroup,
@@ -29,18 +29,16 @@ SENTINEL = "sentinel"
 class Listener:
     """A LISTEN of its own on the host's channel: every NOTIFY any session sends there."""
 
-    def __init__(self, conn: Any, channel: str) -> None:
-        self.conn, self.channel = conn, channel
+    def __init__(self, dsn: str, channel: str) -> None:
+        self.dsn, self.channel = dsn, channel
         self.got: list[str] = []
         self._sentinel = asyncio.Event()
 
-    @classmethod
-    async def on(cls, dsn: str, channel: str) -> Listener:
+    async def start(self) -> None:
         import asyncpg
 
-        listener = cls(await asyncpg.connect(dsn), channel)
-        await listener.conn.add_listener(channel, listener._on)
-        return listener
+        self.conn = await asyncpg.connect(self.dsn)
+        await self.conn.add_listener(self.channel, self._on)
 
     def _on(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         if payload == SENTINEL:
@@ -57,7 +55,7 @@ class Listener:
             await self._sentinel.wait()
         return list(self.got)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         await self.conn.close()
 
 
@@ -78,9 +76,7 @@ async def test_G21_a_group_driven_by_its_waiters_host_notifies_nobody(
 
     store = PostgresStore(pg_dsn, schema=pg_schema)
     host = SqlEffectHost(store, ToolRegistry({"t": tool}))
-    await host.start()
-    listener = await Listener.on(pg_dsn, store.channel)
-    try:
+    async with running(host, Listener(pg_dsn, store.channel)) as (_, listener):
         for key, n in (("quiet:one", 1), ("quiet:two", 2), ("quiet:wide", 40)):
             gate.clear()
             handle = await host.open_effect_group(tools(key, n))
@@ -94,9 +90,6 @@ async def test_G21_a_group_driven_by_its_waiters_host_notifies_nobody(
             await host.close_effect_group(handle)
             assert await store.retired(key) is not None
         assert await listener.settled() == []
-    finally:
-        await listener.close()
-        await host.aclose()
 
 
 async def test_G21_a_watched_group_notifies_its_finalize_and_close(
@@ -106,10 +99,8 @@ async def test_G21_a_watched_group_notifies_its_finalize_and_close(
     it watched; the settlement by another host then notifies, and so does the close."""
     waiter = SqlEffectHost(PostgresStore(pg_dsn, schema=pg_schema), ToolRegistry({}))
     other = SqlEffectHost(PostgresStore(pg_dsn, schema=pg_schema), ToolRegistry({}))
-    await waiter.start()
-    await other.start()
-    listener = await Listener.on(pg_dsn, waiter.store.channel)  # type: ignore[attr-defined]
-    try:
+    listener = Listener(pg_dsn, waiter.store.channel)  # type: ignore[attr-defined]
+    async with running(waiter, other, listener):
         group = effect_group("loud:g", [event("loud:e", value=0)], WakePolicy.FIRST)
         handle = await waiter.open_effect_group(group)
         waiting = await parked_wait(waiter, handle)
@@ -118,10 +109,6 @@ async def test_G21_a_watched_group_notifies_its_finalize_and_close(
             assert (await waiting).rank == 1
         await waiter.close_effect_group(handle)
         assert await listener.settled() == ["s:loud:g", "c:loud:g"]
-    finally:
-        await listener.close()
-        await other.aclose()
-        await waiter.aclose()
 
 
 async def test_G27_a_cancel_close_of_unsettled_children_notifies(
@@ -136,15 +123,10 @@ async def test_G27_a_cancel_close_of_unsettled_children_notifies(
 
     store = PostgresStore(pg_dsn, schema=pg_schema)
     host = SqlEffectHost(store, ToolRegistry({"t": tool}))
-    await host.start()
-    listener = await Listener.on(pg_dsn, store.channel)
-    try:
+    async with running(host, Listener(pg_dsn, store.channel)) as (_, listener):
         handle = await host.open_effect_group(tools("cancel:g", 2))
         await host.close_effect_group(handle, LoserPolicy.CANCEL)
         assert "c:cancel:g" in await listener.settled()
-    finally:
-        await listener.close()
-        await host.aclose()
 
 
 async def test_G21_G33_a_child_taken_over_elsewhere_wakes_the_waiter(
@@ -170,17 +152,16 @@ async def test_G21_G33_a_child_taken_over_elsewhere_wakes_the_waiter(
         return None
 
     ttl = 1.2
-    waiter = SqlEffectHost(
-        PostgresStore(pg_dsn, schema=pg_schema),
-        ToolRegistry({"t": stuck}),
-        lease_ttl=ttl,
-        renew_every=0.5,
-        poll_interval=60.0,
-    )
-    other = SqlEffectHost(PostgresStore(pg_dsn, schema=pg_schema), ToolRegistry({"t": quick}))
-    await waiter.start()
-    await other.start()
-    try:
+    async with running(
+        SqlEffectHost(
+            PostgresStore(pg_dsn, schema=pg_schema),
+            ToolRegistry({"t": stuck}),
+            lease_ttl=ttl,
+            renew_every=0.5,
+            poll_interval=60.0,
+        ),
+        SqlEffectHost(PostgresStore(pg_dsn, schema=pg_schema), ToolRegistry({"t": quick})),
+    ) as (waiter, other):
         waiter.store.renew = unreachable  # type: ignore[method-assign]
         waiter.store.claim = no_claim  # type: ignore[method-assign]
         handle = await waiter.open_effect_group(tools("taken:g", 1))
@@ -194,9 +175,6 @@ async def test_G21_G33_a_child_taken_over_elsewhere_wakes_the_waiter(
             stop.set()
             await drain
         assert settlement.rank == 1 and settlement.outcome.value == 0
-    finally:
-        await other.aclose()
-        await waiter.aclose()
 
 
 async def test_R4_a_close_elsewhere_wakes_a_waiter_whose_children_run_here(
@@ -212,13 +190,12 @@ async def test_R4_a_close_elsewhere_wakes_a_waiter_whose_children_run_here(
         await asyncio.Event().wait()
         return None
 
-    waiter = SqlEffectHost(
-        PostgresStore(pg_dsn, schema=pg_schema), ToolRegistry({"t": stuck}), poll_interval=60.0
-    )
-    other = SqlEffectHost(PostgresStore(pg_dsn, schema=pg_schema), ToolRegistry({"t": stuck}))
-    await waiter.start()
-    await other.start()
-    try:
+    async with running(
+        SqlEffectHost(
+            PostgresStore(pg_dsn, schema=pg_schema), ToolRegistry({"t": stuck}), poll_interval=60.0
+        ),
+        SqlEffectHost(PostgresStore(pg_dsn, schema=pg_schema), ToolRegistry({"t": stuck})),
+    ) as (waiter, other):
         group = tools("elsewhere:g", 1)
         handle = await waiter.open_effect_group(group)
         waiting = await parked_wait(waiter, handle)
@@ -226,6 +203,3 @@ async def test_R4_a_close_elsewhere_wakes_a_waiter_whose_children_run_here(
         async with asyncio.timeout(10):  # the poll bound is 600 s
             with pytest.raises(GroupClosed):
                 await waiting
-    finally:
-        await other.aclose()
-        await waiter.aclose()

@@ -10,11 +10,13 @@ import asyncio
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sql_support import running
 
 from effecthost.contract import (
     EffectEnvelope,
@@ -214,11 +216,9 @@ async def test_open_error_order(db: Db, host: SqlEffectHost) -> None:
     """R-2: ``EffectGroupUnsupported`` first, then ``GroupShapeMismatch`` before
     ``ReplayMismatch`` on a reopen."""
     bare = SqlEffectHost(db.make())
-    try:
+    async with aclosing(bare):
         with pytest.raises(EffectGroupUnsupported):
             await bare.open_effect_group(_group("o:group:x:0", _tool("o.x", name="nobody")))
-    finally:
-        await bare.aclose()
     await host.open_effect_group(_group("o:group:a:0", _event("o.a"), _event("o.b")))
     with pytest.raises(GroupShapeMismatch):
         await host.open_effect_group(_group("o:group:a:0", _event("o.z")))
@@ -240,17 +240,13 @@ async def test_a_refused_reopen_changes_no_owner(db: Db, host: SqlEffectHost) ->
         return {r.group_owner for r in await host.store.unfinished() if r.group_key == key}
 
     assert await owners() == {host.owner}
-    other = SqlEffectHost(db.make(), _registry(), poll_interval=0.05)
-    await other.start()
-    try:
+    async with running(SqlEffectHost(db.make(), _registry(), poll_interval=0.05)) as (other,):
         await _refused_twice(db, other, _group(key, _event("own.a")), GroupShapeMismatch)
         changed = _group(key, _event("own.a"), _tool("own.b"))
         await _refused_twice(db, other, changed, ReplayMismatch)
         assert await owners() == {host.owner}
         await other.open_effect_group(group)
         assert await owners() == {other.owner}
-    finally:
-        await other.aclose()
 
 
 async def test_concurrent_first_opens_with_other_inputs_are_one_open(db: Db) -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,7 @@ async def test_an_await_rides_out_a_postgres_restart(
     and how long they tried (at least the bound) — no driver exception type escapes."""
     host = _postgres_host(up.dsn, pg_schema, bound=0.5)
     key = f"{pg_schema}:group:await:0"
-    try:
+    async with aclosing(host):
         handle = await host.open_effect_group(_group(key, "a", "b"))
         assert await host.deliver_event(key, "a", "first") == 1
         first = await host.await_next_settlement(handle)
@@ -153,8 +154,6 @@ async def test_an_await_rides_out_a_postgres_restart(
         second = await asyncio.wait_for(waiting, 60)
         assert (second.rank, second.position, second.outcome.value) == (2, 1, "second")
         assert handle.consumed == 2
-    finally:
-        await host.aclose()
 
 
 async def test_a_tool_that_finishes_during_an_outage_is_recorded_once_afterwards(
@@ -174,7 +173,7 @@ async def test_a_tool_that_finishes_during_an_outage_is_recorded_once_afterwards
 
     host = _postgres_host(up.dsn, pg_schema, bound=0.5, tools={"count": gated})
     key = f"{pg_schema}:group:tool:0"
-    try:
+    async with aclosing(host):
         handle = await host.open_effect_group(_tool_group(key))
         waiting = asyncio.ensure_future(host.await_next_settlement(handle))
         await _waiting(host, key)
@@ -187,8 +186,6 @@ async def test_a_tool_that_finishes_during_an_outage_is_recorded_once_afterwards
         assert await host.deliver_event(key, "ev", 2) == 1
         await host.await_next_settlement(handle)
         await host.close_effect_group(handle)
-    finally:
-        await host.aclose()
 
 
 async def test_a_close_that_committed_before_its_connection_dropped_is_a_no_op_on_retry(
@@ -200,18 +197,11 @@ async def test_a_close_that_committed_before_its_connection_dropped_is_a_no_op_o
     recorded holds (the pending event wait settles as cancelled and the group retires),
     and the key has one tombstone."""
     restarted: list[threading.Thread] = []
-
-    def fault(point: str) -> None:
-        if point == "close:after_commit" and not restarted:
-            up.crash()
-            thread = threading.Thread(target=up.resume)
-            thread.start()
-            restarted.append(thread)
-            raise _dropped()
+    fault = _crash_at(up, "close:after_commit", restarted)
 
     host = _postgres_host(up.dsn, pg_schema, bound=60.0, fault=fault)
     key = f"{pg_schema}:group:close:0"
-    try:
+    async with aclosing(host):
         handle = await host.open_effect_group(_group(key, "won", "pending"))
         assert await host.deliver_event(key, "won", 1) == 1
         await host.await_next_settlement(handle)
@@ -229,8 +219,6 @@ async def test_a_close_that_committed_before_its_connection_dropped_is_a_no_op_o
             key,
         )
         assert rows == [(0, ["cancel"])], rows
-    finally:
-        await host.aclose()
 
 
 async def test_an_open_that_committed_before_its_connection_dropped_is_a_reopen_on_retry(
@@ -240,19 +228,12 @@ async def test_an_open_that_committed_before_its_connection_dropped_is_a_reopen_
     the connection drops before the caller learns of it. The open retries, is fenced as a
     reopen of the group it recorded, returns a handle at rank 0, and the tool runs once."""
     restarted: list[threading.Thread] = []
-
-    def fault(point: str) -> None:
-        if point == "open:after_commit" and not restarted:
-            up.crash()
-            thread = threading.Thread(target=up.resume)
-            thread.start()
-            restarted.append(thread)
-            raise _dropped()
+    fault = _crash_at(up, "open:after_commit", restarted)
 
     counter = _Counter()
     host = _postgres_host(up.dsn, pg_schema, bound=60.0, fault=fault, tools={"count": counter})
     key = f"{pg_schema}:group:open:0"
-    try:
+    async with aclosing(host):
         handle = await host.open_effect_group(_tool_group(key))
         assert restarted, "the fault never ran: the open did not commit through it"
         assert handle.consumed == 0
@@ -267,8 +248,6 @@ async def test_an_open_that_committed_before_its_connection_dropped_is_a_reopen_
         )
         assert rows == [(1,)]
         await host.close_effect_group(handle)
-    finally:
-        await host.aclose()
 
 
 async def test_sqlite_locked_out_raises_engine_unavailable_and_an_await_waits(
@@ -312,6 +291,23 @@ async def test_sqlite_locked_out_raises_engine_unavailable_and_an_await_waits(
         if locker is not None:
             locker.close()
         await host.aclose()
+
+
+def _crash_at(
+    up: PostgresServer, at: str, restarted: list[threading.Thread]
+) -> Callable[[str], None]:
+    """A store fault that, the first time the store reaches ``at``, stops the server as by
+    a crash, restarts it in a thread (kept in ``restarted``) and drops the connection."""
+
+    def fault(point: str) -> None:
+        if point == at and not restarted:
+            up.crash()
+            thread = threading.Thread(target=up.resume)
+            thread.start()
+            restarted.append(thread)
+            raise _dropped()
+
+    return fault
 
 
 def _dropped() -> BaseException:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from contextlib import aclosing
 
 import pytest
 from group_support import group as effect_group
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.anyio
 async def test_put_get_delete_and_missing_payloads(pg_dsn: str, pg_schema: str) -> None:
     store = PostgresPayloadStore(pg_dsn, schema=pg_schema)
     other = PostgresPayloadStore(pg_dsn, schema=pg_schema)  # another process, same table
-    try:
+    async with aclosing(other), aclosing(store):
         data = secrets.token_bytes(100_000)
         ref = await store.put("s:group:g:0", "s.x", data)
         again = await store.put("s:group:g:0", "s.x", data)
@@ -54,9 +55,6 @@ async def test_put_get_delete_and_missing_payloads(pg_dsn: str, pg_schema: str) 
         with pytest.raises(PayloadMissing):
             await other.get(again)
         assert await store.group_keys() == []
-    finally:
-        await store.aclose()
-        await other.aclose()
 
 
 async def test_a_host_configured_with_it_stores_only_envelopes_and_reads_them_back(
@@ -74,7 +72,7 @@ async def test_a_host_configured_with_it_stores_only_envelopes_and_reads_them_ba
     group = effect_group(
         key, [EffectEnvelope(replay_key=f"{key}.x", kind=EffectKind.TOOL_CALL, name="big")]
     )
-    try:
+    async with aclosing(store), aclosing(host):
         handle = await host.open_effect_group(group)
         settlement = await asyncio.wait_for(host.await_next_settlement(handle), 10)
         assert settlement.outcome.value == {"secret": secret, "blob": "B" * 50_000}
@@ -89,6 +87,3 @@ async def test_a_host_configured_with_it_stores_only_envelopes_and_reads_them_ba
                 break
             await asyncio.sleep(0.01)
         assert await store.group_keys() == []
-    finally:
-        await host.aclose()
-        await store.aclose()

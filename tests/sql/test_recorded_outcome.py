@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from group_support import group as effect_group
+from sql_support import running
 from sql_support import tool as tool_call
 
 from effecthost.contract import (
@@ -42,9 +43,7 @@ async def test_G15_a_row_changed_after_the_finalize_is_read_as_recorded(tmp_path
         return value
 
     path = tmp_path / "rows.sqlite3"
-    host = SqlEffectHost(SqliteStore(path), ToolRegistry({"t": tool}))
-    await host.start()
-    try:
+    async with running(SqlEffectHost(SqliteStore(path), ToolRegistry({"t": tool}))) as (host,):
         handle = await host.open_effect_group(group("rows:a"))
         await host.idle()
         rewrite(path, "rows:a", Outcome.success(99).model_dump_json())
@@ -56,5 +55,3 @@ async def test_G15_a_row_changed_after_the_finalize_is_read_as_recorded(tmp_path
         with pytest.raises(EffectHostError):
             await host.await_next_settlement(handle)
         assert handle.consumed == 0
-    finally:
-        await host.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from contextlib import aclosing
 from typing import Any
 
 import pytest
@@ -76,7 +77,7 @@ async def test_R7_G36_a_group_is_four_round_trips(pg_dsn: str, pg_schema: str) -
     await host.start()
     counts: Counter[str] = Counter()
     store._pool = _Counting(store._pool, counts)
-    try:
+    async with aclosing(host):
         group = sql_group("trips:g", [tool_call(f"trips:c{i}", i) for i in range(2)])
         handle = await host.open_effect_group(group)
         assert sum(counts.values()) == 1, counts
@@ -86,5 +87,3 @@ async def test_R7_G36_a_group_is_four_round_trips(pg_dsn: str, pg_schema: str) -
         await host.close_effect_group(handle)
         assert sum(counts.values()) == 4, counts
         assert await host.store.retired("trips:g") is not None
-    finally:
-        await host.aclose()

@@ -6,13 +6,12 @@ previous release (no record) is inferred from its rows and still opens."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
+from contextlib import aclosing
 from typing import Any
 
 import pytest
 from group_support import group as effect_group
+from sql_support import Substrate
 
 from effecthost.contract import (
     EffectEnvelope,
@@ -22,31 +21,10 @@ from effecthost.contract import (
     ToolRegistry,
     WakePolicy,
 )
-from effecthost.hosts.sql import PostgresStore, SealedDeployment, SqlEffectHost, SqliteStore, Store
-from effecthost.hosts.sql.testing import postgres_sql, sqlite_sql
+from effecthost.hosts.sql import SealedDeployment, SqlEffectHost
 from effecthost.payloads import AesGcmSealer, InMemoryKeyStore, PayloadPolicy
 
 pytestmark = pytest.mark.anyio
-
-
-@dataclass
-class Substrate:
-    make_store: Callable[[], Store]
-    sql: Callable[[str, tuple[Any, ...]], Awaitable[list[Any]]]
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def substrate(
-    request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str
-) -> AsyncIterator[Substrate]:
-    if request.param == "sqlite":
-        path = tmp_path / "deployment.sqlite3"
-        yield Substrate(lambda: SqliteStore(path), sqlite_sql(path))
-    else:
-        dsn = request.getfixturevalue("pg_dsn")
-        yield Substrate(
-            lambda: PostgresStore(dsn, schema=pg_schema, pool_size=2), postgres_sql(dsn, pg_schema)
-        )
 
 
 async def _echo(value: Any) -> Any:
@@ -82,15 +60,13 @@ async def test_a_plaintext_writer_records_nothing_in_a_sealed_deployment_without
     await sealing.start()
     await sealing.aclose()
     plain = _host(substrate, sealed=False)
-    try:
+    async with aclosing(plain):
         with pytest.raises(SealedDeployment) as refused:
             await plain.open_effect_group(_group())
         assert isinstance(refused.value, StoreRefused)
         with pytest.raises(SealedDeployment):
             await plain.drain().run_pass()
         assert await plain.open_group_keys() == []
-    finally:
-        await plain.aclose()
     assert await _outcomes(substrate) == []
 
 
@@ -103,15 +79,12 @@ async def test_a_writer_started_before_the_deployment_was_sealed_refuses_its_nex
     plain = _host(substrate, sealed=False)
     await plain.start()
     sealing = _host(substrate, sealed=True)
-    try:
+    async with aclosing(plain), aclosing(sealing):
         await sealing.start()
         with pytest.raises(SealedDeployment):
             await plain.drain().run_pass()
         with pytest.raises(SealedDeployment):
             await plain.open_effect_group(_group())
-    finally:
-        await sealing.aclose()
-        await plain.aclose()
 
 
 async def test_a_database_of_the_previous_release_is_inferred_from_its_rows(
@@ -127,21 +100,17 @@ async def test_a_database_of_the_previous_release_is_inferred_from_its_rows(
     await first.aclose()
     await substrate.sql("DROP TABLE eh_sealing", ())
     again = _host(substrate, sealed=False)
-    try:
+    async with aclosing(again):
         await again.drain().run_pass()  # plaintext, as recorded: allowed
         assert (await again.await_next_settlement(group.handle())).outcome.value == 1
-    finally:
-        await again.aclose()
     await substrate.sql("DROP TABLE eh_sealing", ())
     await substrate.sql(
         "UPDATE eh_children SET outcome = {0}", ('{"form":"sealed","sealed":true}',)
     )
     late = _host(substrate, sealed=False)
-    try:
+    async with aclosing(late):
         with pytest.raises(SealedDeployment):
             await late.open_effect_group(_group())
-    finally:
-        await late.aclose()
 
 
 async def test_a_plaintext_close_in_a_sealed_deployment_records_no_cancelled_outcome(
@@ -178,7 +147,7 @@ async def test_a_plaintext_close_in_a_sealed_deployment_records_no_cancelled_out
     await opener.abandon()
     plain = host(None)
     sealing = host(policy)
-    try:
+    async with aclosing(sealing), aclosing(plain):
         for _ in range(200):  # the abandoned lease expires on the database clock
             rows = await substrate.sql("SELECT lease_expires FROM eh_children", ())
             await plain.start()
@@ -191,6 +160,3 @@ async def test_a_plaintext_close_in_a_sealed_deployment_records_no_cancelled_out
         report = await sealing.drain().run_pass()
         assert [tuple(c) for c in report.cancelled] == [(key, f"{key}:0")]
         assert await _outcomes(substrate) == []  # settled, sealed, and the group retired
-    finally:
-        await plain.aclose()
-        await sealing.aclose()

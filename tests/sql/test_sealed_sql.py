@@ -12,14 +12,13 @@ import asyncio
 import random
 import secrets
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 import pytest
 from group_support import group as effect_group
-from sql_support import group, tool
+from sql_support import Substrate, group, tool
 
 from effecthost.contract import (
     EffectEnvelope,
@@ -33,13 +32,11 @@ from effecthost.contract import (
 )
 from effecthost.hosts.sql import (
     SCHEMA_VERSION,
-    PostgresStore,
     SchemaVersionError,
     SqlEffectHost,
     SqliteStore,
-    Store,
 )
-from effecthost.hosts.sql.testing import postgres_sql, sqlite_sql
+from effecthost.hosts.sql.testing import sqlite_sql
 from effecthost.payloads import AesGcmSealer, InMemoryKeyStore, PayloadPolicy, StoredOutcome
 
 pytestmark = pytest.mark.anyio
@@ -62,35 +59,21 @@ def _group(scope: str) -> EffectGroup:
     return group(key, [tool(f"{key}.{size}", size, "reveal") for size in ("small", "large")])
 
 
-@dataclass
-class Substrate:
-    name: str
-    make_store: Callable[[], Store]
-    sql: Callable[[str, tuple[Any, ...]], Awaitable[list[Any]]]
-    path: Path | None = None  # the SQLite file
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def substrate(
-    request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str
-) -> AsyncIterator[Substrate]:
-    if request.param == "sqlite":
-        path = tmp_path / "sealed.sqlite3"
-        yield Substrate("sqlite", lambda: SqliteStore(path), sqlite_sql(path), path)
-    else:
-        dsn = request.getfixturevalue("pg_dsn")
-        yield Substrate(
-            "postgres",
-            lambda: PostgresStore(dsn, schema=pg_schema, pool_size=2),
-            postgres_sql(dsn, pg_schema),
-        )
-
-
 def _host(sub: Substrate, resolver: ToolRegistry, payloads: PayloadPolicy | None) -> SqlEffectHost:
     return SqlEffectHost(
         sub.make_store(), resolver, lease_ttl=3.0, renew_every=0.5, poll_interval=0.05,
         payloads=payloads,
     )  # fmt: skip
+
+
+def _sealing_and_reader(sub: Substrate) -> tuple[str, EffectGroup, SqlEffectHost, SqlEffectHost]:
+    """A secret, a group of tools that reveal it, a host that seals their outcomes and a
+    reader with the same key."""
+    secret = f"plain-{secrets.token_hex(8)}"
+    keys = InMemoryKeyStore()
+    host = _host(sub, _registry(secret), PayloadPolicy(sealer=AesGcmSealer(keys)))
+    reader = _host(sub, _registry("unused"), PayloadPolicy(sealer=AesGcmSealer(keys)))
+    return secret, _group(f"t{secrets.token_hex(4)}"), host, reader
 
 
 async def _settle(host: SqlEffectHost, group: EffectGroup) -> None:
@@ -152,13 +135,8 @@ def _sqlite_bytes(path: Path) -> list[bytes]:
 async def test_nothing_sealed_is_stored_in_plaintext_and_a_keyed_reader_reads_it(
     substrate: Substrate,
 ) -> None:
-    secret = f"plain-{secrets.token_hex(8)}"
-    keys = InMemoryKeyStore()
-    policy = PayloadPolicy(sealer=AesGcmSealer(keys))
-    group = _group(f"t{secrets.token_hex(4)}")
-    host = _host(substrate, _registry(secret), policy)
-    reader = _host(substrate, _registry("unused"), PayloadPolicy(sealer=AesGcmSealer(keys)))
-    try:
+    secret, group, host, reader = _sealing_and_reader(substrate)
+    async with aclosing(reader), aclosing(host):
         await _settle(host, group)
         forms = {
             key: StoredOutcome.model_validate_json(row[0]).form
@@ -186,9 +164,6 @@ async def test_nothing_sealed_is_stored_in_plaintext_and_a_keyed_reader_reads_it
             assert any(b"effecthost.sealed/2" in v for v in values_)
             for blob in values_:
                 assert not any(needle in blob for needle in needles)
-    finally:
-        await host.aclose()
-        await reader.aclose()
 
 
 async def test_without_a_policy_the_same_outcome_is_plaintext_in_the_sqlite_file(
@@ -199,7 +174,7 @@ async def test_without_a_policy_the_same_outcome_is_plaintext_in_the_sqlite_file
     path = tmp_path / "plain.sqlite3"
     sub = Substrate("sqlite", lambda: SqliteStore(path), sqlite_sql(path), path)
     host = _host(sub, _registry(secret), None)
-    try:
+    async with aclosing(host):
         group = _group("control")
         await _settle(host, group)
         row = await sub.sql("SELECT outcome FROM eh_children WHERE replay_key = {0}", (
@@ -207,8 +182,6 @@ async def test_without_a_policy_the_same_outcome_is_plaintext_in_the_sqlite_file
         ))  # fmt: skip
         assert row[0][0].startswith('{"status"')  # the default form, unchanged
         assert any(secret.encode() in blob for blob in _sqlite_bytes(path))
-    finally:
-        await host.aclose()
 
 
 async def test_a_reader_without_the_key_is_refused_and_the_rows_are_byte_identical(
@@ -253,7 +226,7 @@ async def test_a_sealed_outcome_moved_to_another_group_fails_and_retirement_dele
     keys = InMemoryKeyStore()
     host = _host(substrate, _registry("s"), PayloadPolicy(sealer=AesGcmSealer(keys)))
     a, b = _group(f"a{secrets.token_hex(4)}"), _group(f"b{secrets.token_hex(4)}")
-    try:
+    async with aclosing(host):
         await _settle(host, a)
         await _settle(host, b)
         for size in ("small", "large"):
@@ -277,8 +250,6 @@ async def test_a_sealed_outcome_moved_to_another_group_fails_and_retirement_dele
         await host.close_effect_group(handle)  # every child ranked: the group retires
         assert (await substrate.sql(count, (a.key,)))[0][0] == 0
         assert await substrate.sql("SELECT 1 FROM eh_retired WHERE group_key = {0}", (a.key,))
-    finally:
-        await host.aclose()
 
 
 async def test_a_version_1_database_is_refused_with_schema_version_error(tmp_path: Path) -> None:
@@ -360,15 +331,10 @@ async def test_g49_corrupted_rows_are_typed_quote_nothing_and_change_nothing(
     (on SQLite also into bytes that are not UTF-8) reads as ``SealedPayloadUnreadable`` /
     ``PayloadMissing`` (never a pydantic or ``sqlite3`` error), quotes no ciphertext, leaves
     the cursor and every row as they were; or it still opens to the sealed value."""
-    secret = f"plain-{secrets.token_hex(8)}"
-    keys = InMemoryKeyStore()
-    policy = PayloadPolicy(sealer=AesGcmSealer(keys))
-    group = _group(f"t{secrets.token_hex(4)}")
-    host = _host(substrate, _registry(secret), policy)
-    reader = _host(substrate, _registry("unused"), PayloadPolicy(sealer=AesGcmSealer(keys)))
+    secret, group, host, reader = _sealing_and_reader(substrate)
     rng = random.Random(480)
     refused = 0
-    try:
+    async with aclosing(reader), aclosing(host):
         await _settle(host, group)
         for seq in (1, 2):
             original = await _outcome_row(substrate, group, seq)
@@ -395,9 +361,6 @@ async def test_g49_corrupted_rows_are_typed_quote_nothing_and_change_nothing(
                 assert await _raw_dump(substrate) == before
             await _set_outcome(substrate, group, seq, original)
         assert refused >= 50
-    finally:
-        await host.aclose()
-        await reader.aclose()
 
 
 async def test_r10_swapped_position_columns_are_refused(substrate: Substrate) -> None:
@@ -419,11 +382,11 @@ async def test_r10_swapped_position_columns_are_refused(substrate: Substrate) ->
         await substrate.sql(move, (old[small], large))
         await substrate.sql(move, (old[large], small))
 
-    try:
+    async with aclosing(host):
         await _settle(host, group)
         await swap()
         reader = _host(substrate, _registry("unused"), PayloadPolicy(sealer=AesGcmSealer(keys)))
-        try:
+        async with aclosing(reader):
             before = await _dump(substrate)
             for consumed in (0, 1):
                 cursor = group.handle()
@@ -438,10 +401,6 @@ async def test_r10_swapped_position_columns_are_refused(substrate: Substrate) ->
             handle = group.handle()
             got = [await reader.await_next_settlement(handle) for _ in range(2)]
             assert {(s.position, s.replay_key) for s in got} == {(0, small), (1, large)}
-        finally:
-            await reader.aclose()
-    finally:
-        await host.aclose()
 
 
 async def test_g49_forged_plaintext_in_a_sealed_sql_row_is_refused_unless_mixed(
@@ -458,7 +417,7 @@ async def test_g49_forged_plaintext_in_a_sealed_sql_row_is_refused_unless_mixed(
         _registry("unused"),
         PayloadPolicy(sealer=AesGcmSealer(keys), accept_plaintext=True),
     )
-    try:
+    async with aclosing(mixed), aclosing(host):
         await _settle(host, group)
         await _set_outcome(
             substrate, group, 1, '{"status":"success","value":"forged","error":null}'
@@ -467,9 +426,6 @@ async def test_g49_forged_plaintext_in_a_sealed_sql_row_is_refused_unless_mixed(
         with pytest.raises(SealedPayloadUnreadable):
             await host.await_next_settlement(group.handle())
         assert (await mixed.await_next_settlement(group.handle())).outcome.value == "forged"
-    finally:
-        await host.aclose()
-        await mixed.aclose()
 
 
 async def test_g49_an_event_payload_shaped_like_an_envelope_is_refused_and_records_nothing(
@@ -482,12 +438,10 @@ async def test_g49_an_event_payload_shaped_like_an_envelope_is_refused_and_recor
         key, [EffectEnvelope(replay_key=f"{key}.ev", kind=EffectKind.AWAIT_EVENT, name="ev")]
     )
     host = _host(substrate, _registry("s"), PayloadPolicy(sealer=AesGcmSealer(InMemoryKeyStore())))
-    try:
+    async with aclosing(host):
         await host.open_effect_group(group)
         before = await _dump(substrate)
         forged = [{"format": "effecthost.sealed/2", "ciphertext": "QUJD"}]
         with pytest.raises(InvalidEnvelope):
             await host.deliver_event(key, "ev", {"x": forged})
         assert await _dump(substrate) == before
-    finally:
-        await host.aclose()

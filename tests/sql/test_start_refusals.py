@@ -9,10 +9,12 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sql_support import running
 
 from effecthost.hosts.sql import (
     SCHEMA_VERSION,
@@ -194,12 +196,8 @@ async def test_postgres_start_still_creates_into_an_empty_schema(
         await conn.execute(f"CREATE SCHEMA {pg_schema}")
     finally:
         await conn.close()
-    store = PostgresStore(pg_dsn, schema=pg_schema)
-    await store.start()
-    try:
+    async with running(PostgresStore(pg_dsn, schema=pg_schema)) as (store,):
         assert await store._pool.fetchval("SELECT max(version) FROM eh_schema") == SCHEMA_VERSION
-    finally:
-        await store.aclose()
 
 
 async def test_postgres_start_shares_a_schema_with_a_payload_store(
@@ -212,12 +210,9 @@ async def test_postgres_start_shares_a_schema_with_a_payload_store(
     payloads = PostgresPayloadStore(pg_dsn, schema=pg_schema)
     await payloads._ready()
     store = PostgresStore(pg_dsn, schema=pg_schema)
-    try:
+    async with aclosing(payloads), aclosing(store):
         await store.start()
         assert await store._pool.fetchval("SELECT max(version) FROM eh_schema") == SCHEMA_VERSION
-    finally:
-        await store.aclose()
-        await payloads.aclose()
 
 
 _WRITER = """

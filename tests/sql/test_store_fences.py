@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from sql_support import ok, spec
+from sql_support import ok, running, spec
 
 from effecthost.contract import Outcome
 from effecthost.hosts.sql import SqliteStore
@@ -18,12 +18,8 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    made = SqliteStore(tmp_path / "fences.sqlite3")
-    await made.start()
-    try:
+    async with running(SqliteStore(tmp_path / "fences.sqlite3")) as (made,):
         yield made
-    finally:
-        await made.aclose()
 
 
 async def test_G31_G33_a_stale_fence_finalizes_nothing_and_a_live_lease_is_never_taken(

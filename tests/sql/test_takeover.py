@@ -4,10 +4,11 @@ cannot advance the counter or write its outcome."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 from group_support import group as effect_group
-from sql_support import spec
+from sql_support import running, spec
 
 from effecthost.contract import (
     EffectEnvelope,
@@ -24,9 +25,7 @@ pytestmark = pytest.mark.anyio
 async def test_G31_taken_over_finalize_is_a_no_op_without_a_counter_bump(
     pg_dsn: str, pg_schema: str
 ) -> None:
-    store = PostgresStore(pg_dsn, schema=pg_schema)
-    await store.start()
-    try:
+    async with running(PostgresStore(pg_dsn, schema=pg_schema)) as (store,):
         await store.create_group("g", "all", "run_to_completion", 1)
         await store.insert_children("g", [spec("c")], "nobody", 1.0)
         # A claims with a lease that is already expired (a driver stalled past its TTL)
@@ -50,8 +49,6 @@ async def test_G31_taken_over_finalize_is_a_no_op_without_a_counter_bump(
         assert again is None
         group = await store.get_group("g")
         assert group is not None and group.counter == 1
-    finally:
-        await store.aclose()
 
 
 async def test_G31_G33_stalled_host_driver_loses_to_a_drain_takeover(
@@ -67,23 +64,12 @@ async def test_G31_G33_stalled_host_driver_loses_to_a_drain_takeover(
     async def quick(_value: object) -> str:
         return "B"
 
-    a = SqlEffectHost(
-        PostgresStore(pg_dsn, schema=pg_schema),
-        ToolRegistry({"t": stall}),
-        node_id="a",
-        lease_ttl=0.6,
-        renew_every=0.1,
-    )
-    b = SqlEffectHost(
-        PostgresStore(pg_dsn, schema=pg_schema),
-        ToolRegistry({"t": quick}),
-        node_id="b",
-        lease_ttl=0.6,
-        renew_every=0.1,
-    )
-    await a.start()
-    await b.start()
-    try:
+    def node(node_id: str, tool: Callable[[object], Awaitable[str]]) -> SqlEffectHost:
+        store = PostgresStore(pg_dsn, schema=pg_schema)
+        registry = ToolRegistry({"t": tool})
+        return SqlEffectHost(store, registry, node_id=node_id, lease_ttl=0.6, renew_every=0.1)
+
+    async with running(node("a", stall), node("b", quick)) as (a, b):
         group = effect_group(
             "s:group:g:0",
             [EffectEnvelope(replay_key="s.c", kind=EffectKind.TOOL_CALL, name="t")],
@@ -119,9 +105,6 @@ async def test_G31_G33_stalled_host_driver_loses_to_a_drain_takeover(
         read = await b.store.read_rank(group.key, 1)
         assert read is not None and read.outcome is not None
         assert Outcome.model_validate_json(read.outcome).value == "B"
-    finally:
-        await a.aclose()
-        await b.aclose()
 
 
 async def test_newer_schema_version_is_refused_at_start_up(pg_dsn: str, pg_schema: str) -> None:
@@ -151,14 +134,10 @@ async def test_start_up_replaces_a_function_another_release_left(
         "LANGUAGE sql AS $$ SELECT false $$"
     )
     await store.aclose()
-    again = PostgresStore(pg_dsn, schema=pg_schema)
-    await again.start()
-    try:
+    async with running(PostgresStore(pg_dsn, schema=pg_schema)) as (again,):
         after = {r["proname"]: r for r in await again._pool.fetch(query, pg_schema)}
         assert (
             after["eh_retire"]["prosrc"] == {r["proname"]: r for r in before}["eh_retire"]["prosrc"]
         )
         untouched = [r for r in before if r["proname"] != "eh_retire"]
         assert all(after[r["proname"]]["xmin"] == r["xmin"] for r in untouched)
-    finally:
-        await again.aclose()

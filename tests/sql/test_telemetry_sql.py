@@ -30,6 +30,7 @@ from otel_support import (
     run_program,
     shape,
 )
+from sql_support import drain_until_settled, running
 
 from effecthost.hosts.sql import (
     PostgresStore,
@@ -48,12 +49,10 @@ CALLER = str(Path(__file__).with_name("_otel_caller.py"))
 async def test_issue23_postgres_gives_the_same_tree(pg_dsn: str, pg_schema: str) -> None:
     """Issue 23: the same program on PostgreSQL yields the same span tree as on memory."""
     with collected() as seen:
-        host = SqlEffectHost(PostgresStore(pg_dsn, schema=pg_schema, pool_size=2), registry)
-        await host.start()
-        try:
+        async with running(
+            SqlEffectHost(PostgresStore(pg_dsn, schema=pg_schema, pool_size=2), registry)
+        ) as (host,):
             assert await run_program(host, "otel:pg:0") == [0, 1, 2]
-        finally:
-            await host.aclose()
         spans = seen.finished()
         assert shape(spans, "otel:pg:0") == expected_shape()
         ranks = await_ranks(spans, "otel:pg:0")
@@ -191,24 +190,17 @@ async def _until_abandoned(store: Store, key: str) -> None:
 
 
 async def _reopen(path: Path, key: str) -> list[object]:
-    host = SqlEffectHost(SqliteStore(path), registry, lease_ttl=0.6, renew_every=0.1)
-    await host.start()
-    try:
+    async with running(
+        SqlEffectHost(SqliteStore(path), registry, lease_ttl=0.6, renew_every=0.1)
+    ) as (host,):
         handle = await host.open_effect_group(program_group(key))
-        passes = host.drain()
-        deadline = time.monotonic() + 30
-        while any(r.state != "settled" for r in await host.store.children(key)):
-            assert time.monotonic() < deadline, "the killed caller's children never re-ran"
-            await passes.run_pass()
-            await asyncio.sleep(0.05)  # the database clock passing the dead lease's TTL
+        await drain_until_settled(host, key, "the killed caller's children never re-ran")
         values = {}
         while not handle.exhausted:
             settlement = await host.await_next_settlement(handle)
             values[settlement.position] = settlement.outcome.value
         await host.close_effect_group(handle)
         return [values[p] for p in sorted(values)]
-    finally:
-        await host.aclose()
 
 
 @pytest.mark.anyio
@@ -313,13 +305,9 @@ async def test_issue23_a_version_4_database_upgrades_with_the_documented_stateme
                 await conn.execute(statement.replace("effecthost.", f"{made.schema}."))
         finally:
             await conn.close()
-    host = SqlEffectHost(stores(), registry)
-    await host.start()
-    try:
+    async with running(SqlEffectHost(stores(), registry)) as (host,):
         with collected():
             assert await run_program(host, "otel:upgraded:0") == [0, 1, 2]
             handle = await host.open_effect_group(program_group("otel:upgraded:1"))
             assert await _recorded_context(host, "otel:upgraded:1") is not None
             await host.close_effect_group(handle)
-    finally:
-        await host.aclose()

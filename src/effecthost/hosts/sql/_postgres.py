@@ -32,16 +32,18 @@ from effecthost.hosts import require
 
 from ._preflight import DatabaseProblem, DatabaseRefused
 from ._store import (
+    CREATE_GROUP,
     G_COLUMNS,
-    GROUP_COLUMNS,
     SCHEMA_VERSION,
-    ChildRow,
     ChildSpec,
     Claim,
+    Closed,
+    Decide,
     Expected,
     Finalize,
     GroupRow,
     Opened,
+    OpenRequest,
     Renewal,
     ReplayKeyTaken,
     SchemaVersionError,
@@ -1066,51 +1068,19 @@ class PostgresStore(SqlStore):
     # -- writes -------------------------------------------------------------------------
 
     @_retried
-    async def create_group(
-        self,
-        group_key: str,
-        wake: str,
-        disposition: str,
-        child_count: int,
-        owner: str | None = None,
-        ttl: float = 0.0,
-    ) -> tuple[bool, GroupRow]:
-        row = await self._pool.fetchrow(
-            "INSERT INTO eh_groups (group_key, wake, disposition, effective, child_count, "
-            f"created_at, owner, owner_expires) VALUES ($1, $2, $3, $3, $4, {NOW}, $5, "
-            f"CASE WHEN $5::text IS NOT NULL THEN {NOW} + $6 END) "
-            f"ON CONFLICT (group_key) DO NOTHING RETURNING {GROUP_COLUMNS}",
-            group_key,
-            wake,
-            disposition,
-            child_count,
-            owner,
-            ttl,
-        )
+    async def _create(self, r: OpenRequest) -> tuple[bool, GroupRow]:
+        row = await self._pool.fetchrow(_sql(CREATE_GROUP), *r.create_values)
         if row is not None:
             return True, group_row(row)
-        existing = await self.get_group(group_key)
+        existing = await self.get_group(r.group_key)
         assert existing is not None, "a group row vanished between insert and read"
         return False, existing
 
     @_retried
     async def insert_children(
-        self,
-        group_key: str,
-        specs: list[ChildSpec],
-        owner: str,
-        ttl: float,
-        sent: Sent | None = None,
+        self, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
     ) -> list[str]:
-        async with self._pool.acquire() as conn:
-            _mark(sent)
-            return await self._insert_children(conn, group_key, specs, owner, ttl)
-
-    @staticmethod
-    async def _insert_children(
-        conn: Any, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
-    ) -> list[str]:
-        rows = await conn.fetch(
+        rows = await self._pool.fetch(
             "INSERT INTO eh_children (replay_key, group_key, position, kind, name, envelope, "
             "envelope_hash, state, lease_owner, fence, lease_expires, attempt, due_at) "
             "SELECT k, $1, p, kd, nm, env, h, "
@@ -1147,12 +1117,7 @@ class PostgresStore(SqlStore):
 
     @_retried
     async def renew(
-        self,
-        owner: str,
-        ttl: float,
-        keys: list[str],
-        groups: list[str],
-        sent: Sent | None = None,
+        self, owner: str, ttl: float, keys: list[str], groups: list[str], sent: Sent | None = None
     ) -> tuple[list[Renewal], list[str]]:
         async with self._pool.acquire() as conn:
             _mark(sent)
@@ -1286,21 +1251,7 @@ class PostgresStore(SqlStore):
         )
         return done >= 1, done == 2
 
-    async def open_group(
-        self,
-        group_key: str,
-        wake: str,
-        disposition: str,
-        child_count: int,
-        specs: list[ChildSpec],
-        owner: str,
-        ttl: float,
-        before_create: Callable[[], None],
-        *,
-        reopen: Callable[[GroupRow, tuple[ChildRow, ...]], None] | None = None,
-        sent: Sent | None = None,
-        trace_context: str | None = None,
-    ) -> Opened:
+    async def _open(self, r: OpenRequest) -> Opened:
         """A first open is one round trip: ``before_create`` (the resolution, which writes
         nothing) runs first, then :sql:`eh_open` records the group row, owned by
         ``owner``, and its children in one transaction, or refuses a retired key or a
@@ -1309,41 +1260,16 @@ class PostgresStore(SqlStore):
         refusals keep R-2's order and a reopen refuses nothing for a resolver miss) and
         answered from as :meth:`_open_read_first` does."""
         try:
-            before_create()
+            r.before_create()
         except Exception:
             pass
         else:
-            opened = await self._eh_open(
-                group_key, wake, disposition, child_count, specs, owner, ttl, sent, trace_context
-            )
+            opened = await self._eh_open(r)
             if opened is not None:
                 return opened
-        return await self._open_read_first(
-            group_key,
-            wake,
-            disposition,
-            child_count,
-            specs,
-            owner,
-            ttl,
-            before_create,
-            reopen,
-            sent,
-            trace_context,
-        )
+        return await self._open_read_first(r)
 
-    async def _eh_open(
-        self,
-        group_key: str,
-        wake: str,
-        disposition: str,
-        child_count: int,
-        specs: list[ChildSpec],
-        owner: str,
-        ttl: float,
-        sent: Sent | None,
-        trace_context: str | None,
-    ) -> Opened | None:
+    async def _eh_open(self, r: OpenRequest) -> Opened | None:
         """:sql:`eh_open`: the created group, or ``None`` when the key is recorded or
         retired (nothing written).
 
@@ -1352,45 +1278,29 @@ class PostgresStore(SqlStore):
         """
         try:
             async with self._pool.acquire() as conn:
-                _mark(sent)
+                _mark(r.sent)
                 done = await conn.fetchval(
                     "SELECT eh_open($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, "
                     "$15)",
-                    group_key,
-                    wake,
-                    disposition,
-                    child_count,
-                    owner,
-                    ttl,
-                    *_spec_arrays(specs),
-                    trace_context,
+                    *r.group_values,
+                    *_spec_arrays(r.specs),
+                    r.trace_context,
                 )
         except self._asyncpg.PostgresError as exc:
             if exc.sqlstate == "EH002":
-                raise _taken(specs, exc.detail, exc.hint or None) from None
+                raise _taken(r.specs, exc.detail, exc.hint or None) from None
             if exc.sqlstate != "EH001":
                 raise
             return None  # retired: the lookup answers with the tombstone
         if done is None:
             return None  # recorded by another open: read it as a reopen does
         self._fault("open:after_commit")
-        row = GroupRow(group_key, wake, disposition, disposition, child_count, 0, "open", done)
+        row = GroupRow(
+            r.group_key, r.wake, r.disposition, r.disposition, r.child_count, 0, "open", done
+        )
         return Opened(True, row)
 
-    async def _open_read_first(
-        self,
-        group_key: str,
-        wake: str,
-        disposition: str,
-        child_count: int,
-        specs: list[ChildSpec],
-        owner: str,
-        ttl: float,
-        before_create: Callable[[], None],
-        reopen: Callable[[GroupRow, tuple[ChildRow, ...]], None] | None,
-        sent: Sent | None,
-        trace_context: str | None,
-    ) -> Opened:
+    async def _open_read_first(self, r: OpenRequest) -> Opened:
         """A read (the group row, its tombstone, and the first child by position whose
         replay key another group holds), then either, for a group recorded open,
         ``reopen`` and the change of owner (R-1; an update of the group row alone, only
@@ -1409,39 +1319,35 @@ class PostgresStore(SqlStore):
                 "  FROM unnest($2::text[]) WITH ORDINALITY AS t(k, i) "
                 "  JOIN eh_children c ON c.replay_key = t.k AND c.group_key <> q.k "
                 "  ORDER BY t.i LIMIT 1) h ON g.group_key IS NULL AND r.group_key IS NULL",
-                group_key,
-                [s.replay_key for s in specs],
+                r.group_key,
+                [s.replay_key for s in r.specs],
             )
             if row["group_key"] is not None:
                 record = group_row(row)
-                children = tuple(await self.children(group_key))
+                children = tuple(await self.children(r.group_key))
                 if record.state != "open":
                     return Opened(False, record, None, children)
-                if reopen is not None:
-                    reopen(record, children)
-                if not await self.own(group_key, owner, ttl, trace_context):
+                if r.reopen is not None:
+                    r.reopen(record, children)
+                assert r.owner is not None, "an open names its owner"
+                if not await self.own(r.group_key, r.owner, r.ttl, r.trace_context):
                     continue  # closed or retired since the read
                 return Opened(False, record, None, children)
             if row["tombstone"] is not None:
                 return Opened(False, None, str(row["tombstone"]))
             if row["taken"] is not None:
-                raise _taken(specs, row["taken"], row["holder"])
-            before_create()
-            opened = await self._eh_open(
-                group_key, wake, disposition, child_count, specs, owner, ttl, sent, trace_context
-            )
+                raise _taken(r.specs, row["taken"], row["holder"])
+            r.before_create()
+            opened = await self._eh_open(r)
             if opened is not None:
                 return opened
             # recorded or retired by another open since the read: read it again
-        raise RuntimeError(f"group {group_key!r} changed under three opens in a row")
+        raise RuntimeError(f"group {r.group_key!r} changed under three opens in a row")
 
     @_retried
     async def close_group(
-        self,
-        group_key: str,
-        decide: Callable[[GroupRow | None, str | None], str | None],
-        expect: Expected | None = None,
-    ) -> tuple[GroupRow | None, bool, bool]:
+        self, group_key: str, decide: Decide, expect: Expected | None = None
+    ) -> Closed:
         """One round trip when the group is open as ``expect`` says: :sql:`eh_close_group`
         locks the children, then the group row, and closes (and retires) it in that
         transaction; ``decide`` then answers on the row as it was, which is
@@ -1477,10 +1383,7 @@ class PostgresStore(SqlStore):
         if done:
             assert expect is not None and target == expect.target, "close: decided otherwise"
             return record, True, done == 2
-        if record is None or target is None:
-            return record, False, False
-        recorded, retired = await self.close_retire(group_key, target)
-        return record, recorded, retired
+        return await self._close_as_decided(group_key, record, target)
 
     @_retried
     async def retire(self, group_key: str) -> bool:

@@ -33,18 +33,21 @@ from typing import Any, TypeVar
 from ._preflight import check_creatable_sqlite_file, check_sqlite_file, read_only_uri
 from ._store import (
     CHILDREN,
+    CREATE_GROUP,
     GET_GROUP,
-    GROUP_COLUMNS,
     LOOKUP,
     OWN,
     SCHEMA_VERSION,
     ChildRow,
     ChildSpec,
     Claim,
+    Closed,
+    Decide,
     Expected,
     Finalize,
     GroupRow,
     Opened,
+    OpenRequest,
     Renewal,
     ReplayKeyTaken,
     SchemaVersionError,
@@ -53,6 +56,7 @@ from ._store import (
     _mark,
     child_row,
     group_row,
+    looked_up,
     tables,
 )
 
@@ -426,56 +430,21 @@ class SqliteStore(SqlStore):
 
     # -- writes -------------------------------------------------------------------------
 
-    async def create_group(
-        self,
-        group_key: str,
-        wake: str,
-        disposition: str,
-        child_count: int,
-        owner: str | None = None,
-        ttl: float = 0.0,
-    ) -> tuple[bool, GroupRow]:
-        return await self._write(
-            lambda c: self._create_body(c, group_key, wake, disposition, child_count, owner, ttl)
-        )
+    async def _create(self, r: OpenRequest) -> tuple[bool, GroupRow]:
+        return await self._write(lambda c: self._create_body(c, r))
 
     @staticmethod
-    def _create_body(
-        c: sqlite3.Connection,
-        group_key: str,
-        wake: str,
-        disposition: str,
-        child_count: int,
-        owner: str | None = None,
-        ttl: float = 0.0,
-        trace_context: str | None = None,
-    ) -> tuple[bool, GroupRow]:
-        row = c.execute(
-            "INSERT INTO eh_groups (group_key, wake, disposition, effective, "
-            "child_count, created_at, owner, owner_expires, trace_context) "
-            f"VALUES (?, ?, ?, ?, ?, {NOW}, ?, CASE WHEN ? IS NOT NULL THEN {NOW} + ? END, ?) "
-            f"ON CONFLICT (group_key) DO NOTHING RETURNING {GROUP_COLUMNS}",
-            (
-                group_key,
-                wake,
-                disposition,
-                disposition,
-                child_count,
-                owner,
-                owner,
-                ttl,
-                trace_context,
-            ),
-        ).fetchone()
+    def _create_body(c: sqlite3.Connection, r: OpenRequest) -> tuple[bool, GroupRow]:
+        row = c.execute(_sql(CREATE_GROUP), r.create_values).fetchone()
         if row is not None:
             return True, group_row(row)
-        return False, group_row(c.execute(GET_GROUP, (group_key,)).fetchone())
+        return False, group_row(c.execute(GET_GROUP, (r.group_key,)).fetchone())
 
     @staticmethod
     def _own_body(
         c: sqlite3.Connection,
         group_key: str,
-        owner: str,
+        owner: str | None,
         ttl: float,
         trace_context: str | None = None,
     ) -> bool:
@@ -483,7 +452,7 @@ class SqliteStore(SqlStore):
 
     @staticmethod
     def _insert_children(
-        c: sqlite3.Connection, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
+        c: sqlite3.Connection, group_key: str, specs: list[ChildSpec], owner: str | None, ttl: float
     ) -> list[str]:
         inserted: list[str] = []
         for start in range(0, len(specs), _INSERT_CHUNK):
@@ -512,18 +481,9 @@ class SqliteStore(SqlStore):
         return inserted
 
     async def insert_children(
-        self,
-        group_key: str,
-        specs: list[ChildSpec],
-        owner: str,
-        ttl: float,
-        sent: Sent | None = None,
+        self, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
     ) -> list[str]:
-        def body(c: sqlite3.Connection) -> list[str]:
-            _mark(sent)
-            return self._insert_children(c, group_key, specs, owner, ttl)
-
-        return await self._write(body)
+        return await self._write(lambda c: self._insert_children(c, group_key, specs, owner, ttl))
 
     @staticmethod
     def _taken(c: sqlite3.Connection, group_key: str, specs: list[ChildSpec]) -> None:
@@ -567,12 +527,7 @@ class SqliteStore(SqlStore):
         return await self._write(body)
 
     async def renew(
-        self,
-        owner: str,
-        ttl: float,
-        keys: list[str],
-        groups: list[str],
-        sent: Sent | None = None,
+        self, owner: str, ttl: float, keys: list[str], groups: list[str], sent: Sent | None = None
     ) -> tuple[list[Renewal], list[str]]:
         def body(c: sqlite3.Connection) -> tuple[list[Renewal], list[str]]:
             _mark(sent)
@@ -800,26 +755,9 @@ class SqliteStore(SqlStore):
 
     @staticmethod
     def _lookup(c: sqlite3.Connection, group_key: str) -> tuple[GroupRow | None, str | None]:
-        row = c.execute(LOOKUP, (group_key,)).fetchone()
-        if row[0] is not None:
-            return group_row(row), None
-        return None, None if row[9] is None else str(row[9])
+        return looked_up(c.execute(LOOKUP, (group_key,)).fetchone())
 
-    async def open_group(
-        self,
-        group_key: str,
-        wake: str,
-        disposition: str,
-        child_count: int,
-        specs: list[ChildSpec],
-        owner: str,
-        ttl: float,
-        before_create: Callable[[], None],
-        *,
-        reopen: Callable[[GroupRow, tuple[ChildRow, ...]], None] | None = None,
-        sent: Sent | None = None,
-        trace_context: str | None = None,
-    ) -> Opened:
+    async def _open(self, r: OpenRequest) -> Opened:
         """One transaction: the lookup; for a group recorded open, ``reopen`` and the
         change of owner (R-1); else the replay-key check, ``before_create`` and the group
         row (owned by ``owner``) with every child row (``reopen`` and ``before_create``
@@ -828,40 +766,35 @@ class SqliteStore(SqlStore):
         and the insert."""
 
         def body(c: sqlite3.Connection) -> Opened:
-            record, tombstone = self._lookup(c, group_key)
+            record, tombstone = self._lookup(c, r.group_key)
             if record is not None:
-                children = tuple(self._children(c, group_key))
+                children = tuple(self._children(c, r.group_key))
                 if record.state == "open":
-                    if reopen is not None:
-                        reopen(record, children)
-                    self._own_body(c, group_key, owner, ttl, trace_context)
+                    if r.reopen is not None:
+                        r.reopen(record, children)
+                    self._own_body(c, r.group_key, r.owner, r.ttl, r.trace_context)
                 return Opened(False, record, None, children)
             if tombstone is not None:
                 return Opened(False, None, tombstone)
-            self._taken(c, group_key, specs)
-            before_create()
-            _mark(sent)
-            _created, row = self._create_body(
-                c, group_key, wake, disposition, child_count, owner, ttl, trace_context
-            )
-            inserted = self._insert_children(c, group_key, specs, owner, ttl)
-            if len(inserted) != len(specs):  # the check above makes this unreachable
-                self._taken(c, group_key, specs)
-                raise RuntimeError(f"children of group {group_key!r} were not all recorded")
+            self._taken(c, r.group_key, r.specs)
+            r.before_create()
+            _mark(r.sent)
+            _created, row = self._create_body(c, r)
+            inserted = self._insert_children(c, r.group_key, r.specs, r.owner, r.ttl)
+            if len(inserted) != len(r.specs):  # the check above makes this unreachable
+                self._taken(c, r.group_key, r.specs)
+                raise RuntimeError(f"children of group {r.group_key!r} were not all recorded")
             return Opened(True, row)
 
         return await self._write(body)
 
     async def close_group(
-        self,
-        group_key: str,
-        decide: Callable[[GroupRow | None, str | None], str | None],
-        expect: Expected | None = None,
-    ) -> tuple[GroupRow | None, bool, bool]:
+        self, group_key: str, decide: Decide, expect: Expected | None = None
+    ) -> Closed:
         """One transaction: the lookup, ``decide``, and the close (with the retirement
         when every child has settled); ``expect`` is not needed."""
 
-        def body(c: sqlite3.Connection) -> tuple[GroupRow | None, bool, bool]:
+        def body(c: sqlite3.Connection) -> Closed:
             record, tombstone = self._lookup(c, group_key)
             target = decide(record, tombstone)
             if record is None or target is None:

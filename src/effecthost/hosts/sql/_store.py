@@ -199,6 +199,47 @@ class Opened:
     children: tuple[ChildRow, ...] = ()  # the recorded children of a group found recorded
 
 
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRequest:
+    """The arguments of :meth:`Store.open_group` (of :meth:`Store.create_group`: no
+    children, no owner when none is given), handed to a dialect whole."""
+
+    group_key: str
+    wake: str
+    disposition: str
+    child_count: int
+    specs: list[ChildSpec]
+    owner: str | None
+    ttl: float
+    before_create: Callable[[], None] = _nothing
+    reopen: Callable[[GroupRow, tuple[ChildRow, ...]], None] | None = None
+    sent: Sent | None = None
+    trace_context: str | None = None
+
+    @property
+    def group_values(self) -> tuple[str, str, str, int, str | None, float]:
+        """The group row's values, in the order the statements that record it take them."""
+        return self.group_key, self.wake, self.disposition, self.child_count, self.owner, self.ttl
+
+    @property
+    def create_values(self) -> tuple[Any, ...]:
+        """The values :data:`CREATE_GROUP` takes, in its order."""
+        key, wake, disposition, count, owner, ttl = self.group_values
+        return key, wake, disposition, disposition, count, owner, owner, ttl, self.trace_context
+
+
+Decide = Callable[[GroupRow | None, str | None], str | None]
+"""A close's decision on the group row (``None``: not recorded) and its tombstone: the
+disposition to close with, ``None`` for nothing to write; it raises to refuse."""
+
+Closed = tuple[GroupRow | None, bool, bool]
+"""What :meth:`Store.close_group` returns: ``(row, recorded, retired)``."""
+
+
 class ReplayKeyTaken(Exception):
     """An open met a replay key recorded for another group (R-6); it wrote nothing.
 
@@ -311,7 +352,6 @@ class Store(ABC):
     async def retired(self, group_key: str) -> str | None:
         """The disposition in force when the group retired, or ``None``."""
 
-    @abstractmethod
     async def create_group(
         self,
         group_key: str,
@@ -325,6 +365,13 @@ class Store(ABC):
         ``owner`` for ``ttl`` seconds of the database clock when given (R-1). Returns
         ``(created, row)``; ``created`` is false when the key was already recorded. A
         building block for tests and tools: the host opens through :meth:`open_group`."""
+        return await self._create(
+            OpenRequest(group_key, wake, disposition, child_count, [], owner, ttl)
+        )
+
+    @abstractmethod
+    async def _create(self, r: OpenRequest) -> tuple[bool, GroupRow]:
+        """:meth:`create_group` (``r`` has no children)."""
 
     @abstractmethod
     async def own(
@@ -336,18 +383,12 @@ class Store(ABC):
 
     @abstractmethod
     async def insert_children(
-        self,
-        group_key: str,
-        specs: list[ChildSpec],
-        owner: str,
-        ttl: float,
-        sent: Sent | None = None,
+        self, group_key: str, specs: list[ChildSpec], owner: str, ttl: float
     ) -> list[str]:
         """Insert missing child rows (one transaction, children only); rows with
         ``claim`` are inserted leased to ``owner`` with fence 1. Returns the replay keys
-        inserted (an existing row is left as it is). ``sent`` is marked just before the
-        statement goes out. The host uses it only to complete a group an older release
-        recorded without all its children."""
+        inserted (an existing row is left as it is). The host uses it only to complete a
+        group an older release recorded without all its children."""
 
     @abstractmethod
     async def children(self, group_key: str) -> list[ChildRow]: ...
@@ -362,12 +403,7 @@ class Store(ABC):
 
     @abstractmethod
     async def renew(
-        self,
-        owner: str,
-        ttl: float,
-        keys: list[str],
-        groups: list[str],
-        sent: Sent | None = None,
+        self, owner: str, ttl: float, keys: list[str], groups: list[str], sent: Sent | None = None
     ) -> tuple[list[Renewal], list[str]]:
         """Extend the unexpired leases ``owner`` holds on the children ``keys`` (those
         with a live driver) and its unexpired ownership of the open ``groups`` (R-1), in
@@ -455,7 +491,6 @@ class Store(ABC):
         group = await self.get_group(group_key)
         return group is not None and group.state == "closed" and await self.retire(group_key)
 
-    @abstractmethod
     async def open_group(
         self,
         group_key: str,
@@ -501,13 +536,29 @@ class Store(ABC):
         Raises:
             ReplayKeyTaken: a replay key is recorded for another group.
         """
+        return await self._open(
+            OpenRequest(
+                group_key,
+                wake,
+                disposition,
+                child_count,
+                specs,
+                owner,
+                ttl,
+                before_create,
+                reopen,
+                sent,
+                trace_context,
+            )
+        )
+
+    @abstractmethod
+    async def _open(self, r: OpenRequest) -> Opened:
+        """:meth:`open_group`, as asked."""
 
     async def close_group(
-        self,
-        group_key: str,
-        decide: Callable[[GroupRow | None, str | None], str | None],
-        expect: Expected | None = None,
-    ) -> tuple[GroupRow | None, bool, bool]:
+        self, group_key: str, decide: Decide, expect: Expected | None = None
+    ) -> Closed:
         """Look the group up and call ``decide`` with its row (or ``None``) and its
         tombstone; ``decide`` raises to refuse (nothing written) or returns the
         disposition to close with, or ``None`` for nothing to write. Then
@@ -519,11 +570,15 @@ class Store(ABC):
         it reads is open with the expected shape (then ``decide`` answers ``expect.target``
         on it), and otherwise write nothing and answer from ``decide``."""
         record, tombstone = await self.lookup(group_key)
-        target = decide(record, tombstone)
+        return await self._close_as_decided(group_key, record, decide(record, tombstone))
+
+    async def _close_as_decided(
+        self, group_key: str, record: GroupRow | None, target: str | None
+    ) -> Closed:
+        """The close ``decide`` chose: none when the group is not recorded or it chose none."""
         if record is None or target is None:
             return record, False, False
-        recorded, retired = await self.close_retire(group_key, target)
-        return record, recorded, retired
+        return (record, *await self.close_retire(group_key, target))
 
     async def close_retire(self, group_key: str, effective: str) -> tuple[bool, bool]:
         """:meth:`close`, then :meth:`retire` when every child has settled; a store may
@@ -672,6 +727,12 @@ OWN = (
     "UPDATE eh_groups SET owner = ?, owner_expires = {now} + ?, "
     "trace_context = coalesce(?, trace_context) WHERE group_key = ? AND state = 'open'"
 )
+CREATE_GROUP = (
+    "INSERT INTO eh_groups (group_key, wake, disposition, effective, child_count, created_at, "
+    "owner, owner_expires, trace_context) VALUES (?, ?, ?, ?, ?, {now}, ?, "
+    "CASE WHEN CAST(? AS TEXT) IS NOT NULL THEN {now} + ? END, ?) "
+    f"ON CONFLICT (group_key) DO NOTHING RETURNING {GROUP_COLUMNS}"
+)
 _RANK = (
     f"SELECT {G_COLUMNS}, c.position, c.replay_key, {{outcome}} FROM eh_groups g "
     "LEFT JOIN eh_children c ON c.group_key = g.group_key AND c.seq = ? WHERE g.group_key = ?"
@@ -691,6 +752,13 @@ _INSPECT_GROUP = (
 def group_row(row: Any) -> GroupRow:
     """A :class:`GroupRow` from the first nine columns of ``row`` (:data:`GROUP_COLUMNS`)."""
     return GroupRow(*row[:9])
+
+
+def looked_up(row: Any) -> tuple[GroupRow | None, str | None]:
+    """The group row, or its tombstone's disposition, from a row of :data:`LOOKUP`."""
+    if row[0] is not None:
+        return group_row(row), None
+    return None, None if row[9] is None else str(row[9])
 
 
 def child_row(row: Any) -> ChildRow:
@@ -768,11 +836,7 @@ class SqlStore(Store):
         return None if value is None else str(value)
 
     async def lookup(self, group_key: str) -> tuple[GroupRow | None, str | None]:
-        row = await self._fetchrow(LOOKUP, group_key)
-        assert row is not None
-        if row[0] is not None:
-            return group_row(row), None
-        return None, None if row[9] is None else str(row[9])
+        return looked_up(await self._fetchrow(LOOKUP, group_key))
 
     async def children(self, group_key: str) -> list[ChildRow]:
         return [child_row(r) for r in await self._fetch(CHILDREN, group_key)]
