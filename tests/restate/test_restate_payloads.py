@@ -124,6 +124,7 @@ async def _two_settled(ctl: RestateController, name: str) -> tuple[EffectGroup, 
     return group, handle
 
 
+@pytest.mark.idle
 async def test_conformance_suite_passes_sealed() -> None:
     report = await run_suite(sealed_factory)
     failed = [(r.check.name, r.reason) for r in report.by_status("failed")]

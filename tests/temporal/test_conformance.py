@@ -14,6 +14,7 @@ from effecthost.hosts.temporal.testing import factory, sharded_factory
 from ._support import require_cli
 
 
+@pytest.mark.idle
 @pytest.mark.timeout(420)
 def test_conformance_suite_passes_on_temporal() -> None:
     require_cli()
@@ -27,6 +28,7 @@ def test_conformance_suite_passes_on_temporal() -> None:
     }, report.table()
 
 
+@pytest.mark.idle
 @pytest.mark.timeout(420)
 def test_conformance_suite_passes_on_sharded_groups() -> None:
     """G-43, G-15, G-21, G-27, G-51: the suite again, every group of two or more children
