@@ -15,7 +15,7 @@ from effecthost.hosts.sql.testing import SqlHostUnderTest, sqlite_factory
 
 pytestmark = pytest.mark.anyio
 
-HERE = str(Path(__file__).parent)
+MUTANTS = str(Path(__file__).parents[1] / "mutants")
 
 
 def _broken_drain_factory(env: FactoryEnv) -> SqlHostUnderTest:
@@ -24,8 +24,8 @@ def _broken_drain_factory(env: FactoryEnv) -> SqlHostUnderTest:
         env,
         {"store": "sqlite", "path": str(path)},
         lambda: SqliteStore(path),
-        host_class="_broken_hosts:CancellingDrainHost",
-        sys_path=[HERE],
+        host_class="sql_mutants:CancellingDrainSqlHost",
+        sys_path=[MUTANTS],
     )
 
 
