@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from effecthost.contract import EffectEnvelope, EffectGroup, EffectKind, LoserPolicy, WakePolicy
+from effecthost.contract import (
+    EffectEnvelope,
+    EffectGroup,
+    EffectKind,
+    LoserPolicy,
+    ToolFunction,
+    ToolRegistry,
+    WakePolicy,
+)
 
 
 def tool(replay_key: str, value: Any = None, name: str = "t") -> EffectEnvelope:
@@ -34,3 +42,13 @@ def race(
 ) -> EffectGroup:
     """A ``race``: the first settlement wakes the caller, the losers are cancelled."""
     return group(key, children, WakePolicy.FIRST, disposition)
+
+
+async def echo(value: Any) -> Any:
+    """A tool that returns its input."""
+    return value
+
+
+def echo_tools(**more: ToolFunction) -> ToolRegistry:
+    """A registry with the ``echo`` tool, and ``more`` tools by name."""
+    return ToolRegistry({"echo": echo, **more})

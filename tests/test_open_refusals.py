@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from group_support import echo_tools
 
 from effecthost.contract import (
     EffectEnvelope,
@@ -18,7 +19,6 @@ from effecthost.contract import (
     InvalidEnvelope,
     LoserPolicy,
     ReplayMismatch,
-    ToolRegistry,
     UnknownGroup,
     WakePolicy,
 )
@@ -27,13 +27,9 @@ from effecthost.hosts.memory import MemoryEffectHost
 pytestmark = pytest.mark.anyio
 
 
-async def _echo(value: object) -> object:
-    return value
-
-
 @pytest.fixture
 async def host() -> AsyncIterator[MemoryEffectHost]:
-    host = MemoryEffectHost(ToolRegistry({"echo": _echo}))
+    host = MemoryEffectHost(echo_tools())
     yield host
     await host.aclose()
 

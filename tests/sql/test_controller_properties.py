@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from group_support import echo_tools
 from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis_support import examples
@@ -25,7 +26,6 @@ from effecthost.contract import (
     EffectKind,
     GroupHandle,
     LoserPolicy,
-    ToolRegistry,
     WakePolicy,
     limits,
     require_handle,
@@ -184,10 +184,6 @@ programs = st.builds(
 # -- the databases ----------------------------------------------------------------------
 
 
-async def _echo(value: Any) -> Any:
-    return value
-
-
 @dataclass
 class Bench:
     """One host on one database for a whole test function, reused across examples."""
@@ -235,7 +231,7 @@ def _sqlite_reader(path: Path) -> Callable[[], Coroutine[Any, Any, dict[str, lis
 @pytest.fixture(params=["sqlite", "postgres"])
 def bench(request: pytest.FixtureRequest, tmp_path: Path, pg_schema: str) -> Iterator[Bench]:
     loop = asyncio.new_event_loop()
-    tools = ToolRegistry({"echo": _echo})
+    tools = echo_tools()
     closers: list[Callable[[], Coroutine[Any, Any, None]]] = []
     if request.param == "sqlite":
         path = tmp_path / "props.sqlite3"

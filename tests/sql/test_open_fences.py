@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from group_support import echo_tools
 from sql_support import running
 
 from effecthost.contract import (
@@ -92,12 +93,8 @@ async def _forever(_value: object) -> object:
     await asyncio.Event().wait()  # only a cancel ends it
 
 
-async def _echo(value: object) -> object:
-    return value
-
-
 def _registry() -> ToolRegistry:
-    return ToolRegistry({"block": _forever, "echo": _echo})
+    return echo_tools(block=_forever)
 
 
 def _tool(key: str, value: Any = 0, name: str = "block") -> EffectEnvelope:

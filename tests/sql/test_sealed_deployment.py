@@ -10,6 +10,7 @@ from contextlib import aclosing
 from typing import Any
 
 import pytest
+from group_support import echo_tools
 from group_support import group as effect_group
 from sql_support import Substrate
 
@@ -27,14 +28,10 @@ from effecthost.payloads import AesGcmSealer, InMemoryKeyStore, PayloadPolicy
 pytestmark = pytest.mark.anyio
 
 
-async def _echo(value: Any) -> Any:
-    return value
-
-
 def _host(sub: Substrate, sealed: bool) -> SqlEffectHost:
     policy = PayloadPolicy(sealer=AesGcmSealer(InMemoryKeyStore())) if sealed else None
     return SqlEffectHost(
-        sub.make_store(), ToolRegistry({"echo": _echo}), lease_ttl=3.0, renew_every=0.5,
+        sub.make_store(), echo_tools(), lease_ttl=3.0, renew_every=0.5,
         poll_interval=0.05, payloads=policy,
     )  # fmt: skip
 
