@@ -28,6 +28,13 @@ def event(replay_key: str, name: str = "go", value: Any = None) -> EffectEnvelop
     )
 
 
+def timer(replay_key: str, seconds: float = 60.0) -> EffectEnvelope:
+    """A ``sleep`` child of ``seconds``."""
+    return EffectEnvelope(
+        replay_key=replay_key, kind=EffectKind.SLEEP, name="sleep", input={"seconds": seconds}
+    )
+
+
 def group(
     key: str,
     children: list[EffectEnvelope],

@@ -9,18 +9,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from group_support import group as effect_group
+from group_support import event, race, timer
 from sql_support import running, tools_group
 from sql_support import until as poll_until
 
 from effecthost.contract import (
     DispositionWidened,
-    EffectEnvelope,
     EffectGroup,
-    EffectKind,
     LoserPolicy,
     ToolRegistry,
-    WakePolicy,
 )
 from effecthost.hosts.sql import SqlEffectHost, Store
 
@@ -116,20 +113,7 @@ async def _all_expired(store: Store, group_key: str) -> bool:
 def select_group(key: str, seconds: float = 60.0) -> EffectGroup:
     """A signal/deadline select (G-52): ``await_event`` and ``sleep``, ``FIRST``,
     ``CANCEL``; both children are host-run and carry no lease of their own."""
-    return effect_group(
-        key,
-        [
-            EffectEnvelope(replay_key=f"{key}.ev", kind=EffectKind.AWAIT_EVENT, name="sig"),
-            EffectEnvelope(
-                replay_key=f"{key}.dl",
-                kind=EffectKind.SLEEP,
-                name="sleep",
-                input={"seconds": seconds},
-            ),
-        ],
-        WakePolicy.FIRST,
-        LoserPolicy.CANCEL,
-    )
+    return race(key, [event(f"{key}.ev", "sig"), timer(f"{key}.dl", seconds)])
 
 
 def count_drain_passes(h: SqlEffectHost) -> list[int]:
