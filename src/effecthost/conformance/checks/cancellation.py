@@ -298,8 +298,9 @@ async def check_a_failed_close_after_a_cancellation_is_logged(t: CheckContext) -
     """Ruling R-9 (docs/contract.md): when the close a combinator makes after a
     cancellation from outside fails, the caller still sees its own cancellation, not the
     close's error, and the failure is logged as a warning on ``effecthost.combinators``
-    naming the group key and the error's type, so an operator can find the group left
-    open (G-30). Here the host's close gives up with ``EngineUnavailable`` (R-12)."""
+    naming the group key, the error's type and its message, so an operator can find the
+    group left open (G-30) and why. Here the host's close gives up with
+    ``EngineUnavailable`` (R-12)."""
     ctl = await t.ctl()
     scope = Scope(scope_id=t.scope)
     calls = [_call(t, "a"), _call(t, "b")]
@@ -314,8 +315,10 @@ async def check_a_failed_close_after_a_cancellation_is_logged(t: CheckContext) -
         await _ended_cancelled(t, task, "the race whose close failed")
     warned = [r for r in records if r.levelno == logging.WARNING]
     logged = _about(warned, key)
+    named = ("EngineUnavailable", "the engine is away", repr(key))
     t.expect(
-        len(logged) == 1 and "EngineUnavailable" in logged[0] and repr(key) in logged[0],
+        len(logged) == 1 and all(part in logged[0] for part in named),
         f"the failed close of {key!r} was logged as {logged} (warnings: "
-        f"{[r.msg for r in warned]}), not once naming the group and EngineUnavailable",
+        f"{[r.msg for r in warned]}), not once naming the group, EngineUnavailable and "
+        "its message",
     )
