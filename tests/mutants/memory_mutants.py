@@ -946,6 +946,34 @@ class DrainTakesLiveHostKindsHost(_BrokenDrainHost):
                     self._request_cancel(record, child)
 
 
+@mutant("G-52", harness="durable", select="cancelled_select_arm")
+class DrainFiresOrphanedTimersHost(MemoryEffectHost):
+    """G-52 (G-29): the drain finishes an orphaned ``sleep`` of a ``CANCEL`` group as a
+    fired timer (``success(null)``), not as cancelled: the author takes a timer whose
+    process died for one that went off. It still drains in position order, so a select's
+    event arm is cancelled first and takes rank 1."""
+
+    _draining = False
+
+    def drain(self) -> _MemoryDrain:
+        host = self
+
+        class Drain(_MemoryDrain):
+            async def run_pass(self) -> Any:
+                host._draining = True
+                try:
+                    return await super().run_pass()
+                finally:
+                    host._draining = False
+
+        return Drain(host)
+
+    def _finalize(self, record: _Group, child: _Child, fence: int, outcome: Outcome) -> bool:
+        if self._draining and child.envelope.kind == EffectKind.SLEEP:
+            outcome = Outcome.success(None)
+        return super()._finalize(record, child, fence, outcome)
+
+
 # -- child kinds ---------------------------------------------------------------------------------
 
 
