@@ -1357,6 +1357,30 @@ class ReopenRestartsDecidedLosersHost(MemoryEffectHost):
         return handle
 
 
+@mutant("R-13", harness="durable", select="losers_of_a_decided")
+class ReopenQueuesDecidedLosersHost(MemoryEffectHost):
+    """R-13: a reopen marks every unsettled child no task runs as runnable, decided or
+    not, and the host's dispatcher starts runnable children when it next wakes: at the
+    next open, of any group, before that group's own children. The losers of a decided
+    race start after the reopen has returned, not during it, and a close that comes first
+    finds them still down."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._runnable: list[_Group] = []
+
+    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        woken, self._runnable = self._runnable, []
+        for record in woken:
+            if not record.closed:
+                self._restart(record)
+        reopen = group.key in self._groups
+        handle = await super().open_effect_group(group)
+        if reopen:
+            self._runnable.append(self._groups[group.key])
+        return handle
+
+
 # -- G-36: a close and the last settlement meet --------------------------------------------------
 
 
