@@ -1357,13 +1357,9 @@ class ReopenRestartsDecidedLosersHost(MemoryEffectHost):
         return handle
 
 
-@mutant("R-13", harness="durable", select="losers_of_a_decided")
-class ReopenQueuesDecidedLosersHost(MemoryEffectHost):
-    """R-13: a reopen marks every unsettled child no task runs as runnable, decided or
-    not, and the host's dispatcher starts runnable children when it next wakes: at the
-    next open, of any group, before that group's own children. The losers of a decided
-    race start after the reopen has returned, not during it, and a close that comes first
-    finds them still down."""
+class _WakingDispatcherHost(MemoryEffectHost):
+    """A host whose dispatcher starts the children marked runnable when it next wakes: at
+    the next open, of any group, before that group's own children."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -1374,11 +1370,40 @@ class ReopenQueuesDecidedLosersHost(MemoryEffectHost):
         for record in woken:
             if not record.closed:
                 self._restart(record)
+        return await super().open_effect_group(group)
+
+
+@mutant("R-13", harness="durable", select="losers_of_a_decided")
+class ReopenQueuesDecidedLosersHost(_WakingDispatcherHost):
+    """R-13: a reopen marks every unsettled child no task runs as runnable, decided or
+    not, and the dispatcher starts them at its next wake (the next open). The losers of a
+    decided race start after the reopen has returned, not during it, and a close that
+    comes first finds them still down."""
+
+    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
         reopen = group.key in self._groups
         handle = await super().open_effect_group(group)
         if reopen:
             self._runnable.append(self._groups[group.key])
         return handle
+
+
+@mutant("R-13", harness="durable", select="losers_of_a_decided")
+class DrainQueuesDecidedLosersHost(_WakingDispatcherHost):
+    """R-13 (R-1): a drain pass takes the unsettled losers of a decided group whose
+    caller reopened it for orphans, but only frees them for a claim: it marks them
+    runnable and reports nothing resumed (it started nothing), and the dispatcher starts
+    them at its next wake (the next open)."""
+
+    def drain(self) -> _MemoryDrain:
+        host = self
+
+        class Drain(_MemoryDrain):
+            async def run_pass(self) -> Any:
+                host._runnable.extend(r for r in host._groups.values() if r.held)
+                return await super().run_pass()
+
+        return Drain(host)
 
 
 # -- G-36: a close and the last settlement meet --------------------------------------------------
