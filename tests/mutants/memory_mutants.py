@@ -946,6 +946,34 @@ class DrainTakesLiveHostKindsHost(_BrokenDrainHost):
                     self._request_cancel(record, child)
 
 
+@mutant("G-52", harness="durable", select="cancelled_select_arm")
+class DrainFiresOrphanedTimersHost(MemoryEffectHost):
+    """G-52 (G-29): the drain finishes an orphaned ``sleep`` of a ``CANCEL`` group as a
+    fired timer (``success(null)``), not as cancelled: the author takes a timer whose
+    process died for one that went off. It still drains in position order, so a select's
+    event arm is cancelled first and takes rank 1."""
+
+    _draining = False
+
+    def drain(self) -> _MemoryDrain:
+        host = self
+
+        class Drain(_MemoryDrain):
+            async def run_pass(self) -> Any:
+                host._draining = True
+                try:
+                    return await super().run_pass()
+                finally:
+                    host._draining = False
+
+        return Drain(host)
+
+    def _finalize(self, record: _Group, child: _Child, fence: int, outcome: Outcome) -> bool:
+        if self._draining and child.envelope.kind == EffectKind.SLEEP:
+            outcome = Outcome.success(None)
+        return super()._finalize(record, child, fence, outcome)
+
+
 # -- child kinds ---------------------------------------------------------------------------------
 
 
@@ -1327,6 +1355,55 @@ class ReopenRestartsDecidedLosersHost(MemoryEffectHost):
         if reopen:
             self._restart(self._groups[group.key])
         return handle
+
+
+class _WakingDispatcherHost(MemoryEffectHost):
+    """A host whose dispatcher starts the children marked runnable when it next wakes: at
+    the next open, of any group, before that group's own children."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._runnable: list[_Group] = []
+
+    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        woken, self._runnable = self._runnable, []
+        for record in woken:
+            if not record.closed:
+                self._restart(record)
+        return await super().open_effect_group(group)
+
+
+@mutant("R-13", harness="durable", select="losers_of_a_decided")
+class ReopenQueuesDecidedLosersHost(_WakingDispatcherHost):
+    """R-13: a reopen marks every unsettled child no task runs as runnable, decided or
+    not, and the dispatcher starts them at its next wake (the next open). The losers of a
+    decided race start after the reopen has returned, not during it, and a close that
+    comes first finds them still down."""
+
+    async def open_effect_group(self, group: EffectGroup) -> GroupHandle:
+        reopen = group.key in self._groups
+        handle = await super().open_effect_group(group)
+        if reopen:
+            self._runnable.append(self._groups[group.key])
+        return handle
+
+
+@mutant("R-13", harness="durable", select="losers_of_a_decided")
+class DrainQueuesDecidedLosersHost(_WakingDispatcherHost):
+    """R-13 (R-1): a drain pass takes the unsettled losers of a decided group whose
+    caller reopened it for orphans, but only frees them for a claim: it marks them
+    runnable and reports nothing resumed (it started nothing), and the dispatcher starts
+    them at its next wake (the next open)."""
+
+    def drain(self) -> _MemoryDrain:
+        host = self
+
+        class Drain(_MemoryDrain):
+            async def run_pass(self) -> Any:
+                host._runnable.extend(r for r in host._groups.values() if r.held)
+                return await super().run_pass()
+
+        return Drain(host)
 
 
 # -- G-36: a close and the last settlement meet --------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from effecthost.contract import DrainReport, EffectGroup, Outcome, group_shape_error
+from effecthost.contract import DrainReport, EffectGroup, EffectKind, Outcome, group_shape_error
 from effecthost.hosts.sql import SqlEffectHost
 from effecthost.hosts.sql._host import SqlDrain
 
@@ -31,6 +31,42 @@ class CancellingDrainSqlHost(SqlEffectHost):
 
     def drain(self) -> SqlDrain:
         return _CancellingDrain(self)
+
+
+class _TimerFiringDrain(SqlDrain):
+    async def _pass(self) -> DrainReport:
+        host = self.host
+        assert isinstance(host, DrainFiresOrphanedTimersSqlHost)
+        await host._ready()
+        rows = await host.store.unfinished()
+        host._fired_timers = frozenset(r.replay_key for r in rows if r.kind == EffectKind.SLEEP)
+        try:
+            return await super()._pass()
+        finally:
+            host._fired_timers = frozenset()
+
+
+class DrainFiresOrphanedTimersSqlHost(SqlEffectHost):
+    """G-52 (G-29): the drain finishes an orphaned ``sleep`` of a ``CANCEL`` group as a
+    fired timer (``success(null)``), not as cancelled; it still drains in position order,
+    so a select's event arm is cancelled first and takes rank 1."""
+
+    _fired_timers: frozenset[str] = frozenset()
+
+    def drain(self) -> SqlDrain:
+        return _TimerFiringDrain(self)
+
+    async def _settle_free(
+        self,
+        group_key: str,
+        replay_key: str,
+        position: int,
+        outcome: Outcome,
+        orphan: bool = False,
+    ) -> bool:
+        if replay_key in self._fired_timers and outcome.status == "cancelled":
+            outcome = Outcome.success(None)
+        return await super()._settle_free(group_key, replay_key, position, outcome, orphan)
 
 
 class ReopenRefusesAMissSqlHost(SqlEffectHost):
@@ -56,6 +92,12 @@ def _register() -> None:
         "G-28",
         CancellingDrainSqlHost.__doc__ or "",
         select="drain_finishes_losers",
+    )
+    sql_mutant(
+        "DrainFiresOrphanedTimersSqlHost",
+        "G-52",
+        DrainFiresOrphanedTimersSqlHost.__doc__ or "",
+        select="cancelled_select_arm",
     )
     sql_mutant(
         "ReopenRefusesAMissSqlHost",

@@ -130,7 +130,9 @@ async def check_a_cancelled_select_arm_is_no_deadline(t: CheckContext) -> None:
     timer fired. Its group was opened and its process died before either arm settled; the
     drain applied the declared ``CANCEL`` (G-29) to both. The caller, restarted with the
     saved scope, selects again: whichever cancelled arm holds rank 1, it raises
-    ``EffectFailed`` naming the group, whose error is a ``Cancelled``; no deadline passed."""
+    ``EffectFailed`` naming the group, whose error is a ``Cancelled``; no deadline passed.
+    Read before the select closes the group, both arms settled as cancelled: the timer
+    too, never as fired, whichever rank it took."""
     ctl = await t.ctl()
     scope = Scope(scope_id=t.scope)
     saved = scope.to_json()
@@ -141,6 +143,14 @@ async def check_a_cancelled_select_arm_is_no_deadline(t: CheckContext) -> None:
     await t.restart()
     ctl = await t.ctl()
     await t.within(ctl.drain().run_pass(), "a drain pass")
+    # Read now: the select's close retires the group, and its rank 1 alone does not show
+    # the timer when the event arm drained first.
+    reading = await t.open(ctl, group)
+    drained = {s.position: s.outcome.status for s in [await t.next(ctl, reading) for _ in arms]}
+    t.expect(
+        drained == {0: "cancelled", 1: "cancelled"},
+        f"the drain settled the select's arms as {drained} (event 0, timer 1), not cancelled",
+    )
     try:
         answer = await t.within(
             wait_event_or_deadline(ctl, Scope.from_json(saved), name, 3600.0),
