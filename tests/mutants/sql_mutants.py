@@ -57,16 +57,11 @@ class DrainFiresOrphanedTimersSqlHost(SqlEffectHost):
         return _TimerFiringDrain(self)
 
     async def _settle_free(
-        self,
-        group_key: str,
-        replay_key: str,
-        position: int,
-        outcome: Outcome,
-        orphan: bool = False,
+        self, group_key: str, replay_key: str, position: int, outcome: Outcome, *rest: Any
     ) -> bool:
         if replay_key in self._fired_timers and outcome.status == "cancelled":
             outcome = Outcome.success(None)
-        return await super()._settle_free(group_key, replay_key, position, outcome, orphan)
+        return await super()._settle_free(group_key, replay_key, position, outcome, *rest)
 
 
 class ReopenRefusesAMissSqlHost(SqlEffectHost):
