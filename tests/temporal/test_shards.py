@@ -18,6 +18,7 @@ from temporalio.api.update.v1 import UpdateRef, WaitPolicy
 from temporalio.api.workflowservice.v1 import PollWorkflowExecutionUpdateRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import Replayer
 
 from effecthost.conformance._lab import Lab
 from effecthost.contract import EffectEnvelope, EffectGroup, EffectKind, LoserPolicy, WakePolicy
@@ -25,7 +26,9 @@ from effecthost.hosts.temporal import (
     SHARD_CHILDREN,
     WIDE_SHARD_CHILDREN,
     EffectGroupWorkflow,
+    EffectShardWorkflow,
     TemporalEffectHost,
+    workflow_runner,
 )
 from effecthost.hosts.temporal._shared import shard_id
 from effecthost.hosts.temporal._worker import create_worker
@@ -260,3 +263,59 @@ async def test_a_shard_reports_at_once_then_gathers_its_reports(
     assert any(e.HasField("timer_fired_event_attributes") for e in shard.events)
     for ctl in (slow, paced):
         await ctl.aclose()
+
+
+def _scheduled_per_task(history: Any) -> list[int]:
+    """How many activities each completed workflow task of ``history`` scheduled."""
+    counts: list[int] = []
+    for event in history.events:
+        if event.HasField("workflow_task_completed_event_attributes"):
+            counts.append(0)
+        elif event.HasField("activity_task_scheduled_event_attributes"):
+            counts[-1] += 1
+    return counts
+
+
+@pytest.mark.timeout(180)
+@on_host()
+async def test_a_shard_starts_its_children_a_slice_per_workflow_task(
+    host: TemporalHostUnderTest, lab: Lab
+) -> None:
+    """G-43 (a wide group must not stall its worker): a shard starts at most
+    ``shard_start_slice`` children per workflow task, so a wide group's shards do not
+    each schedule their whole slice in their first task at once (ten shards of 1,000 did,
+    and those tasks ran past the server's task timeout under load, and past the SDK's
+    deadlock detector, whose failed evictions left shards stalled for good). Every
+    child still runs and ranks, and the shards' histories replay."""
+    client = host.client
+    assert client is not None
+    ctl = TemporalEffectHost(
+        client, host.task_queue, host.resolver(), shard_size=5, shard_start_slice=2
+    )
+    group = effect_group(
+        "shards:sliced:0",
+        [step(f"sl.{i}", gate=False, result=i) for i in range(10)],
+        WakePolicy.ALL,
+        LoserPolicy.RUN_TO_COMPLETION,
+    )
+    handle = await ctl.open_effect_group(group)
+    got = {
+        (await asyncio.wait_for(ctl.await_next_settlement(handle), 30)).replay_key
+        for _ in range(10)
+    }
+    assert got == {f"sl.{i}" for i in range(10)}
+    await asyncio.wait_for(ctl.close_effect_group(handle), 30)
+    await asyncio.wait_for(client.get_workflow_handle(group.key).result(), 30)
+    replayer = Replayer(workflows=[EffectShardWorkflow], workflow_runner=workflow_runner())
+    for index in range(2):
+        history = await client.get_workflow_handle(shard_id(group.key, index)).fetch_history()
+        per_task = _scheduled_per_task(history)
+        assert sum(per_task) == 5 and max(per_task) <= 2, per_task
+        replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        assert replayed.replay_failure is None, replayed.replay_failure
+
+
+def test_a_start_slice_below_one_is_refused() -> None:
+    """G-43: a shard must start at least one child per workflow task."""
+    with pytest.raises(ValueError, match="shard_start_slice"):
+        TemporalEffectHost(object(), "plan", shard_start_slice=0)  # type: ignore[arg-type]

@@ -34,6 +34,7 @@ from ._shared import (  # noqa: E402
     MAX_SPEC_BYTES,
     SHARD_CHILDREN,
     SHARD_SIGNAL_INTERVAL,
+    SHARD_START_SLICE,
     WIDE_SHARD_CHILDREN,
     WORKFLOW_NAME,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "MAX_SPEC_BYTES",
     "SHARD_CHILDREN",
     "SHARD_SIGNAL_INTERVAL",
+    "SHARD_START_SLICE",
     "WIDE_SHARD_CHILDREN",
     "WORKFLOW_NAME",
     "ChildActivities",

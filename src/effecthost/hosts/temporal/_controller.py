@@ -92,6 +92,7 @@ from ._shared import (  # noqa: E402
     SETTLED_QUERY,
     SHARD_CHILDREN,
     SHARD_SIGNAL_INTERVAL,
+    SHARD_START_SLICE,
     WIDE_SHARD_CHILDREN,
     WORKFLOW_NAME,
     batch_update_id,
@@ -303,7 +304,9 @@ class TemporalEffectHost(WiredController):
     before lowering it (docs/temporal.md, "Limits"). A shard reports to the group at
     most once per ``shard_signal_interval`` seconds (recorded per group at open): its
     first settlement at once, the ones it observes within the interval after a report
-    together at the interval's end; 0 reports once per shard workflow task.
+    together at the interval's end; 0 reports once per shard workflow task. A shard
+    starts at most ``shard_start_slice`` children per workflow task (recorded per group
+    at open), so the first tasks of a wide group's shards stay short.
 
     A group whose encoded children exceed ``chunk_bytes`` (one workflow input may be at
     most 2 MiB) opens in chunks: the run starts with the shape and the children's digests,
@@ -336,6 +339,7 @@ class TemporalEffectHost(WiredController):
         test_hooks: bool = False,
         shard_size: int | None = None,
         shard_signal_interval: float = SHARD_SIGNAL_INTERVAL,
+        shard_start_slice: int = SHARD_START_SLICE,
         chunk_bytes: int = MAX_SPEC_BYTES,
         outage_bound: float = DEFAULT_OUTAGE_BOUND,
         owner_ttl: float = 30.0,
@@ -374,6 +378,11 @@ class TemporalEffectHost(WiredController):
         if shard_signal_interval:
             # Recorded; a run without it (every run recorded before it) reports per task.
             self._options["signal_interval"] = shard_signal_interval
+        if shard_start_slice < 1:
+            raise ValueError("shard_start_slice must be at least 1")
+        # Recorded: a shard replays with the slice it ran with (runs without it start all
+        # their children in their first task).
+        self._options["start_slice"] = shard_start_slice
         if not 0 < chunk_bytes <= MAX_SPEC_BYTES:
             raise ValueError(f"chunk_bytes must be between 1 and {MAX_SPEC_BYTES}")
         self._chunk_bytes = chunk_bytes

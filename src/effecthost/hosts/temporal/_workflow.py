@@ -81,6 +81,14 @@ later claim and replay unchanged."""
 RELEASE_CLAIMS_SUMMARY = "retirement · release replay-key claims"
 """The summary operators see on the retirement's claim release."""
 
+PACED_SHARD_STARTS = "effecthost-paced-shard-starts"
+"""Patch id: shards that record it start their children ``start_slice`` at a time, a
+workflow task per slice (:data:`~._shared.SHARD_START_SLICE`); shards recorded before it
+(or run by a worker before it) started them all in their first task, and replay so."""
+
+START_PACE = timedelta(milliseconds=1)
+"""The timer between two slices of a shard's children: any timer ends the workflow task."""
+
 SIGNAL_STARTED_SHARDS = "effecthost-signal-started-shards"
 """Patch id: runs that record it send a shard its events and cancels only once the shard
 has started, so a signal is never sent to a shard workflow that does not exist yet (and
@@ -827,14 +835,27 @@ class EffectShardWorkflow:
         parent = workflow.info().parent
         assert parent is not None, "a shard runs as a group's child workflow"
         group = workflow.get_external_workflow_handle(parent.workflow_id, run_id=parent.run_id)
-        self._tasks = [
-            asyncio.create_task(self._watch(index)) for index in range(len(self._children))
-        ]
+        count = len(self._children)
+        step = int(self._options.get("start_slice") or count)
+        if not (step < count and workflow.patched(PACED_SHARD_STARTS)):
+            step = count  # runs recorded before the slice start every child at once
+        self._start(0, step)
         reporter = asyncio.create_task(self._report(group))
+        for start in range(step, count, step):
+            # The next slice goes out in a workflow task of its own (SHARD_START_SLICE).
+            await workflow.sleep(START_PACE, summary="start the next slice of children")
+            self._start(start, start + step)
         await workflow.wait_condition(lambda: all(task.done() for task in self._tasks))
         self._finished = True
         await reporter
         return len(self._children)
+
+    def _start(self, start: int, end: int) -> None:
+        """Watch (and so start) the children at indexes ``start`` up to ``end``."""
+        count = len(self._children)
+        self._tasks += [
+            asyncio.create_task(self._watch(index)) for index in range(start, min(end, count))
+        ]
 
     async def _report(self, group: workflow.ExternalWorkflowHandle[Any]) -> None:
         """Send the outbox to the group, one signal at a time. With the group's
