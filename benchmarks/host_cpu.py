@@ -24,7 +24,12 @@ beforehand, widths alternating round by round), with the cyclic collector's shar
 ``--sql sqlite,postgres`` adds the SQL host's CPU per child on the same ``all_`` groups,
 round by round beside the memory host (a fresh database each round; PostgreSQL a throwaway
 server with fsync on, whose own CPU is not the host's and is not counted; SQLite's engine
-runs in the process and is).
+runs in the process and is). In the same rounds, the first to go rotating: the SQL host
+over a store that records nothing (``sql_groups.NullStore``: the seam with no SQL), and
+each substrate's honest ceiling (``sql_ceilings.py``) doing the same groups from one caller
+(PostgreSQL: the client's CPU only, as for the host). Their sum, less the envelopes and
+hashes the ceiling computes as the host alone does too, is the substrate's ``floor``: the
+least CPU per child a SQL host on this seam spends, whatever its store does.
 
 ``--profile N`` also prints the N most expensive functions (cProfile, by own time) of the
 CPU workload; ``--memory-profile N`` the N largest allocation sites (tracemalloc, bytes
@@ -128,9 +133,50 @@ async def _sql_grouped(store: Any, groups: int, width: int) -> None:
         await host.aclose()
 
 
+def _sqlite_ceiling_cpu(path: Path, groups: int, width: int) -> float:
+    """CPU µs per child of SQLite's honest ceiling doing ``groups`` groups of ``width``, one
+    caller (the database file's set-up not counted)."""
+    from sql_ceilings import SqliteCeiling
+
+    ceiling = SqliteCeiling(path)
+    try:
+        gc.collect()
+        started = time.process_time()
+        for i in range(groups):
+            ceiling.groups([f"cpu{i}:group:g:0"], width)
+        return (time.process_time() - started) / (groups * width) * 1e6
+    finally:
+        ceiling.close()
+
+
+def _postgres_ceiling_cpu(dsn: str, groups: int, width: int) -> float:
+    """The client's CPU µs per child of PostgreSQL's honest ceiling doing the same (the
+    server's CPU is not counted, as for the host; the schema's set-up is not either)."""
+    from sql_ceilings import PostgresCeiling
+
+    async def body() -> float:
+        ceiling = PostgresCeiling(dsn)
+        await ceiling.start(1)
+        try:
+            gc.collect()
+            started = time.process_time()
+            for i in range(groups):
+                await ceiling.group(ceiling.conns[0], f"cpu{i}:group:g:0", width)
+            return time.process_time() - started
+        finally:
+            await ceiling.aclose()
+
+    return asyncio.run(body()) / (groups * width) * 1e6
+
+
 def sql_rows(substrates: list[str], groups: int, width: int, rounds: int) -> dict[str, Any]:
-    """µs of CPU per child of the SQL host on each substrate, beside the memory host, in
-    alternating rounds."""
+    """µs of CPU per child of the SQL host on each substrate, beside the memory host, the
+    host over a store that records nothing and each substrate's honest ceiling, in
+    alternating rounds; and each substrate's floor: the least CPU per child a SQL host on
+    this seam spends."""
+    from sql_ceilings import prep_us_per_group
+    from sql_groups import NullStore
+
     from effecthost.hosts.sql import PostgresStore, SqliteStore
     from effecthost.hosts.sql.testing import PostgresServer
 
@@ -145,30 +191,60 @@ def sql_rows(substrates: list[str], groups: int, width: int, rounds: int) -> dic
         assert server is not None
         return PostgresStore(server.dsn, schema=f"cpu_{next(made)}")
 
-    samples: dict[str, list[float]] = {name: [] for name in ["memory", *substrates]}
+    def ceiling(substrate: str, groups: int) -> float:
+        if substrate == "sqlite":
+            return _sqlite_ceiling_cpu(work / f"ceiling-{next(made)}.sqlite3", groups, width)
+        assert server is not None
+        return _postgres_ceiling_cpu(server.dsn, groups, width)
+
+    sides: dict[str, Any] = {
+        "memory": lambda: _cpu_us_per_child(
+            _grouped(MemoryEffectHost(_registry()), groups, width), children
+        ),
+        "null store": lambda: _cpu_us_per_child(_sql_grouped(NullStore(), groups, width), children),
+    }
+    for substrate in substrates:
+        sides[substrate] = lambda s=substrate: _cpu_us_per_child(
+            _sql_grouped(store(s), groups, width), children
+        )
+        sides[f"{substrate} ceiling"] = lambda s=substrate: ceiling(s, groups)
+    samples: dict[str, list[float]] = {name: [] for name in sides}
+    prep: list[float] = []
     try:
         if server is not None:
             server.start()
-        for substrate in substrates:  # warm imports, caches and the server
-            _cpu_us_per_child(_sql_grouped(store(substrate), min(50, groups), width), 1)
-        for _ in range(rounds):
-            samples["memory"].append(
-                _cpu_us_per_child(_grouped(MemoryEffectHost(_registry()), groups, width), children)
-            )
-            for substrate in substrates:
-                samples[substrate].append(
-                    _cpu_us_per_child(_sql_grouped(store(substrate), groups, width), children)
-                )
+        warm = min(50, groups)  # imports, caches and the server
+        _cpu_us_per_child(_sql_grouped(NullStore(), warm, width), 1)
+        for substrate in substrates:
+            _cpu_us_per_child(_sql_grouped(store(substrate), warm, width), 1)
+            ceiling(substrate, warm)
+        names = list(sides)
+        for i in range(rounds):
+            k = i % len(names)  # the first to go rotates: a shared machine drifts
+            for name in names[k:] + names[:k]:
+                samples[name].append(sides[name]())
+            prep.append(prep_us_per_group(width) / width)
     finally:
         if server is not None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
+    floors = {
+        s: [
+            n + c - p
+            for n, c, p in zip(samples["null store"], samples[f"{s} ceiling"], prep, strict=True)
+        ]
+        for s in substrates
+    }
     return {
         "workload": f"all() of {width}",
         "groups": groups,
         "rounds": rounds,
         "load": os.getloadavg(),
-        "us_per_child": {name: spread(got) for name, got in samples.items()},
+        "us_per_child": {name: spread(samples[name]) for name in ["memory", "null store"]}
+        | {s: spread(samples[s]) for s in substrates},
+        "ceiling_us_per_child": {s: spread(samples[f"{s} ceiling"]) for s in substrates},
+        "prep_us_per_child": spread(prep),
+        "floor_us_per_child": {s: spread(f) for s, f in floors.items()},
     }
 
 
@@ -405,9 +481,24 @@ def table(document: dict[str, Any]) -> str:
     sql = document.get("sql")
     if sql:
         load = ", ".join(f"{x:.1f}" for x in sql["load"])
-        lines.append(f"SQL host, {sql['workload']} (load {load}), side by side:")
-        for name, spread in sql["us_per_child"].items():
-            lines.append(f"{'  CPU µs/child, ' + name:<34}{_fmt(spread):>26}")
+        used = sql["us_per_child"]
+        lines += [
+            f"SQL host, {sql['groups']} groups of {sql['workload']} (load {load}),",
+            "alternating rounds, CPU µs/child:",
+            f"{'  memory host':<34}{_fmt(used['memory']):>26}",
+            f"{'  SQL host over a null store':<34}{_fmt(used['null store']):>26}",
+        ]
+        for name in sql["ceiling_us_per_child"]:
+            lines += [
+                f"{'  SQL host, ' + name:<34}{_fmt(used[name]):>26}",
+                f"{'    its honest ceiling':<34}{_fmt(sql['ceiling_us_per_child'][name]):>26}",
+                f"{'    floor':<34}{_fmt(sql['floor_us_per_child'][name]):>26}",
+            ]
+        lines += [
+            "floor = null store + ceiling − the ceiling's envelopes and hashes"
+            f" ({sql['prep_us_per_child']['median']:.1f}),",
+            "the least CPU per child a SQL host on this seam spends",
+        ]
     return "\n".join(lines)
 
 

@@ -25,10 +25,23 @@ Every row alternates its sides round by round (``--rounds`` for the 2-child rows
 ``--seconds`` per side; ``--big-rounds`` for the big group), the first to go rotating. The
 ratio is effecthost children/s ÷ ceiling children/s per round; a row gives the median and
 the range of those ratios, and the median and range of each side's rate, so the drift of
-a shared machine cancels. ``host alone`` runs 1 caller's 2-child groups over a store that
-records nothing: the host's own cost per group with no SQL. Prints one table per substrate
-and writes JSON (``--out``, default benchmarks/results/sql.json). The servers, connections
-and hosts are stopped in ``finally``, even on error.
+a shared machine cancels. ``host alone`` (unless ``--no-floor``) is a third side of every
+2-child row: the same callers' groups through the host over a store that records nothing
+(:class:`NullStore`), the host's own cost per group with no SQL.
+
+``bound`` (SQLite rows): the largest ratio any host on this seam could reach. SQLite runs
+in the caller's process on its one thread, so a host's time per group is at least its
+seam's time with no SQL (``host alone``) plus the SQL work, which the ceiling does with the
+fewest statements G-31 allows; per round, bound = ceiling µs per group ÷ (ceiling µs per
+group + host alone µs per group), µs per group = 2e6 ÷ children/s. The ceiling's envelopes
+and hashes (``prep_us_per_group``, timed beside each ceiling round) are work the host alone
+does too, so they are taken off the ceiling's side of the sum. A ratio near its bound
+leaves nothing to win without changing the seam. No bound for PostgreSQL: its server works
+in another process, on the other core, overlapping the host's time rather than adding to it.
+
+Prints one table per substrate and writes JSON (``--out``, default
+benchmarks/results/sql.json). The servers, connections and hosts are stopped in
+``finally``, even on error.
 """
 
 from __future__ import annotations
@@ -46,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from _bench import echo_tools, machine, percentile, postgres, run, work_group
-from sql_ceilings import PostgresCeiling, SqliteCeiling
+from sql_ceilings import PostgresCeiling, SqliteCeiling, prep_us_per_group
 
 from effecthost.contract import EffectGroup, Outcome
 from effecthost.hosts.sql import PostgresStore, SqlEffectHost, SqliteStore, Store
@@ -149,19 +162,22 @@ def _result(children: int, elapsed: float, wakes: list[float] | None = None) -> 
 
 
 class NullStore:
-    """A store that records nothing durable: just enough for one caller's 2-child groups
-    to run through :class:`SqlEffectHost`. The row it gives is the host's own per-group
-    cost (validation, hashing, tasks, cursor) with no SQL at all: the floor under every
-    substrate's figure, measured on the same machine in the same run."""
+    """A store that records nothing durable: just enough for groups that run to completion
+    (any width, any number of concurrent callers, through ``all_`` too) to run through
+    :class:`SqlEffectHost`. What it gives is the host's own per-group cost (validation,
+    hashing, tasks, cursor) with no SQL at all: the floor under every substrate's figure,
+    measured on the same machine in the same run."""
 
     wakes_across_processes = False
     change_poll = None
     input_errors: tuple[type[BaseException], ...] = ()
+    driver_errors: tuple[type[BaseException], ...] = ()
 
     def __init__(self) -> None:
         self.open_at_finalize: set[str] = set()
         self.groups: dict[str, tuple[GroupRow, dict[str, int], dict[int, tuple[int, str, str]]]]
         self.groups = {}
+        self.group_of: dict[str, str] = {}
 
     async def start(self) -> None:
         return None
@@ -205,19 +221,21 @@ class NullStore:
         if sent is not None:
             sent.mark()
         row = GroupRow(group_key, wake, disposition, disposition, child_count, 0, "open", 0, None)
-        self.groups[group_key] = (row, {s.replay_key: s.position for s in specs}, {})
+        self.groups[group_key] = (row, {}, {})
+        await self.insert_children(group_key, specs, owner, ttl)
         return Opened(True, row)
 
     async def insert_children(
         self, group_key: str, specs: list[Any], owner: str, ttl: float, sent: Any = None
     ) -> list[str]:
         self.groups[group_key][1].update((s.replay_key, s.position) for s in specs)
+        self.group_of.update((s.replay_key, group_key) for s in specs)
         return [s.replay_key for s in specs]
 
     async def finalize_many(self, owner: str, items: list[Finalize]) -> list[int | None]:
         seqs: list[int | None] = []
         for item in items:
-            _row, positions, ranks = self.groups[item.replay_key.rsplit(".", 1)[0]]
+            _row, positions, ranks = self.groups[self.group_of.pop(item.replay_key)]
             ranks[len(ranks) + 1] = (positions[item.replay_key], item.replay_key, item.outcome)
             seqs.append(len(ranks))
         return seqs
@@ -542,6 +560,11 @@ def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _us_per_group(results: list[dict[str, Any]]) -> list[float]:
+    """Per round, the µs one 2-child group takes (all callers together): 2e6 ÷ children/s."""
+    return [2e6 / r["children_per_s"] for r in results]
+
+
 def _row(
     workload: str,
     substrate: str,
@@ -549,7 +572,10 @@ def _row(
     callers: int,
     measured: dict[str, list[dict[str, Any]]],
 ) -> dict[str, Any]:
-    """Ratio = effecthost ÷ honest ceiling, per round; the row gives their median and range."""
+    """Ratio = effecthost ÷ honest ceiling, per round; the row gives their median and range.
+    On SQLite, with the host alone measured beside them, also the bound per round: ceiling
+    µs per group ÷ (ceiling µs per group − its envelopes and hashes + host alone µs per
+    group)."""
     row: dict[str, Any] = {
         "workload": workload,
         "substrate": substrate,
@@ -558,6 +584,8 @@ def _row(
         "effecthost": _summary(measured["effecthost"]),
         "ceiling": _summary(measured["ceiling"]),
         "raw": _summary(measured["raw"]) if "raw" in measured else None,
+        "host_alone": None,
+        "bound": None,
     }
     ratios = [
         a["children_per_s"] / b["children_per_s"]
@@ -565,6 +593,27 @@ def _row(
     ]
     row.update(ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
     row["ratios"] = ratios
+    if "host alone" in measured:
+        alone_us = _us_per_group(measured["host alone"])
+        row["host_alone"] = {
+            **_summary(measured["host alone"]),
+            "us_per_group": statistics.median(alone_us),
+            "us_per_group_rounds": alone_us,
+        }
+        if substrate == "sqlite":
+            ceiling_us = _us_per_group(measured["ceiling"])
+            prep_us = [r["prep_us_per_group"] for r in measured["ceiling"]]
+            bounds = [
+                c / (c - p + a) for c, p, a in zip(ceiling_us, prep_us, alone_us, strict=True)
+            ]
+            row["bound"] = {
+                "median": statistics.median(bounds),
+                "min": min(bounds),
+                "max": max(bounds),
+                "rounds": bounds,
+                "ceiling_us_per_group_rounds": ceiling_us,
+                "prep_us_per_group_rounds": prep_us,
+            }
     return row
 
 
@@ -582,6 +631,8 @@ async def _with_host(
 
 Small = Callable[[int, float], Awaitable[dict[str, Any]]]
 Big = Callable[[int], Awaitable[dict[str, Any]]]
+Alone = tuple[SqlEffectHost, _Commits] | None
+"""The host over a :class:`NullStore`, measured beside every 2-child row (None: not)."""
 
 
 async def _measure(
@@ -592,14 +643,17 @@ async def _measure(
     options: argparse.Namespace,
     rows: list[Any],
     baselines: dict[str, tuple[Small, Big]],
+    alone: Alone,
 ) -> None:
     """The rows of one substrate: 2-child groups per caller count, then the big group,
     each alternating effecthost with its baselines (the ceiling, and the raw loop when
-    asked for) round by round."""
+    asked for) round by round, and the 2-child rows with the host alone."""
     warm = min(1.0, options.seconds)
     await lib_small(host, commits, 1, warm)
     for small, _big in baselines.values():
         await small(1, warm)
+    if alone is not None:
+        await lib_small(*alone, 1, warm)
     each = options.seconds / options.rounds
     for callers in options.callers:
         sides: dict[str, Side] = {
@@ -607,14 +661,17 @@ async def _measure(
         }
         for name, (small, _big) in baselines.items():
             sides[name] = lambda c=callers, small=small: small(c, each)  # type: ignore[misc]
+        if alone is not None:
+            sides["host alone"] = lambda c=callers: lib_small(*alone, c, each)  # type: ignore[misc]
         row = _row(
             "2-child groups", substrate, fsync, callers, await _alternating(options.rounds, sides)
         )
         rows.append(row)
+        bound = f", bound {row['bound']['median']:.2f}" if row["bound"] else ""
         print(
             f"  {substrate}{'' if fsync is None else f' fsync={fsync}'} 2-child x{callers}: "
             f"{row['effecthost']['children_per_s']:.0f}/s, ceiling "
-            f"{row['ceiling']['children_per_s']:.0f}/s, ratio {row['ratio']:.2f}",
+            f"{row['ceiling']['children_per_s']:.0f}/s, ratio {row['ratio']:.2f}{bound}",
             file=sys.stderr,
         )
     if options.big:
@@ -627,7 +684,7 @@ async def _measure(
 
 
 async def bench_postgres(
-    dsn: str, fsync: str, options: argparse.Namespace, rows: list[Any]
+    dsn: str, fsync: str, options: argparse.Namespace, rows: list[Any], alone: Alone
 ) -> None:
     import asyncpg  # type: ignore[import-untyped]
 
@@ -651,7 +708,7 @@ async def bench_postgres(
                     lambda c, seconds: raw.small(conns[:c], seconds),
                     lambda n: raw.big(conns[:BIG_CONNECTIONS], n, 1, 1),
                 )
-            await _measure("postgres", fsync, host, commits, options, rows, baselines)
+            await _measure("postgres", fsync, host, commits, options, rows, baselines, alone)
 
         await _with_host(PostgresStore(dsn, schema=schema, pool_size=pool), body)
     finally:
@@ -660,7 +717,9 @@ async def bench_postgres(
         await ceiling.aclose()
 
 
-async def bench_sqlite(work_dir: Path, options: argparse.Namespace, rows: list[Any]) -> None:
+async def bench_sqlite(
+    work_dir: Path, options: argparse.Namespace, rows: list[Any], alone: Alone
+) -> None:
     path = work_dir / "bench.sqlite3"
     ceiling = SqliteCeiling(work_dir / "ceiling.sqlite3")
     raw: RawSqlite | None = None
@@ -670,7 +729,8 @@ async def bench_sqlite(work_dir: Path, options: argparse.Namespace, rows: list[A
             nonlocal raw
 
             async def small(callers: int, seconds: float) -> dict[str, Any]:
-                return ceiling.small(callers, seconds)
+                got = ceiling.small(callers, seconds)
+                return {**got, "prep_us_per_group": prep_us_per_group(2)}
 
             async def big(n: int) -> dict[str, Any]:
                 return ceiling.big(n, 1)
@@ -686,7 +746,7 @@ async def bench_sqlite(work_dir: Path, options: argparse.Namespace, rows: list[A
                     return bare.big(n, 1, 1)
 
                 baselines["raw"] = (raw_small, raw_big)
-            await _measure("sqlite", None, host, commits, options, rows, baselines)
+            await _measure("sqlite", None, host, commits, options, rows, baselines, alone)
 
         await _with_host(SqliteStore(path), body)
     finally:
@@ -707,28 +767,31 @@ async def main(options: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
         "loadavg": os.getloadavg(),
         "rows": rows,
     }
-    if "postgres" in options.substrates:
-        external = os.environ.get("EFFECTHOST_POSTGRES_DSN")
-        for fsync in [None] if external else options.fsync:
-            with postgres(fsync=fsync != "off") as dsn:
-                conn = await asyncpg.connect(dsn)
-                try:
-                    document["postgres"] = await conn.fetchval("SHOW server_version")
-                    shown = await conn.fetchval("SHOW fsync")
-                finally:
-                    await conn.close()
-                await bench_postgres(dsn, shown, options, rows)
-    if "sqlite" in options.substrates:
-        await bench_sqlite(work_dir, options, rows)
+
+    async def substrates(alone: Alone) -> None:
+        if "postgres" in options.substrates:
+            external = os.environ.get("EFFECTHOST_POSTGRES_DSN")
+            for fsync in [None] if external else options.fsync:
+                with postgres(fsync=fsync != "off") as dsn:
+                    conn = await asyncpg.connect(dsn)
+                    try:
+                        document["postgres"] = await conn.fetchval("SHOW server_version")
+                        shown = await conn.fetchval("SHOW fsync")
+                    finally:
+                        await conn.close()
+                    await bench_postgres(dsn, shown, options, rows, alone)
+        if "sqlite" in options.substrates:
+            await bench_sqlite(work_dir, options, rows, alone)
+
     if options.floor:
         store: Any = NullStore()
 
-        async def floor(host: SqlEffectHost, commits: _Commits) -> None:
-            await lib_small(host, commits, 1, min(1.0, options.seconds))  # warm up
-            lib = await lib_small(host, commits, 1, options.seconds / 2)
-            document["host_alone"] = {**lib, "us_per_group": 2e6 / lib["children_per_s"]}
+        async def measured(host: SqlEffectHost, commits: _Commits) -> None:
+            await substrates((host, commits))
 
-        await _with_host(store, floor)
+        await _with_host(store, measured)
+    else:
+        await substrates(None)
     return document
 
 
@@ -739,9 +802,12 @@ def _span(summary: dict[str, Any]) -> str:
 def table(document: dict[str, Any]) -> str:
     """One table per substrate (PostgreSQL fsync on first: the headline)."""
     raw = any(row["raw"] is not None for row in document["rows"])
+    alone = any(row.get("host_alone") for row in document["rows"])
     header = (
         f"{'workload':<18}{'callers':>7}{'effecthost children/s':>24}{'ceiling children/s':>24}"
-        f"{'ratio':>6}{'(range)':>13}{'wake p50/p95 ms':>17}" + (f"{'raw/s':>8}" if raw else "")
+        f"{'ratio':>6}{'(range)':>13}{'wake p50/p95 ms':>17}"
+        + (f"{'alone µs/grp':>14}{'bound (range)':>19}" if alone else "")
+        + (f"{'raw/s':>8}" if raw else "")
     )
     lines = [
         f"sqlite={document['sqlite']}  postgres={document.get('postgres', '-')}"
@@ -749,6 +815,13 @@ def table(document: dict[str, Any]) -> str:
         f"  load={' '.join(f'{x:.1f}' for x in document['loadavg'])}",
         "ratio = effecthost ÷ honest ceiling (median of per-round ratios, range in brackets)",
     ]
+    if alone:
+        lines += [
+            "alone = the host over a store that records nothing (no SQL), µs per 2-child group;",
+            "bound (SQLite, in the caller's thread) = the largest ratio a host on this seam can"
+            " reach:",
+            "  ceiling µs/grp ÷ (ceiling µs/grp − its envelopes+hashes + alone µs/grp), per round",
+        ]
     keys: list[tuple[str, Any]] = []
     for row in document["rows"]:
         if (row["substrate"], row["fsync"]) not in keys:
@@ -767,16 +840,18 @@ def table(document: dict[str, Any]) -> str:
                 f"{row['workload']:<18}{row['callers']:>7}{_span(lib):>24}"
                 f"{_span(row['ceiling']):>24}{row['ratio']:>6.2f}{span:>13}{wake:>17}"
             )
+            if alone:
+                host_alone, bound = row.get("host_alone"), row.get("bound")
+                line += f"{host_alone['us_per_group']:>14.0f}" if host_alone else f"{'':>14}"
+                got = (
+                    f"{bound['median']:.2f} ({bound['min']:.2f}–{bound['max']:.2f})"
+                    if bound
+                    else ""
+                )
+                line += f"{got:>19}"
             if raw:
                 line += f"{row['raw']['children_per_s']:>8.0f}" if row["raw"] else ""
-            lines.append(line)
-    alone = document.get("host_alone")
-    if alone:
-        lines += [
-            "",
-            f"host alone (no SQL, 1 caller, 2-child groups): {alone['children_per_s']:.0f} "
-            f"children/s, {alone['us_per_group']:.0f} µs per group",
-        ]
+            lines.append(line.rstrip())
     return "\n".join(lines)
 
 
@@ -807,7 +882,7 @@ def cli() -> None:
         "--no-floor",
         dest="floor",
         action="store_false",
-        help="skip the host-alone row (2-child groups over a store that records nothing)",
+        help="skip the host alone (groups over a store that records nothing) and the bound",
     )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sql.json")
     options = parser.parse_args()
