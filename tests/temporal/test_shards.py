@@ -23,6 +23,7 @@ from temporalio.worker import Replayer
 from effecthost.conformance._lab import Lab
 from effecthost.contract import EffectEnvelope, EffectGroup, EffectKind, LoserPolicy, WakePolicy
 from effecthost.hosts.temporal import (
+    CHILD_ACTIVITY,
     SHARD_CHILDREN,
     WIDE_SHARD_CHILDREN,
     EffectGroupWorkflow,
@@ -266,13 +267,15 @@ async def test_a_shard_reports_at_once_then_gathers_its_reports(
 
 
 def _scheduled_per_task(history: Any) -> list[int]:
-    """How many activities each completed workflow task of ``history`` scheduled."""
+    """How many children's activities each completed workflow task of ``history``
+    scheduled (not the retirement's)."""
     counts: list[int] = []
     for event in history.events:
         if event.HasField("workflow_task_completed_event_attributes"):
             counts.append(0)
         elif event.HasField("activity_task_scheduled_event_attributes"):
-            counts[-1] += 1
+            scheduled = event.activity_task_scheduled_event_attributes
+            counts[-1] += scheduled.activity_type.name == CHILD_ACTIVITY
     return counts
 
 
@@ -319,3 +322,65 @@ def test_a_start_slice_below_one_is_refused() -> None:
     """G-43: a shard must start at least one child per workflow task."""
     with pytest.raises(ValueError, match="shard_start_slice"):
         TemporalEffectHost(object(), "plan", shard_start_slice=0)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(180)
+@on_host()
+async def test_a_group_run_starts_its_children_a_slice_per_workflow_task(
+    host: TemporalHostUnderTest, lab: Lab
+) -> None:
+    """G-43 (as for shards): a group in one workflow starts at most ``shard_start_slice``
+    children per workflow task too; every child runs and ranks, and a replay of the
+    group's history re-derives the ranks the caller read."""
+    client = host.client
+    assert client is not None
+    ctl = TemporalEffectHost(client, host.task_queue, host.resolver(), shard_start_slice=2)
+    group = effect_group(
+        "shards:sliced-run:0",
+        [step(f"sr.{i}", gate=False, result=i) for i in range(5)],
+        WakePolicy.ALL,
+        LoserPolicy.RUN_TO_COMPLETION,
+    )
+    handle = await ctl.open_effect_group(group)
+    got = [
+        (await asyncio.wait_for(ctl.await_next_settlement(handle), 30)).replay_key for _ in range(5)
+    ]
+    assert sorted(got) == [f"sr.{i}" for i in range(5)]
+    await asyncio.wait_for(ctl.close_effect_group(handle), 30)
+    wf = client.get_workflow_handle(group.key)
+    result = await asyncio.wait_for(wf.result(), 30)
+    assert result["ranks"] == got
+    history = await wf.fetch_history()
+    per_task = _scheduled_per_task(history)
+    assert sum(per_task) == 5 and max(per_task) <= 2, per_task
+    assert (await rederived(history))["ranks"] == got
+
+
+@pytest.mark.timeout(180)
+@on_host()
+async def test_a_cancel_close_ranks_the_children_of_slices_not_started(
+    host: TemporalHostUnderTest, lab: Lab
+) -> None:
+    """G-27, G-43: a ``CANCEL`` close while a group's later slices wait to start ranks
+    their children as cancelled in the close, and they never start; the run then ends
+    without waiting out the pace. (The pace between slices is stretched to an hour
+    through the recorded option, so the close surely comes first.)"""
+    client = host.client
+    assert client is not None
+    ctl = TemporalEffectHost(client, host.task_queue, host.resolver(), shard_start_slice=2)
+    ctl._options["start_pace"] = 3600.0
+    tags = [f"sp.{i}" for i in range(5)]
+    group = effect_group(
+        "shards:sliced-cancel:0", [step(t) for t in tags], WakePolicy.ALL, LoserPolicy.CANCEL
+    )
+    handle = await ctl.open_effect_group(group)
+    for tag in tags[:2]:
+        await lab.wait_for("started", tag, timeout=30)
+    await asyncio.wait_for(ctl.close_effect_group(handle), 30)
+    wf = client.get_workflow_handle(group.key)
+    result = await asyncio.wait_for(wf.result(), 60)
+    assert sorted(result["ranks"]) == tags
+    assert [lab.count("started", t) for t in tags] == [1, 1, 0, 0, 0]
+    history = await wf.fetch_history()
+    assert sum(_scheduled_per_task(history)) == 2
+    assert (await rederived(history))["ranks"] == result["ranks"]

@@ -304,9 +304,9 @@ class TemporalEffectHost(WiredController):
     before lowering it (docs/temporal.md, "Limits"). A shard reports to the group at
     most once per ``shard_signal_interval`` seconds (recorded per group at open): its
     first settlement at once, the ones it observes within the interval after a report
-    together at the interval's end; 0 reports once per shard workflow task. A shard
-    starts at most ``shard_start_slice`` children per workflow task (recorded per group
-    at open), so the first tasks of a wide group's shards stay short.
+    together at the interval's end; 0 reports once per shard workflow task. A group's
+    run, and each shard, starts at most ``shard_start_slice`` children per workflow task
+    (recorded per group at open), so no first task of a wide group schedules them all.
 
     A group whose encoded children exceed ``chunk_bytes`` (one workflow input may be at
     most 2 MiB) opens in chunks: the run starts with the shape and the children's digests,

@@ -52,13 +52,14 @@ the group's history from 1,030 to 145 events, but neither the wall time nor the 
 CPU per child (docs/temporal.md, "Limits")."""
 
 SHARD_START_SLICE = 100
-"""Default children a shard starts per workflow task (the controller's
-``shard_start_slice``, recorded per group at open). A shard that started all its children
-in its first task took that task 5.7–8 s at 1,000 children when a 10,000-child group's
-ten shards started together on a lightly loaded 2-core machine (the server warns past
-5 s), and under load past the task timeout and the SDK's deadlock detector, whose failed
-evictions stalled shards for good (docs/temporal.md, "Limits"). A shard wider than the
-slice starts the next slice after a 1 ms timer: a workflow task of its own."""
+"""Default children a run (a group's, or a shard's) starts per workflow task (the
+controller's ``shard_start_slice``, recorded per group at open). Shards that started all
+their children in their first task took that task 5.7–8 s at 1,000 children when a
+10,000-child group's ten shards started together on a lightly loaded 2-core machine (the
+server warns past 5 s), and under load past the task timeout and the SDK's deadlock
+detector, whose failed evictions stalled shards for good (docs/temporal.md, "Limits"). A
+run wider than the slice starts the next slice after a 1 ms timer: a workflow task of
+its own."""
 
 CHILD_ACTIVITY = "effecthost.child"
 """The one activity type every ``tool_call`` child runs as."""

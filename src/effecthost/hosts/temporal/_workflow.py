@@ -81,13 +81,16 @@ later claim and replay unchanged."""
 RELEASE_CLAIMS_SUMMARY = "retirement · release replay-key claims"
 """The summary operators see on the retirement's claim release."""
 
-PACED_SHARD_STARTS = "effecthost-paced-shard-starts"
-"""Patch id: shards that record it start their children ``start_slice`` at a time, a
-workflow task per slice (:data:`~._shared.SHARD_START_SLICE`); shards recorded before it
-(or run by a worker before it) started them all in their first task, and replay so."""
+PACED_STARTS = "effecthost-paced-starts"
+"""Patch id: runs (groups and shards) that record it start their children
+``start_slice`` at a time, a workflow task per slice (:data:`~._shared.SHARD_START_SLICE`);
+runs recorded before it (or run by a worker before it) started them all in their first
+task, and replay so."""
 
 START_PACE = timedelta(milliseconds=1)
-"""The timer between two slices of a shard's children: any timer ends the workflow task."""
+"""The timer between two slices of a run's children: any timer ends the workflow task. A
+group's recorded option ``start_pace`` (seconds) stretches it in its own run, so a test
+can close a group while slices wait; nothing else sets it."""
 
 SIGNAL_STARTED_SHARDS = "effecthost-signal-started-shards"
 """Patch id: runs that record it send a shard its events and cancels only once the shard
@@ -230,6 +233,7 @@ class EffectGroupWorkflow:
         self._activities: dict[int, workflow.ActivityHandle[Json]] = {}
         self._closed = False
         self._named = False
+        self._paced = False  # children started a slice per workflow task (PACED_STARTS)
         self._shard_starts = shard_starts(spec, self._count)
         self._shards: list[asyncio.Task[Any]] = []
         self._started_shards: set[int] = set()
@@ -248,8 +252,7 @@ class EffectGroupWorkflow:
             for index in range(len(self._shard_starts)):
                 self._shards.append(asyncio.create_task(self._run_shard(index)))
         else:
-            for position in range(self._count):
-                self._tasks[position] = asyncio.create_task(self._watch(position))
+            await self._start_children()
         await workflow.wait_condition(
             lambda: (
                 self._closed
@@ -288,6 +291,31 @@ class EffectGroupWorkflow:
         if len(json.dumps(result)) > RESULT_BYTES:  # a result is one payload (2 MiB)
             result = {"order": [s["position"] for s in self._settled]}
         return result
+
+    async def _start_children(self) -> None:
+        """Watch (and so start) every child: ``start_slice`` of them per workflow task,
+        as a shard does (:data:`~._shared.SHARD_START_SLICE`), skipping a child a
+        ``CANCEL`` close ranked before its slice; runs recorded before the slice start
+        them all in their first task."""
+        count = self._count
+        step = int(self._options.get("start_slice") or count)
+        self._paced = step < count and workflow.patched(PACED_STARTS)
+        if not self._paced:
+            step = count
+        pace = timedelta(seconds=float(self._options.get("start_pace") or 0)) or START_PACE
+        for start in range(0, count, step):
+            if start:
+                try:  # a CANCEL close that ranked every child ends the wait
+                    await workflow.wait_condition(
+                        lambda: len(self._settled) == count,
+                        timeout=pace,
+                        timeout_summary="start the next slice of children",
+                    )
+                except asyncio.TimeoutError:  # noqa: UP041 (TimeoutError is Temporal's here)
+                    pass
+            for position in range(start, min(start + step, count)):
+                if not self._paced or self._ledger.rank_of(position) is None:
+                    self._tasks[position] = asyncio.create_task(self._watch(position))
 
     async def _release_claims(self) -> None:
         """R-11: at retirement the group's claims go. A failure is not retried for long
@@ -455,6 +483,11 @@ class EffectGroupWorkflow:
                     activity.cancel()
                     self._settle(position, dict(_CANCELLED))
                 cancelled.append(self._children[position]["envelope"]["replay_key"])
+        if self._paced:  # the children of slices not started yet never start
+            for position in range(self._count):
+                if position not in self._tasks and self._ledger.rank_of(position) is None:
+                    self._settle(position, dict(_CANCELLED))
+                    cancelled.append(self._children[position]["envelope"]["replay_key"])
         return cancelled
 
     # -- open ---------------------------------------------------------------------------
@@ -837,7 +870,7 @@ class EffectShardWorkflow:
         group = workflow.get_external_workflow_handle(parent.workflow_id, run_id=parent.run_id)
         count = len(self._children)
         step = int(self._options.get("start_slice") or count)
-        if not (step < count and workflow.patched(PACED_SHARD_STARTS)):
+        if not (step < count and workflow.patched(PACED_STARTS)):
             step = count  # runs recorded before the slice start every child at once
         self._start(0, step)
         reporter = asyncio.create_task(self._report(group))
