@@ -13,7 +13,10 @@ these children) opens in chunks. Each row also gives the group's history event c
 run may hold 51,200), its open time, and the CPU the dev server and the worker spent per
 child (Linux ``/proc``; less noisy than wall time on a shared machine, and the server's
 is most of the cost), the history events and workflow tasks per child over every run
-the group made (its own and its shards'; the native side's parent and child runs), and how much the worker wrote to its log meanwhile (its stderr,
+the group made (its own and its shards'; the native side's parent and child runs), the
+longest workflow task of those runs and their tasks timed out (start-to-close or, from a
+busy worker's sticky queue, schedule-to-start) or failed, the worker's stall warnings
+(a task past 5 s, the deadlock detector, a failed eviction), and how much the worker wrote to its log meanwhile (its stderr,
 and its stdout, which the tier's ``WorkerProcess`` copies there after the ``ready`` line:
 the SDK core's warnings go to stdout, and an unread pipe blocked the worker once they
 passed about 64 KiB). Prints a table and writes JSON (``--out``, default
@@ -119,6 +122,7 @@ async def run(
         runs: dict[tuple[int, str], list[tuple[int, int, int]]] = {cell: [] for cell in cells}
         loads: dict[tuple[int, str], list[float]] = {cell: [] for cell in cells}
         logged: dict[tuple[int, str], list[int]] = {cell: [] for cell in cells}
+        warned: dict[tuple[int, str], list[dict[str, int]]] = {cell: [] for cell in cells}
         log = work_dir / "w.log"
         names = list(worker_pids)
         for i in range(rounds):
@@ -146,6 +150,7 @@ async def run(
                     cpu[n, name].append((c1[0] - c0[0], c1[1] - c0[1]))
                     loads[n, name].append(os.getloadavg()[0])
                     logged[n, name].append(log.stat().st_size - b0)
+                    warned[n, name].append(_log_counts(log, b0))
                     assert values == list(range(n))
                     opens[n, name].append(open_time)
                     history = await client.get_workflow_handle(key).fetch_history()
@@ -158,6 +163,8 @@ async def run(
                         f"{cpu[n, name][-1][1] * 1e6 / n:.0f} µs  history events/child "
                         f"{runs[n, name][-1][1] / n:.2f} workflow tasks/child "
                         f"{runs[n, name][-1][2] / n:.3f} ({runs[n, name][-1][0]} runs)  "
+                        f"longest task {runs[n, name][-1][3]:.2f} s  tasks timed out/failed "
+                        f"{runs[n, name][-1][4]}  worker {warned[n, name][-1]}  "
                         f"load {loads[n, name][-1]:.1f}",
                         flush=True,
                     )
@@ -172,6 +179,9 @@ async def run(
                             "runs": runs[n, name][-1][0],
                             "history_events_per_child": runs[n, name][-1][1] / n,
                             "workflow_tasks_per_child": runs[n, name][-1][2] / n,
+                            "longest_workflow_task_s": runs[n, name][-1][3],
+                            "workflow_tasks_timed_out_or_failed": runs[n, name][-1][4],
+                            "worker_warnings": warned[n, name][-1],
                             "load_average": loads[n, name][-1],
                         }
                     )
@@ -201,6 +211,9 @@ async def run(
                     "worker_cpu_us_per_child_median": worker_cpu,
                     "load_average_range": load,
                     "worker_log_bytes": logged[n, name],
+                    "longest_workflow_task_s": [r[3] for r in runs[n, name]],
+                    "workflow_tasks_timed_out_or_failed": [r[4] for r in runs[n, name]],
+                    "worker_warnings": warned[n, name],
                 }
             )
             print(
@@ -232,10 +245,25 @@ async def run(
     }
 
 
-async def _history_counts(client: Any, key: str, n: int, name: str) -> tuple[int, int, int]:
+def _log_counts(log: Path, since: int) -> dict[str, int]:
+    """The worker's warnings that mark a stalling run, in what it logged since ``since``:
+    a workflow task past 5 s, the deadlock detector, an eviction that left tasks."""
+    with open(log, "rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    return {
+        "task_over_5s": text.count("TMPRL1104"),
+        "deadlock": text.count("TMPRL1101"),
+        "failed_eviction": text.count("Eviction processed, but"),
+    }
+
+
+async def _history_counts(client: Any, key: str, n: int, name: str) -> tuple[Any, ...]:
     """Runs, history events and completed workflow tasks over the group's run and its
-    shards' (the native side: its parent run and its child runs of ``NATIVE_SHARD``)."""
-    from temporalio.api.enums.v1 import EventType
+    shards' (the native side: its parent run and its child runs of ``NATIVE_SHARD``);
+    then the longest workflow task (started to completed, seconds) of any of them, and
+    their tasks timed out (start-to-close, schedule-to-start) and failed."""
+    from temporalio.api.enums.v1 import EventType, TimeoutType
     from temporalio.service import RPCError
 
     from effecthost.hosts.temporal._shared import shard_id
@@ -254,12 +282,27 @@ async def _history_counts(client: Any, key: str, n: int, name: str) -> tuple[int
                 break
             ids.append(candidate)
     events = tasks = 0
-    done = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    longest = 0.0
+    bad = {"start_to_close": 0, "schedule_to_start": 0, "failed": 0}
     for run_id in ids:
         history = await client.get_workflow_handle(run_id).fetch_history()
         events += len(history.events)
-        tasks += sum(1 for e in history.events if e.event_type == done)
-    return len(ids), events, tasks
+        started = None
+        for e in history.events:
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                started = e.event_time.ToDatetime()
+            elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+                tasks += 1
+                if started is not None:
+                    took = (e.event_time.ToDatetime() - started).total_seconds()
+                    longest = max(longest, took)
+            elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                bad["failed"] += 1
+            elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+                kind = e.workflow_task_timed_out_event_attributes.timeout_type
+                sticky = kind == TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START
+                bad["schedule_to_start" if sticky else "start_to_close"] += 1
+    return len(ids), events, tasks, longest, bad
 
 
 def _ratios(
