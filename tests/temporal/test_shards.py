@@ -384,3 +384,35 @@ async def test_a_cancel_close_ranks_the_children_of_slices_not_started(
     history = await wf.fetch_history()
     assert sum(_scheduled_per_task(history)) == 2
     assert (await rederived(history))["ranks"] == result["ranks"]
+
+
+@pytest.mark.timeout(180)
+@on_host()
+async def test_a_cancel_close_reaches_the_children_of_shard_slices_not_started(
+    host: TemporalHostUnderTest, lab: Lab
+) -> None:
+    """G-27, G-43: a ``CANCEL`` close while each shard's later slices wait to start ranks
+    their children as cancelled, they never start, and the shards end without waiting
+    out the pace (stretched to an hour through the recorded option, so the close surely
+    comes first)."""
+    client = host.client
+    assert client is not None
+    ctl = TemporalEffectHost(
+        client, host.task_queue, host.resolver(), shard_size=5, shard_start_slice=2
+    )
+    ctl._options["start_pace"] = 3600.0
+    tags = [f"sq.{i}" for i in range(10)]
+    group = effect_group(
+        "shards:sliced-cancel:1", [step(t) for t in tags], WakePolicy.ALL, LoserPolicy.CANCEL
+    )
+    handle = await ctl.open_effect_group(group)
+    first = ["sq.0", "sq.1", "sq.5", "sq.6"]  # each shard's first slice
+    for tag in first:
+        await lab.wait_for("started", tag, timeout=30)
+    await asyncio.wait_for(ctl.close_effect_group(handle), 30)
+    result = await asyncio.wait_for(client.get_workflow_handle(group.key).result(), 60)
+    assert sorted(result["ranks"]) == sorted(tags)
+    assert [t for t in tags if lab.count("started", t)] == first
+    for index in range(2):
+        history = await client.get_workflow_handle(shard_id(group.key, index)).fetch_history()
+        assert sum(_scheduled_per_task(history)) == 2

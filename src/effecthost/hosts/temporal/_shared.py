@@ -58,8 +58,8 @@ their children in their first task took that task 5.7–8 s at 1,000 children wh
 10,000-child group's ten shards started together on a lightly loaded 2-core machine (the
 server warns past 5 s), and under load past the task timeout and the SDK's deadlock
 detector, whose failed evictions stalled shards for good (docs/temporal.md, "Limits"). A
-run wider than the slice starts the next slice after a 1 ms timer: a workflow task of
-its own."""
+run wider than the slice starts each next slice in a workflow task of its own: the one
+that sees a child of the slice before end, or after 1 s."""
 
 CHILD_ACTIVITY = "effecthost.child"
 """The one activity type every ``tool_call`` child runs as."""

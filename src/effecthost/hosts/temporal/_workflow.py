@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -87,10 +87,13 @@ PACED_STARTS = "effecthost-paced-starts"
 runs recorded before it (or run by a worker before it) started them all in their first
 task, and replay so."""
 
-START_PACE = timedelta(milliseconds=1)
-"""The timer between two slices of a run's children: any timer ends the workflow task. A
-group's recorded option ``start_pace`` (seconds) stretches it in its own run, so a test
-can close a group while slices wait; nothing else sets it."""
+START_PACE = timedelta(seconds=1)
+"""How long a run waits to start its next slice of children when none of the slice before
+has ended: the next slice starts in the workflow task that sees a child of the slice
+before end (trivial children end within milliseconds), or after this. (A timer, not the
+trigger: the dev server fires short timers about a second late.) A group's recorded
+option ``start_pace`` (seconds) stretches it in its run and its shards', so a test can
+close a group while slices wait; nothing else sets it."""
 
 SIGNAL_STARTED_SHARDS = "effecthost-signal-started-shards"
 """Patch id: runs that record it send a shard its events and cancels only once the shard
@@ -188,6 +191,24 @@ def _rank_of(name: str, prefix: str) -> int:
 
 def _pairs(entries: Sequence[Json]) -> list[list[str]]:
     return [[e["envelope"]["replay_key"], e["hash"]] for e in entries]
+
+
+def _start_pace(options: Json) -> timedelta:
+    return timedelta(seconds=float(options.get("start_pace") or 0)) or START_PACE
+
+
+async def _pace(ended: Callable[[], int], pace: timedelta) -> None:
+    """Wait until ``ended`` (a count of children ended) grows, or for ``pace``: either way
+    a new workflow task, in which the next slice of children starts."""
+    before = ended()
+    try:
+        await workflow.wait_condition(
+            lambda: ended() > before,
+            timeout=pace,
+            timeout_summary="start the next slice of children",
+        )
+    except asyncio.TimeoutError:  # noqa: UP041 (TimeoutError is Temporal's here)
+        pass
 
 
 def shard_starts(spec: Json, count: int) -> list[int]:
@@ -302,17 +323,12 @@ class EffectGroupWorkflow:
         self._paced = step < count and workflow.patched(PACED_STARTS)
         if not self._paced:
             step = count
-        pace = timedelta(seconds=float(self._options.get("start_pace") or 0)) or START_PACE
+        pace = _start_pace(self._options)
         for start in range(0, count, step):
             if start:
-                try:  # a CANCEL close that ranked every child ends the wait
-                    await workflow.wait_condition(
-                        lambda: len(self._settled) == count,
-                        timeout=pace,
-                        timeout_summary="start the next slice of children",
-                    )
-                except asyncio.TimeoutError:  # noqa: UP041 (TimeoutError is Temporal's here)
-                    pass
+                if len(self._settled) == count:
+                    break  # a CANCEL close ranked every child: nothing left to start
+                await _pace(lambda: len(self._settled), pace)
             for position in range(start, min(start + step, count)):
                 if not self._paced or self._ledger.rank_of(position) is None:
                     self._tasks[position] = asyncio.create_task(self._watch(position))
@@ -862,6 +878,7 @@ class EffectShardWorkflow:
         self._outbox: list[list[Any]] = []
         self._cancelled: set[int] = set()
         self._finished = False
+        self._ended = 0  # watchers ended (the next slice of children starts on one)
 
     @workflow.run
     async def run(self, spec: Json) -> int:
@@ -876,7 +893,7 @@ class EffectShardWorkflow:
         reporter = asyncio.create_task(self._report(group))
         for start in range(step, count, step):
             # The next slice goes out in a workflow task of its own (SHARD_START_SLICE).
-            await workflow.sleep(START_PACE, summary="start the next slice of children")
+            await _pace(lambda: self._ended + len(self._cancelled), _start_pace(self._options))
             self._start(start, start + step)
         await workflow.wait_condition(lambda: all(task.done() for task in self._tasks))
         self._finished = True
@@ -949,6 +966,7 @@ class EffectShardWorkflow:
         except ActivityError as exc:
             outcome = _failure(exc)
         self._outbox.append([position, outcome])
+        self._ended += 1
 
     @workflow.signal(name=SHARD_CANCEL)
     def cancel(self, args: list[Any]) -> None:
