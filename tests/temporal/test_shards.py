@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from group_support import group as effect_group
+from group_support import timer
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import UpdateWorkflowExecutionLifecycleStage
 from temporalio.api.update.v1 import UpdateRef, WaitPolicy
@@ -416,3 +417,37 @@ async def test_a_cancel_close_reaches_the_children_of_shard_slices_not_started(
     for index in range(2):
         history = await client.get_workflow_handle(shard_id(group.key, index)).fetch_history()
         assert sum(_scheduled_per_task(history)) == 2
+
+
+@pytest.mark.timeout(180)
+@on_host()
+async def test_a_timer_of_a_later_slice_keeps_its_deadline(
+    host: TemporalHostUnderTest, lab: Lab
+) -> None:
+    """G-43: a ``sleep`` child that a paced run starts in a later slice fires when it
+    would have, had every child started at once: its timer is its duration less the time
+    since the run started its first slice (read from the run's history: every timer a
+    child started ends at the same instant, within the server's timer granularity)."""
+    client = host.client
+    assert client is not None
+    ctl = TemporalEffectHost(client, host.task_queue, host.resolver(), shard_start_slice=1)
+    group = effect_group(
+        "shards:sliced-timers:0",
+        [timer(f"st.{i}", seconds=3.0) for i in range(3)],
+        WakePolicy.ALL,
+        LoserPolicy.RUN_TO_COMPLETION,
+    )
+    handle = await ctl.open_effect_group(group)
+    for _ in range(3):
+        await asyncio.wait_for(ctl.await_next_settlement(handle), 30)
+    await asyncio.wait_for(ctl.close_effect_group(handle), 30)
+    history = await client.get_workflow_handle(group.key).fetch_history()
+    deadlines = []
+    for event in history.events:
+        if event.HasField("timer_started_event_attributes"):
+            if b"next slice" in event.user_metadata.summary.data:
+                continue  # the pace's own timer, not a child's
+            fire = event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
+            deadlines.append(event.event_time.ToDatetime() + fire)
+    assert len(deadlines) == 3, deadlines
+    assert max(deadlines) - min(deadlines) < timedelta(seconds=0.5), deadlines

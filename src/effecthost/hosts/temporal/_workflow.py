@@ -193,6 +193,16 @@ def _pairs(entries: Sequence[Json]) -> list[list[str]]:
     return [[e["envelope"]["replay_key"], e["hash"]] for e in entries]
 
 
+def _left(envelope: Json, started_at: datetime | None) -> timedelta:
+    """A ``sleep`` child's duration, less the time since its run started its first slice
+    (``started_at``, paced runs only): a child of a later slice still fires when it
+    would have, had every child started at once."""
+    duration = timedelta(seconds=float(envelope["input"]["seconds"]))
+    if started_at is None:
+        return duration
+    return max(duration - (workflow.now() - started_at), timedelta(milliseconds=1))
+
+
 def _start_pace(options: Json) -> timedelta:
     return timedelta(seconds=float(options.get("start_pace") or 0)) or START_PACE
 
@@ -255,6 +265,7 @@ class EffectGroupWorkflow:
         self._closed = False
         self._named = False
         self._paced = False  # children started a slice per workflow task (PACED_STARTS)
+        self._started_at: datetime | None = None  # when a paced run started its first slice
         self._shard_starts = shard_starts(spec, self._count)
         self._shards: list[asyncio.Task[Any]] = []
         self._started_shards: set[int] = set()
@@ -321,7 +332,9 @@ class EffectGroupWorkflow:
         count = self._count
         step = int(self._options.get("start_slice") or count)
         self._paced = step < count and workflow.patched(PACED_STARTS)
-        if not self._paced:
+        if self._paced:
+            self._started_at = workflow.now()
+        else:
             step = count
         pace = _start_pace(self._options)
         for start in range(0, count, step):
@@ -358,7 +371,7 @@ class EffectGroupWorkflow:
         outcome: Json
         try:
             if kind == "sleep":
-                await workflow.sleep(timedelta(seconds=float(envelope["input"]["seconds"])))
+                await workflow.sleep(_left(envelope, self._started_at))
                 outcome = {"status": "success", "value": None, "error": None}
             elif kind == "await_event":
                 await workflow.wait_condition(lambda: position in self._events)
@@ -879,6 +892,7 @@ class EffectShardWorkflow:
         self._cancelled: set[int] = set()
         self._finished = False
         self._ended = 0  # watchers ended (the next slice of children starts on one)
+        self._started_at: datetime | None = None  # when a paced shard started its first slice
 
     @workflow.run
     async def run(self, spec: Json) -> int:
@@ -887,7 +901,9 @@ class EffectShardWorkflow:
         group = workflow.get_external_workflow_handle(parent.workflow_id, run_id=parent.run_id)
         count = len(self._children)
         step = int(self._options.get("start_slice") or count)
-        if not (step < count and workflow.patched(PACED_STARTS)):
+        if step < count and workflow.patched(PACED_STARTS):
+            self._started_at = workflow.now()
+        else:
             step = count  # runs recorded before the slice start every child at once
         self._start(0, step)
         reporter = asyncio.create_task(self._report(group))
@@ -943,7 +959,7 @@ class EffectShardWorkflow:
             if index in self._cancelled:  # cancelled before this run started it
                 outcome = dict(_CANCELLED)
             elif kind == "sleep":
-                await workflow.sleep(timedelta(seconds=float(envelope["input"]["seconds"])))
+                await workflow.sleep(_left(envelope, self._started_at))
                 outcome = {"status": "success", "value": None, "error": None}
             elif kind == "await_event":
                 await workflow.wait_condition(lambda: index in self._events)
