@@ -600,7 +600,12 @@ async def test_G38_a_wide_all_group_is_collected_and_each_child_takes_one_rank(
     got = [await asyncio.wait_for(ctl.await_next_settlement(handle), TIMEOUT) for _ in tags]
     assert [s.rank for s in got] == list(range(1, n + 1))
     assert sorted(s.replay_key for s in got) == sorted(tags)
-    assert all(s.outcome.ok and s.outcome.value == {"i": tags.index(s.replay_key)} for s in got)
+    wrong = [
+        (s.replay_key, s.outcome)
+        for s in got
+        if not (s.outcome.ok and s.outcome.value == {"i": tags.index(s.replay_key)})
+    ]
+    assert wrong == []
     with pytest.raises(CursorExhausted):
         await ctl.await_next_settlement(handle)
     await ctl.close_effect_group(handle)

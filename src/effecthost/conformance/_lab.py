@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 SOCKET_NAME = "lab.sock"
 DENY_DIR = "deny"
 KILLED_DIR = "killed"
+BACKLOG = 1024  # pending connections the lab's socket holds
 
 
 def mark_killed(lab_path: str | os.PathLike[str], pid: int) -> None:
@@ -66,6 +68,7 @@ class Lab:
         self._changed = asyncio.Event()
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[Any]] = set()
+        self._calls: set[str] = set()  # ids of the reports recorded
 
     @property
     def socket_path(self) -> str:
@@ -76,7 +79,10 @@ class Lab:
         (self.path / DENY_DIR).mkdir(exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
-        self._server = await asyncio.start_unix_server(self._serve, path=self.socket_path)
+        # A wide group's children call at once; past the backlog a connect can fail.
+        self._server = await asyncio.start_unix_server(
+            self._serve, path=self.socket_path, backlog=BACKLOG
+        )
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -155,6 +161,23 @@ class Lab:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
 
+    def _report(self, message: dict[str, Any]) -> None:
+        """Record a child's report once: a call whose answer was lost comes again with
+        the same id."""
+        call = message.get("id")
+        if call is not None:
+            if call in self._calls:
+                return
+            self._calls.add(str(call))
+        self._record(
+            LabEvent(
+                kind=str(message["kind"]),
+                tag=str(message["tag"]),
+                data=dict(message.get("data") or {}),
+                at=time.monotonic(),
+            )
+        )
+
     def _record(self, event: LabEvent) -> None:
         pid = event.data.get("pid")
         if pid is not None and (self.path / KILLED_DIR / str(pid)).exists():
@@ -176,14 +199,7 @@ class Lab:
                 return
             message = json.loads(line)
             if message.get("op") == "report":
-                self._record(
-                    LabEvent(
-                        kind=str(message["kind"]),
-                        tag=str(message["tag"]),
-                        data=dict(message.get("data") or {}),
-                        at=time.monotonic(),
-                    )
-                )
+                self._report(message)
             elif message.get("op") == "wait":
                 gate = self._gate(str(message["gate"]))
                 if not gate.is_set():
@@ -219,7 +235,9 @@ async def exchange(
 
 class LabClient:
     """The child-side end. Each call is one short connection, so a child survives the
-    lab being busy and a worker survives being killed mid-wait."""
+    lab being busy and a worker survives being killed mid-wait. A call is sent again
+    until the lab answers it (a connection lost on the way, a full accept backlog); the
+    lab records a report once by the call's id."""
 
     def __init__(self, path: str | os.PathLike[str], *, patience: float = 120.0) -> None:
         self.path = Path(path)
@@ -235,6 +253,9 @@ class LabClient:
         await self._call({"op": "wait", "gate": gate})
 
     async def _call(self, message: dict[str, Any]) -> None:
+        """Send ``message`` until the lab answers it (or ``patience`` runs out); its id
+        lets the lab record a report once however often it is sent."""
+        message = {**message, "id": uuid.uuid4().hex}
         deadline = time.monotonic() + self._patience
         delay = 0.01
         while True:
@@ -246,7 +267,12 @@ class LabClient:
                 await asyncio.sleep(delay)  # the lab is not listening yet: back off
                 delay = min(delay * 2, 0.5)
                 continue
-            if await exchange(reader, writer, message):
-                return
+            try:
+                if await exchange(reader, writer, message):
+                    return
+            except ConnectionError:  # lost before the answer: sent again, recorded once
+                pass
             if time.monotonic() > deadline:
                 raise ConnectionError("the conformance lab closed the connection")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
